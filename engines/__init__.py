@@ -1,0 +1,1 @@
+"""TensorRT engines built from an artifact's ONNX (GPU only)."""

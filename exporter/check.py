@@ -1,0 +1,121 @@
+"""The export check: run the ONNX in onnxruntime against PyTorch on random windows.
+
+Shapes cover window 1 and past 0, batch 2 with a padded prefix, and a two-branch window mask.
+The past comes from a real PyTorch forward over random tokens, so the cache is realistic.
+A greedy-id mismatch fails the check unless PyTorch itself saw a near-tie there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from jacobi_rt.runtime.errors import ExportCheckError
+
+from .trace import ModelShape
+from .window_model import WindowModel
+
+# (batch, window, past)
+SHAPES = [(1, 1, 0), (1, 4, 0), (1, 1, 9), (1, 8, 17), (2, 5, 6), (2, 16, 33)]
+TOLERANCE = {"float32": 2e-3, "float16": 5e-2}
+
+
+@dataclass
+class CheckReport:
+    shapes: list = field(default_factory=list)
+    max_logit_diff: float = 0.0
+    max_present_diff: float = 0.0
+    positions: int = 0
+    greedy_agree: int = 0
+    near_ties: int = 0
+    tolerance: float = 0.0
+    reference: str = "pytorch"
+
+    @property
+    def agreement(self) -> float:
+        return self.greedy_agree / max(self.positions, 1)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "agreement": round(self.agreement, 6)}
+
+
+def random_case(model, shape: ModelShape, batch: int, window: int, past: int, seed: int) -> list:
+    """Contract inputs (numpy) for one random window over a real past."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, shape.vocab_size, (batch, past + window), generator=g)
+    mask = torch.ones(batch, past + window, dtype=torch.long)
+    if batch > 1 and past > 2:
+        mask[1, :2] = 0  # a left-padded row
+    window_mask = torch.tril(torch.ones(window, window, dtype=torch.bool)).repeat(batch, 1, 1)
+    if window >= 4:  # second half of the window is an independent branch
+        half = window // 2
+        window_mask[:, half:, :half] = False
+    dtype = next(model.parameters()).dtype
+    if past:
+        with torch.no_grad():
+            out = model(ids[:, :past], attention_mask=mask[:, :past], use_cache=True)
+        kv = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+    else:
+        kv = [torch.zeros(batch, shape.kv_heads, 0, shape.head_dim, dtype=dtype) for _ in range(2 * shape.num_layers)]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+    if window >= 4:  # the second branch continues from the same place as the first
+        half = window // 2
+        positions[:, half:] = positions[:, : window - half]
+    return [ids[:, past:], positions, mask, window_mask, *kv]
+
+
+def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progress=None) -> CheckReport:
+    """Compare ONNX (onnxruntime, CPU) with the PyTorch window model; raise ExportCheckError if out of tolerance."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    wrapper = WindowModel(model, shape.num_layers).eval()
+    report = CheckReport(tolerance=TOLERANCE[dtype])
+    for seed, (batch, window, past) in enumerate(SHAPES):
+        inputs = random_case(model, shape, batch, window, past, seed)
+        with torch.no_grad():
+            expected = [t.float().numpy() for t in wrapper(*inputs)]
+        got = session.run(None, dict(zip(names, [t.numpy() for t in inputs])))
+        _compare(report, expected, got, (batch, window, past))
+        if progress:
+            progress()
+    if report.max_logit_diff > report.tolerance or report.greedy_agree + report.near_ties < report.positions:
+        raise ExportCheckError(
+            f"{onnx_path}: ONNX disagrees with PyTorch: max |logit diff| {report.max_logit_diff:.3g} "
+            f"(tolerance {report.tolerance:g}), greedy ids agree on {report.greedy_agree}/{report.positions} positions "
+            f"({report.near_ties} near-ties); per shape: {report.shapes}. This is an exporter bug for this model: please report it"
+        )
+    return report
+
+
+def _compare(report: CheckReport, expected: list, got: list, shape: tuple) -> None:
+    logit_diff = float(np.abs(expected[0] - got[0]).max())
+    present_diff = max((float(np.abs(e - g.astype(np.float32)).max()) for e, g in zip(expected[2:], got[2:]) if e.size), default=0.0)
+    same = expected[1] == got[1]
+    top2 = np.sort(expected[0], axis=-1)[..., -2:]
+    tie = (top2[..., 1] - top2[..., 0]) <= 2 * report.tolerance
+    report.positions += same.size
+    report.greedy_agree += int(same.sum())
+    report.near_ties += int((~same & tie).sum())
+    report.max_logit_diff = max(report.max_logit_diff, logit_diff)
+    report.max_present_diff = max(report.max_present_diff, present_diff)
+    report.shapes.append({"batch": shape[0], "window": shape[1], "past": shape[2], "max_logit_diff": logit_diff})
+
+
+def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape, progress=None) -> CheckReport:
+    """A quantized graph is compared with the unquantized ONNX: agreement is reported, not enforced."""
+    import onnxruntime as ort
+
+    ref = ort.InferenceSession(str(reference_path), providers=["CPUExecutionProvider"])
+    quant = ort.InferenceSession(str(quantized_path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in ref.get_inputs()]
+    report = CheckReport(tolerance=float("inf"), reference="unquantized onnx")
+    for seed, (batch, window, past) in enumerate(SHAPES):
+        feeds = dict(zip(names, [t.numpy() for t in random_case(model, shape, batch, window, past, seed)]))
+        _compare(report, ref.run(None, feeds), quant.run(None, feeds), (batch, window, past))
+        if progress:
+            progress()
+    return report

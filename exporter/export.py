@@ -1,0 +1,201 @@
+"""`export()`: model source -> checked ONNX window graph -> artifact folder with its manifest.
+
+The folder is assembled under a temporary name beside the destination and moved into place
+only after the check passed, so an interrupted or failed export never leaves a folder that
+looks valid.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from jacobi_rt import __version__
+from jacobi_rt.runtime.errors import JacobiError
+from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens, sha256_file
+from jacobi_rt.runtime.spec import FORMAT_VERSION, MANIFEST_NAME
+
+from . import sources
+from .optimize import optimize_for_onnxruntime
+from .quantize import quantize_weights
+
+DTYPES = {"fp32": "float32", "fp16": "float16"}
+GRAPH_FILE = "model.onnx"
+
+Step = Callable[[str], None]
+
+
+def export(
+    model: str,
+    out: str | Path,
+    dtype: str = "fp32",
+    quantize: str | None = None,
+    max_context: int | None = None,
+    opset: int = 18,
+    role: str = "target",
+    overwrite: bool = False,
+    step: Step = lambda message: None,
+    check_progress: Callable[[int], Callable[[], None]] | None = None,
+) -> Manifest:
+    """Export MODEL (HF folder, .gguf, or built-in name) to the artifact folder OUT; return its manifest."""
+    started = time.time()
+    out = Path(out).expanduser().resolve()
+    _check_destination(out, overwrite)
+    source = sources.resolve(model)
+    if dtype not in DTYPES:
+        raise JacobiError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if quantize not in (None, "int8", "int4"):
+        raise JacobiError(f"--quantize must be int8 or int4, not {quantize!r}")
+    if role not in ("target", "draft"):
+        raise JacobiError(f"--role must be target or draft, not {role!r}")
+
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as exc:
+        raise JacobiError(f"cannot write to {out.parent} ({exc.strerror}); choose an --out in a writable folder") from exc
+    try:
+        manifest = _export_into(staging, source, DTYPES[dtype], quantize, max_context, opset, role, step, check_progress)
+        manifest.created["export_seconds"] = round(time.time() - started, 1)
+        manifest.created["peak_rss_mb"] = _peak_rss_mb()
+        (staging / MANIFEST_NAME).write_text(manifest.to_json())
+        _move_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    step(f"wrote {out}")
+    return manifest
+
+
+def _export_into(folder: Path, source, dtype, quantize, max_context, opset, role, step, check_progress) -> Manifest:
+    import torch
+
+    from .check import SHAPES, check_against_onnx, check_against_torch
+    from .trace import export_onnx, probe
+
+    step(f"loading {source.name} ({source.model_type})")
+    model, tokenizer = sources.load(source, dtype)
+    shape = probe(model)
+    if max_context is None:
+        max_context = shape.max_positions
+    if not 1 <= max_context <= shape.max_positions:
+        raise JacobiError(f"--max-context must be between 1 and the model's {shape.max_positions} positions, not {max_context}")
+
+    step(f"tracing the window graph ({shape.num_layers} layers, opset {opset})")
+    graph = folder / GRAPH_FILE
+    torch.manual_seed(0)
+    export_onnx(model, shape, graph, opset)
+
+    step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
+    reference_model = model if dtype == "float32" else model.float()
+    report = check_against_torch(model, shape, graph, dtype, _progress(check_progress))
+    check = {"vs_pytorch": report.to_dict()}
+    del reference_model
+
+    if quantize:
+        step(f"quantizing weights to {quantize}")
+        quantized = folder / f"model.{quantize}.onnx"
+        quantize_weights(graph, quantized, quantize)
+        check[f"{quantize}_vs_fp"] = check_against_onnx(graph, quantized, model, shape, _progress(check_progress)).to_dict()
+        for p in folder.glob(GRAPH_FILE + "*"):
+            p.unlink()
+        for p in folder.glob(f"model.{quantize}.onnx*"):
+            p.rename(folder / p.name.replace(f"model.{quantize}.onnx", GRAPH_FILE))
+
+    step("optimizing a copy of the graph for onnxruntime")
+    graphs = {"portable": GRAPH_FILE}
+    ort_graph = optimize_for_onnxruntime(graph, folder / "model.ort.onnx")
+    if ort_graph:
+        graphs["onnxruntime"] = ort_graph.name
+
+    step("saving the tokenizer")
+    tokenizer_info = _save_tokenizer(tokenizer, folder)
+    eos_ids = _eos_ids(model, tokenizer)
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    return Manifest(
+        format_version=FORMAT_VERSION,
+        role=role,
+        source=source.describe(),
+        architecture=Architecture(family=source.model_type, **asdict(shape)),
+        tokens=Tokens(bos_id=tokenizer.bos_token_id, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id),
+        dtype=dtype,
+        opset=opset,
+        max_context=max_context,
+        quantization=quantize,
+        graphs=graphs,
+        tokenizer=tokenizer_info,
+        files=files,
+        check=check,
+        created={
+            "tool": f"jacobi-rt {__version__}",
+            "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        },
+    )
+
+
+def _progress(factory):
+    from .check import SHAPES
+
+    return factory(len(SHAPES)) if factory else None
+
+
+def _check_destination(out: Path, overwrite: bool) -> None:
+    if out.exists():
+        if not overwrite:
+            raise JacobiError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
+        if not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_NAME).is_file()):
+            raise JacobiError(f"{out} exists and is not a jacobi-rt artifact; refusing to overwrite it, choose another --out")
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(out)
+
+
+def _save_tokenizer(tokenizer, folder: Path) -> dict:
+    backend = tokenizer.backend_tokenizer
+    backend.save(str(folder / "tokenizer.json"))
+    template = tokenizer.chat_template if isinstance(getattr(tokenizer, "chat_template", None), str) else None
+    if template:
+        (folder / "chat_template.jinja").write_text(template)
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]), ensure_ascii=False)
+    return {
+        "file": "tokenizer.json",
+        "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
+        "chat_template": "chat_template.jinja" if template else None,
+        "bos_token": tokenizer.bos_token,
+        "eos_token": tokenizer.eos_token,
+    }
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = []
+    generation = getattr(model, "generation_config", None)
+    value = getattr(generation, "eos_token_id", None) if generation else None
+    for v in (value if isinstance(value, list) else [value]) + [tokenizer.eos_token_id]:
+        if isinstance(v, int) and v not in ids:
+            ids.append(v)
+    return ids
+
+
+def _peak_rss_mb() -> int | None:
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    except (ImportError, OSError):
+        return None

@@ -1,0 +1,104 @@
+"""Trace a causal LM's window forward to ONNX with the contract's names and dynamic axes."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from jacobi_rt.runtime import spec
+
+from .window_model import WindowModel
+
+TWO_GB = 2 * 1024**3
+
+
+@dataclass
+class ModelShape:
+    """Architecture numbers read off a real forward pass, so they are right for every family."""
+
+    num_layers: int
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+
+
+def probe(model) -> ModelShape:
+    config = model.config
+    with torch.no_grad():
+        out = model(torch.zeros(1, 2, dtype=torch.long), use_cache=True)
+    layer = out.past_key_values.layers[0]
+    return ModelShape(
+        num_layers=len(out.past_key_values.layers),
+        num_heads=config.num_attention_heads,
+        kv_heads=layer.keys.shape[1],
+        head_dim=layer.keys.shape[3],
+        hidden_size=config.hidden_size,
+        vocab_size=out.logits.shape[-1],
+        max_positions=config.max_position_embeddings,
+    )
+
+
+def sample_inputs(shape: ModelShape, dtype: torch.dtype, batch=2, window=3, past=4) -> tuple:
+    """Example inputs for tracing; sizes are distinct so no axis is confused with another."""
+    kv = torch.randn(batch, shape.kv_heads, past, shape.head_dim, dtype=dtype)
+    return (
+        torch.randint(0, shape.vocab_size, (batch, window)),
+        torch.arange(past, past + window).repeat(batch, 1),
+        torch.ones(batch, past + window, dtype=torch.long),
+        torch.tril(torch.ones(window, window, dtype=torch.bool)).repeat(batch, 1, 1),
+        *[kv.clone() for _ in range(2 * shape.num_layers)],
+    )
+
+
+def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> None:
+    """torch.onnx.export (dynamo) of the window graph, then name every dynamic axis per the contract."""
+    from torch.export import Dim
+
+    dtype = next(model.parameters()).dtype
+    wrapper = WindowModel(model, shape.num_layers).eval()
+    batch, window, past = Dim("batch"), Dim("window"), Dim("past")
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: window},
+        "position_ids": {0: batch, 1: window},
+        "attention_mask": {0: batch, 1: Dim.AUTO},  # total = past + window; a sum is not accepted as a Dim
+        "window_mask": {0: batch, 1: window, 2: window},
+        "past": tuple({0: batch, 2: past} for _ in range(2 * shape.num_layers)),
+    }
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            wrapper,
+            sample_inputs(shape, dtype),
+            dynamo=True,
+            opset_version=opset,
+            dynamic_shapes=dynamic_shapes,
+            input_names=spec.input_names(shape.num_layers),
+            output_names=spec.output_names(shape.num_layers),
+            verbose=False,
+        )
+    program.save(str(path), external_data=_weights_bytes(model) > TWO_GB)
+    name_axes(path, shape.num_layers)
+
+
+def _weights_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def name_axes(path: Path, num_layers: int) -> None:
+    """Give every graph input/output dimension its contract name (the tracer invents some, e.g. 's53')."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    wanted = {t.name: t.axes for t in spec.graph_inputs(num_layers) + spec.graph_outputs(num_layers)}
+    for value in list(model.graph.input) + list(model.graph.output):
+        for dim, axis in zip(value.type.tensor_type.shape.dim, wanted[value.name]):
+            if axis in (spec.BATCH, spec.WINDOW, spec.PAST, spec.TOTAL):
+                dim.ClearField("dim_value")
+                dim.dim_param = axis
+    onnx.save(model, str(path))

@@ -1,0 +1,121 @@
+"""The artifact manifest, `jacobi.json`: what an artifact folder holds, and its validation.
+
+Written by the exporter (and extended by the engine builder), read by the runtime before it
+loads anything. Every file's sha256 is recorded, so a changed or missing file is caught with an
+error that names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import ArtifactError
+from .spec import FORMAT_VERSION, MANIFEST_NAME
+
+
+@dataclass
+class Architecture:
+    family: str  # "llama", "qwen2", "mistral", "gpt2", ...
+    num_layers: int
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+
+
+@dataclass
+class Tokens:
+    bos_id: int | None
+    eos_ids: list[int]
+    pad_id: int | None
+
+
+@dataclass
+class Manifest:
+    format_version: int
+    role: str  # "target" or "draft"
+    source: dict  # {"kind": "hf-folder"|"gguf"|"builtin", "name": ..., "sha256": ...}
+    architecture: Architecture
+    tokens: Tokens
+    dtype: str  # "float32" or "float16": the KV cache dtype
+    opset: int
+    max_context: int
+    quantization: str | None  # None, "int8", "int4"
+    graphs: dict[str, str]  # variant -> file: "portable" (TensorRT, any EP), "onnxruntime" (ORT-optimized)
+    tokenizer: dict  # {"vocab_sha256": ..., "files": [...], "chat_template": bool}
+    files: dict[str, str]  # relative path -> sha256
+    check: dict = field(default_factory=dict)  # export check figures
+    engines: list[dict] = field(default_factory=list)  # TensorRT engines, added by `jacobi-rt build`
+    created: dict = field(default_factory=dict)  # tool version, date, export seconds
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Manifest":
+        data = dict(data)
+        data["architecture"] = Architecture(**data["architecture"])
+        data["tokens"] = Tokens(**data["tokens"])
+        return cls(**data)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(folder: str | Path) -> Manifest:
+    """Read and structurally validate `jacobi.json`; files are not hashed here (see verify_files)."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise ArtifactError(f"artifact folder {folder} does not exist; create it with `jacobi-rt export MODEL --out {folder}`")
+    if not folder.is_dir():
+        raise ArtifactError(f"{folder} is a file, not an artifact folder; pass the folder that `jacobi-rt export` wrote")
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        raise ArtifactError(f"{folder} has no {MANIFEST_NAME}: it is not a jacobi-rt artifact (or its export did not finish); re-export it with `jacobi-rt export`")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({exc}); re-export the artifact") from exc
+    version = data.get("format_version") if isinstance(data, dict) else None
+    if version != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{path} has format_version {version!r}, but this jacobi-rt reads format {FORMAT_VERSION}; "
+            "re-export the model with this version of jacobi-rt (or install the version that wrote it)"
+        )
+    try:
+        return Manifest.from_dict(data)
+    except (TypeError, KeyError) as exc:
+        raise ArtifactError(f"{path} is missing or has unexpected fields ({exc}); re-export the artifact") from exc
+
+
+def verify_files(folder: str | Path, manifest: Manifest, names: list[str] | None = None) -> None:
+    """Check that every recorded file (or just `names`) exists and has its recorded sha256."""
+    folder = Path(folder)
+    for name, expected in manifest.files.items():
+        if names is not None and name not in names:
+            continue
+        path = folder / name
+        if not path.is_file():
+            raise ArtifactError(f"{path} is missing from the artifact; re-export it with `jacobi-rt export --overwrite`")
+        if sha256_file(path) != expected:
+            raise ArtifactError(
+                f"{path} was changed after export (sha256 differs from {MANIFEST_NAME}); "
+                "re-export the artifact with `jacobi-rt export --overwrite`"
+            )
+
+
+def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
+    manifest = read_manifest(folder)
+    if verify:
+        verify_files(folder, manifest)
+    return manifest

@@ -1,0 +1,63 @@
+"""The window-graph contract (format v1), written once as data.
+
+The exporter reads it to name inputs, outputs and dynamic axes; the engine builder reads it
+to make optimization profiles; the runtime reads it to bind buffers. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "jacobi.json"
+
+BATCH, WINDOW, PAST, TOTAL = "batch", "window", "past", "total"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str  # "int64", "bool", "float32", or "model" (the model's KV dtype)
+    axes: tuple[str, ...]  # symbolic names; fixed sizes are written as digits ("kv_heads" etc. are per-model)
+
+
+def kv_inputs(num_layers: int) -> list[Tensor]:
+    out = []
+    for i in range(num_layers):
+        for kind in ("key", "value"):
+            out.append(Tensor(f"past_key_values.{i}.{kind}", "model", (BATCH, "kv_heads", PAST, "head_dim")))
+    return out
+
+
+def kv_outputs(num_layers: int) -> list[Tensor]:
+    out = []
+    for i in range(num_layers):
+        for kind in ("key", "value"):
+            out.append(Tensor(f"present.{i}.{kind}", "model", (BATCH, "kv_heads", TOTAL, "head_dim")))
+    return out
+
+
+def graph_inputs(num_layers: int) -> list[Tensor]:
+    return [
+        Tensor("input_ids", "int64", (BATCH, WINDOW)),
+        Tensor("position_ids", "int64", (BATCH, WINDOW)),
+        Tensor("attention_mask", "int64", (BATCH, TOTAL)),
+        Tensor("window_mask", "bool", (BATCH, WINDOW, WINDOW)),
+        *kv_inputs(num_layers),
+    ]
+
+
+def graph_outputs(num_layers: int) -> list[Tensor]:
+    return [
+        Tensor("logits", "float32", (BATCH, WINDOW, "vocab")),
+        Tensor("greedy_ids", "int64", (BATCH, WINDOW)),
+        *kv_outputs(num_layers),
+    ]
+
+
+def input_names(num_layers: int) -> list[str]:
+    return [t.name for t in graph_inputs(num_layers)]
+
+
+def output_names(num_layers: int) -> list[str]:
+    return [t.name for t in graph_outputs(num_layers)]

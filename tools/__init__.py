@@ -1,0 +1,1 @@
+"""The jacobi-rt command line and tools."""

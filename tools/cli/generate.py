@@ -1,0 +1,4 @@
+import click
+@click.command("generate")
+def generate_command():
+    """(runtime pending)"""

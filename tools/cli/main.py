@@ -1,0 +1,48 @@
+"""The `jacobi-rt` command: a small root group; each subcommand lives in its own module.
+
+Heavy imports (torch, onnxruntime, transformers) happen inside the commands, so `--help` is fast.
+Known errors print one line that says what to do, exit code 1; set JACOBI_RT_DEBUG=1 for the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from jacobi_rt import __version__
+from jacobi_rt.runtime.errors import JacobiError
+
+
+class Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except JacobiError as exc:
+            if os.environ.get("JACOBI_RT_DEBUG"):
+                raise
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="jacobi-rt")
+def cli():
+    """jacobi-rt: Jacobi and speculative Jacobi decoding, token-identical to greedy.
+
+    \b
+    Typical use:
+      jacobi-rt export smollm2-135m --out build/smollm2-135m
+      jacobi-rt generate build/smollm2-135m --prompt "Write a haiku" --strategy jacobi
+    """
+
+
+def _add_commands() -> None:
+    from . import export, generate
+
+    cli.add_command(export.export_command)
+    cli.add_command(generate.generate_command)
+
+
+_add_commands()
