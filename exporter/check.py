@@ -15,7 +15,7 @@ import torch
 from jacobi_rt.runtime.errors import ExportCheckError
 
 from .trace import ModelShape
-from .window_model import WindowModel
+from .window_model import WindowModel, output_cache
 
 # (batch, window, past)
 SHAPES = [(1, 1, 0), (1, 4, 0), (1, 1, 9), (1, 8, 17), (2, 5, 6), (2, 16, 33)]
@@ -32,6 +32,7 @@ class CheckReport:
     near_ties: int = 0
     tolerance: float = 0.0
     reference: str = "pytorch"
+    text_agreement: float | None = None  # quantized vs unquantized on natural text
 
     @property
     def agreement(self) -> float:
@@ -56,7 +57,7 @@ def random_case(model, shape: ModelShape, batch: int, window: int, past: int, se
     if past:
         with torch.no_grad():
             out = model(ids[:, :past], attention_mask=mask[:, :past], use_cache=True)
-        kv = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        kv = [t for layer in output_cache(out).layers for t in (layer.keys, layer.values)]
     else:
         kv = [torch.zeros(batch, shape.kv_heads, 0, shape.head_dim, dtype=dtype) for _ in range(2 * shape.num_layers)]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
@@ -105,8 +106,12 @@ def _compare(report: CheckReport, expected: list, got: list, shape: tuple) -> No
     report.shapes.append({"batch": shape[0], "window": shape[1], "past": shape[2], "max_logit_diff": logit_diff})
 
 
-def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape, progress=None) -> CheckReport:
-    """A quantized graph is compared with the unquantized ONNX: agreement is reported, not enforced."""
+def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape, text_ids: list[int], progress=None) -> CheckReport:
+    """A quantized graph is compared with the unquantized ONNX: agreement is reported, not enforced.
+
+    Besides the random windows, `text_ids` (tokenized natural text) is run as one prefill window;
+    its agreement (`text_agreement`) is the figure that predicts generation quality.
+    """
     import onnxruntime as ort
 
     ref = ort.InferenceSession(str(reference_path), providers=["CPUExecutionProvider"])
@@ -118,4 +123,10 @@ def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape,
         _compare(report, ref.run(None, feeds), quant.run(None, feeds), (batch, window, past))
         if progress:
             progress()
+    feeds = dict(zip(names, [t.numpy() for t in random_case(model, shape, 1, len(text_ids), 0, 0)]))
+    feeds["input_ids"] = np.array([text_ids], dtype=np.int64)
+    feeds["position_ids"] = np.arange(len(text_ids), dtype=np.int64)[None]
+    feeds["window_mask"] = np.tril(np.ones((len(text_ids),) * 2, dtype=bool))[None]
+    expected, got = ref.run(["greedy_ids"], feeds)[0], quant.run(["greedy_ids"], feeds)[0]
+    report.text_agreement = float((expected == got).mean())
     return report

@@ -10,7 +10,8 @@ import torch
 
 from jacobi_rt.runtime import spec
 
-from .window_model import WindowModel
+from .attention import grouped_attention_for
+from .window_model import WindowModel, output_cache
 
 TWO_GB = 2 * 1024**3
 
@@ -32,9 +33,9 @@ def probe(model) -> ModelShape:
     config = model.config
     with torch.no_grad():
         out = model(torch.zeros(1, 2, dtype=torch.long), use_cache=True)
-    layer = out.past_key_values.layers[0]
+    layer = output_cache(out).layers[0]
     return ModelShape(
-        num_layers=len(out.past_key_values.layers),
+        num_layers=len(output_cache(out).layers),
         num_heads=config.num_attention_heads,
         kv_heads=layer.keys.shape[1],
         head_dim=layer.keys.shape[3],
@@ -70,7 +71,7 @@ def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> None:
         "window_mask": {0: batch, 1: window, 2: window},
         "past": tuple({0: batch, 2: past} for _ in range(2 * shape.num_layers)),
     }
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), grouped_attention_for(model):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             wrapper,

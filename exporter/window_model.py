@@ -10,6 +10,15 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.utils.generic import ModelOutput
+
+# transformers 5.2x renamed `past_key_values` to `cache` (the old name still works, with a warning)
+CACHE_ARG = "cache" if hasattr(ModelOutput, "_replace_old_cache_name") else "past_key_values"
+
+
+def output_cache(out):
+    """The cache of a model output, under either name."""
+    return out.cache if CACHE_ARG == "cache" else out.past_key_values
 
 
 def additive_mask(attention_mask: torch.Tensor, window_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -39,12 +48,12 @@ class WindowModel(torch.nn.Module):
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=additive_mask(attention_mask, window_mask, dtype),
-            past_key_values=cache,
             use_cache=True,
+            **{CACHE_ARG: cache},
         )
         logits = out.logits.float()  # [B, W, vocab]
         greedy_ids = logits.argmax(dim=-1)  # [B, W]
         present = []
-        for layer in out.past_key_values.layers[: self.num_layers]:
+        for layer in output_cache(out).layers[: self.num_layers]:
             present += [layer.keys, layer.values]  # [B, kv_heads, P+W, head_dim]
         return (logits, greedy_ids, *present)

@@ -1,4 +1,65 @@
+"""`jacobi-rt generate`: run an exported artifact on a prompt, greedy or Jacobi."""
+
+from __future__ import annotations
+
+import json
+import sys
+
 import click
+
+
 @click.command("generate")
-def generate_command():
-    """(runtime pending)"""
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--prompt", "-p", default=None, help="Text to continue. Use '-' to read it from stdin.")
+@click.option("--chat", "-c", default=None, help="A user message, wrapped in the model's chat template (for instruct models).")
+@click.option("--strategy", type=click.Choice(["jacobi", "greedy"]), default="jacobi", show_default=True,
+              help="greedy: one token per model pass. jacobi: guess a window of tokens and verify them in one pass; same output, fewer passes.")
+@click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Jacobi window (tokens verified per pass). Default: 8.")
+@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True, help="Most tokens to generate.")
+@click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); the text is cut before it.")
+@click.option("--stream/--no-stream", default=False, help="Print text as it is generated.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: ids, text and stats (passes, tokens per pass, timings).")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="onnxruntime device. auto: CUDA when onnxruntime-gpu and a GPU are present, else CPU.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for onnxruntime. Default: the physical cores.")
+@click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start; unsafe if files may have changed).")
+def generate_command(artifact, prompt, chat, strategy, window, max_new_tokens, stop, stream, as_json, backend, threads, no_verify):
+    """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
+
+    The output is token-for-token the model's greedy output, whichever strategy you pick;
+    jacobi is usually faster. Stats go to stderr (or into --json).
+
+    \b
+    Examples:
+      jacobi-rt generate build/smollm2-135m --chat "Write a haiku about autumn"
+      jacobi-rt generate build/smollm2-135m --prompt "def fib(n):" -n 64 --stream
+      echo "Once upon a time" | jacobi-rt generate build/smollm2-135m --prompt - --json
+    """
+    from jacobi_rt.runtime import Generator, InputError
+
+    if (prompt is None) == (chat is None):
+        raise InputError("pass exactly one of --prompt TEXT (or --prompt - for stdin) and --chat MESSAGE")
+    text = prompt if prompt is not None else chat
+    if text == "-":
+        text = sys.stdin.read()
+    if stream and as_json:
+        raise InputError("--stream and --json do not mix; pick one")
+    generator = Generator.load(artifact, backend=backend, threads=threads, verify=not no_verify)
+    options = dict(max_new_tokens=max_new_tokens, strategy=strategy, window=window, stop=list(stop) or None, chat=chat is not None)
+    if stream:
+        for piece in generator.stream(text, **options):
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+        click.echo()
+        return
+    result = generator.generate(text, **options)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), ensure_ascii=False))
+        return
+    click.echo(result.text)
+    s = result.stats
+    click.echo(
+        f"[{s.new_tokens} tokens, {s.strategy} window {s.window}: {s.target_passes} passes, "
+        f"{s.tokens_per_pass:.2f} tokens/pass, {s.decode_tokens_per_second:.1f} tokens/s, finish: {s.finish_reason}]",
+        err=True,
+    )

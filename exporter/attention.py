@@ -1,0 +1,46 @@
+"""Grouped-query attention without repeat_kv, registered with transformers for export.
+
+Eager attention repeats every KV head for each query head of its group (`repeat_kv`): a copy
+of the whole cache per layer and pass, which grows with the past. Here the query heads of a
+group are folded into the query length instead ([B, kv_heads, group * window, D]), so the
+cache is read in place. Same maths, same ONNX ops (MatMul, Softmax), portable to TensorRT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+NAME = "jacobi_grouped"
+
+
+def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    # query: [B, H, W, D]; key, value: [B, Hkv, T, D] (cache included); attention_mask: [B, 1, W, T] additive
+    batch, heads, window, dim = query.shape
+    kv_heads, total = key.shape[1], key.shape[2]
+    group = heads // kv_heads  # query head h reads kv head h // group, as repeat_kv orders them
+    if scaling is None:
+        scaling = dim**-0.5
+    q = query.reshape(batch, kv_heads, group * window, dim)
+    scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [B, Hkv, G*W, T]
+    scores = scores.view(batch, kv_heads, group, window, total)
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, None]  # [B, 1, 1, W, T]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(probs.view(batch, kv_heads, group * window, total), value)  # [B, Hkv, G*W, D]
+    out = out.view(batch, heads, window, dim).transpose(1, 2).contiguous()  # [B, W, H, D]
+    return out, None
+
+
+@contextlib.contextmanager
+def grouped_attention_for(model):
+    """Switch `model` to grouped attention for the duration of a trace; restore eager on exit."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, grouped_attention)
+    model.set_attn_implementation(NAME)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation("eager")

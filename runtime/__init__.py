@@ -1,0 +1,29 @@
+"""jacobi_rt.runtime: run exported artifacts with Jacobi decoding, token-identical to greedy. No torch.
+
+    from jacobi_rt.runtime import Generator
+    gen = Generator.load("build/smollm2-135m")
+    result = gen.generate("Write a haiku about autumn", max_new_tokens=64)
+    print(result.text, result.stats.tokens_per_pass)
+"""
+
+from .errors import (
+    ArtifactError,
+    BackendError,
+    ContextLimitError,
+    InputError,
+    JacobiError,
+    MissingDependencyError,
+)
+from .generator import GenerationResult, Generator, Stats
+
+__all__ = [
+    "Generator",
+    "GenerationResult",
+    "Stats",
+    "JacobiError",
+    "ArtifactError",
+    "BackendError",
+    "ContextLimitError",
+    "InputError",
+    "MissingDependencyError",
+]

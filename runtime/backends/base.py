@@ -1,0 +1,102 @@
+"""The backend interface: a shared, thread-safe model plus one KV-owning context per generation.
+
+A `Backend` holds what is loaded once (an onnxruntime session, a TensorRT engine). A
+`BackendContext` is one sequence's state on the device: KV buffers allocated once at `capacity`
+entries, and the bindings. The decoding loop drives a context with three calls:
+
+    out = ctx.forward(window_ids)   # one pass over `length` cached entries + the window
+    ctx.commit(n)                   # keep the KV of the window's first n entries, drop the rest
+    ctx.trim(length)                # rewind to `length` entries (e.g. a draft model after a rejection)
+
+Only ids, positions and masks go to the device; only greedy ids (and logits when asked) come back.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BackendError
+from ..manifest import Manifest
+
+
+@dataclass
+class StepOutput:
+    greedy_ids: np.ndarray  # [B, W] int64, argmax of the logits, computed in-graph
+    logits: np.ndarray | None = None  # [B, W, vocab] float32, only when forward(want_logits=True)
+
+
+class BackendContext(ABC):
+    """One sequence (or batch of sequences) and its KV cache. Not thread-safe: one per generation."""
+
+    batch: int
+    capacity: int  # KV entries the buffers hold
+    length: int  # committed KV entries
+    pending: int  # window entries of the last forward, not yet committed
+    session_seconds: float  # time spent inside the device runs
+
+    @abstractmethod
+    def forward(
+        self,
+        ids: np.ndarray,
+        positions: np.ndarray | None = None,
+        window_mask: np.ndarray | None = None,
+        want_logits: bool = False,
+    ) -> StepOutput:
+        """Run the window ids [B, W] after the committed entries.
+
+        positions default to length + arange(W); window_mask [B, W, W] to lower-triangular.
+        Must be followed by commit(n) before the next forward.
+        """
+
+    @abstractmethod
+    def commit(self, n: int) -> None:
+        """Keep the KV of the last window's first n entries (0 <= n <= W); the rest are dropped."""
+
+    @abstractmethod
+    def trim(self, length: int) -> None:
+        """Rewind the committed cache to its first `length` entries."""
+
+    def close(self) -> None:
+        """Release the buffers; the context is unusable afterwards."""
+
+    def __enter__(self) -> "BackendContext":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_window(self, ids: np.ndarray) -> tuple[int, int]:
+        if self.pending:
+            raise BackendError("forward() called twice without commit(n) in between; commit the last window first")
+        if ids.ndim != 2 or ids.shape[0] != self.batch or ids.shape[1] < 1:
+            raise BackendError(f"window ids must have shape [{self.batch}, W>=1], got {list(ids.shape)}")
+        window = ids.shape[1]
+        if self.length + window > self.capacity:
+            raise BackendError(
+                f"window of {window} after {self.length} cached entries exceeds the context's capacity "
+                f"of {self.capacity}; open the context with a larger capacity"
+            )
+        return self.batch, window
+
+
+class Backend(ABC):
+    """A loaded model: shared by threads; each generation opens its own context."""
+
+    name: str
+    manifest: Manifest
+
+    @abstractmethod
+    def context(self, capacity: int, batch: int = 1) -> BackendContext:
+        """A new sequence state whose KV buffers hold `capacity` entries (capped at max_context)."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

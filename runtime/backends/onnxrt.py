@@ -1,0 +1,259 @@
+"""OrtBackend: the window graph on onnxruntime (CPU or CUDA execution provider), with IO binding.
+
+KV layout. Per layer and kind (key/value) the context owns two flat buffers of
+B*H*capacity*D elements ("ping" and "pong"), allocated once. A pass binds the past inputs as
+[B, H, P, D] views of the current buffer's first B*H*P*D elements and the present outputs as
+[B, H, P+W, D] views of the other one, so the graph's concat writes the new cache straight into
+our memory; then the two swap. When only n of the W window entries are kept, the per-head blocks
+are moved down in place ([B, H, P+W, D] -> [B, H, P+n, D]): the only KV copy the runtime makes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendError, require
+from ..manifest import Manifest
+from ..spec import kv_inputs, kv_outputs
+from .base import Backend, BackendContext, StepOutput
+
+ORT_HINT = 'pip install "jacobi-rt[cpu]" (or "jacobi-rt[gpu]" for CUDA)'
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (hyper-threads do not help the matmuls)."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        cores = set()
+        physical = core = None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "physical id":
+                physical = value.strip()
+            elif key == "core id":
+                core = value.strip()
+                cores.add((physical, core))
+        count = len(cores) or allowed
+    except OSError:
+        count = allowed
+    return max(1, min(count, allowed))
+
+
+def cuda_available(ort) -> bool:
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+class OrtBackend(Backend):
+    """One InferenceSession per artifact; `context()` gives each generation its own KV buffers."""
+
+    def __init__(self, folder: str | Path, manifest: Manifest, device: str = "auto", threads: int | None = None):
+        ort = require("onnxruntime", ORT_HINT)
+        self.manifest = manifest
+        self.device = _pick_device(ort, device)
+        self.name = f"onnxruntime-{self.device}"
+        self.threads = threads or physical_cores()
+        graph = Path(folder) / manifest.graphs.get("onnxruntime", manifest.graphs["portable"])
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
+        try:
+            self.session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types for bad graphs and EPs
+            raise BackendError(f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact") from exc
+        self._check_graph()
+
+    def _check_graph(self) -> None:
+        layers = self.manifest.architecture.num_layers
+        names = {i.name for i in self.session.get_inputs()}
+        expected = {"input_ids", "position_ids", "attention_mask", "window_mask", *(t.name for t in kv_inputs(layers))}
+        if names != expected:
+            raise BackendError(
+                f"the graph's inputs do not match the window-graph contract for {layers} layers "
+                f"(unexpected: {sorted(names - expected)[:4]}, missing: {sorted(expected - names)[:4]}); re-export the artifact"
+            )
+
+    def context(self, capacity: int, batch: int = 1) -> "OrtContext":
+        capacity = max(1, min(capacity, self.manifest.max_context))
+        return OrtContext(self, capacity, batch)
+
+
+def _pick_device(ort, device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise BackendError(f"backend device must be auto, cpu or cuda, not {device!r}")
+    if device == "cpu":
+        return "cpu"
+    if cuda_available(ort) and _cudart() is not None:
+        return "cuda"
+    if device == "cuda":
+        raise BackendError(
+            "CUDA was asked for, but onnxruntime has no CUDAExecutionProvider or no CUDA runtime was found; "
+            'install onnxruntime-gpu on a machine with an NVIDIA GPU (pip install "jacobi-rt[gpu]"), or use --backend cpu'
+        )
+    return "cpu"
+
+
+_CUDART = []
+
+
+def _cudart():
+    """libcudart via ctypes (for device-to-device moves when trimming), or None."""
+    if not _CUDART:
+        lib = None
+        for name in ("libcudart.so", "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0"):
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        _CUDART.append(lib)
+    return _CUDART[0]
+
+
+class OrtContext(BackendContext):
+    def __init__(self, backend: OrtBackend, capacity: int, batch: int):
+        arch = backend.manifest.architecture
+        self.backend = backend
+        self.batch, self.capacity = batch, capacity
+        self.length = self.pending = 0
+        self.session_seconds = 0.0
+        self.heads, self.head_dim = arch.kv_heads, arch.head_dim
+        self.dtype = DTYPES[backend.manifest.dtype]
+        self.past_names = [t.name for t in kv_inputs(arch.num_layers)]
+        self.present_names = [t.name for t in kv_outputs(arch.num_layers)]
+        rows = len(self.past_names)
+        elements = batch * self.heads * capacity * self.head_dim
+        self.row_bytes = elements * np.dtype(self.dtype).itemsize
+        self.device = backend.device
+        # Two sides x (layers * 2) rows of B*H*capacity*D elements: np.empty leaves pages untouched
+        # until the cache grows into them, so a large capacity costs address space, not RAM.
+        if self.device == "cuda":
+            ort = require("onnxruntime", ORT_HINT)
+            self._sides = [ort.OrtValue.ortvalue_from_shape_and_type([rows, elements], self.dtype, "cuda", 0) for _ in range(2)]
+            self._bases = [v.data_ptr() for v in self._sides]
+        else:
+            self._sides = [np.empty((rows, elements), dtype=self.dtype) for _ in range(2)]
+            self._bases = [a.ctypes.data for a in self._sides]
+        self._current = 0
+        self._ones = np.ones((batch, capacity), dtype=np.int64)
+        self._tril = np.tril(np.ones((capacity, capacity), dtype=bool)) if capacity <= 4096 else None
+        self._greedy = np.empty((batch, capacity), dtype=np.int64)
+        self.binding = backend.session.io_binding()
+
+    def forward(self, ids, positions=None, window_mask=None, want_logits=False) -> StepOutput:
+        if self._sides is None:
+            raise BackendError("this context was closed; open a new one with backend.context(capacity)")
+        batch, window = self._check_window(ids)
+        past, total = self.length, self.length + window
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if positions is None:
+            positions = np.broadcast_to(np.arange(past, total, dtype=np.int64), (batch, window))
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        if window_mask is None:
+            window_mask = self._lower_triangular(window)
+        window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
+        mask = self._ones[:, :total]  # [B, P+W], contiguous only for B == 1
+        mask = mask if batch == 1 else np.ascontiguousarray(mask)
+        greedy = self._greedy[:, :window] if batch == 1 else np.empty((batch, window), dtype=np.int64)
+
+        b = self.binding
+        b.clear_binding_inputs()
+        b.clear_binding_outputs()
+        for name, array in (("input_ids", ids), ("position_ids", positions), ("attention_mask", mask), ("window_mask", window_mask)):
+            b.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        self._bind_kv(past, total)
+        b.bind_output("greedy_ids", "cpu", 0, np.int64, [batch, window], greedy.ctypes.data)
+        logits = None
+        if want_logits:
+            logits = np.empty((batch, window, self.backend.manifest.architecture.vocab_size), dtype=np.float32)
+            b.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        started = time.perf_counter()
+        try:
+            self.backend.session.run_with_iobinding(b)
+        except Exception as exc:  # onnxruntime's own exception types
+            raise BackendError(f"onnxruntime failed on a window of {window} after {past} cached entries ({type(exc).__name__}: {exc})") from exc
+        finally:
+            self.session_seconds += time.perf_counter() - started
+        self._current ^= 1
+        self.length, self.pending = past, window
+        return StepOutput(greedy.copy(), logits)
+
+    def _bind_kv(self, past: int, total: int) -> None:
+        b, device = self.binding, self.device
+        shape_past = [self.batch, self.heads, past, self.head_dim]
+        shape_total = [self.batch, self.heads, total, self.head_dim]
+        src, dst = self._bases[self._current], self._bases[self._current ^ 1]
+        for i, (inp, out) in enumerate(zip(self.past_names, self.present_names)):
+            offset = i * self.row_bytes
+            b.bind_input(inp, device, 0, self.dtype, shape_past, src + offset)
+            b.bind_output(out, device, 0, self.dtype, shape_total, dst + offset)
+
+    def _lower_triangular(self, window: int) -> np.ndarray:
+        if self._tril is not None and window <= self._tril.shape[0]:
+            return self._tril[:window, :window][None]
+        return np.tril(np.ones((window, window), dtype=bool))[None]
+
+    def commit(self, n: int) -> None:
+        if not 0 <= n <= self.pending:
+            raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
+        old = self.length + self.pending
+        self.pending = 0
+        self._compact(old, self.length + n)
+
+    def trim(self, length: int) -> None:
+        if self.pending:
+            raise BackendError("trim() while a window is pending; commit(n) it first")
+        if not 0 <= length <= self.length:
+            raise BackendError(f"trim({length}) is outside the committed cache of {self.length} entries")
+        self._compact(self.length, length)
+
+    def _compact(self, old: int, new: int) -> None:
+        """[B*H, old, D] -> [B*H, new, D] in every row of the current side: block bh moves down."""
+        self.length = new
+        if new == old:
+            return
+        item = np.dtype(self.dtype).itemsize
+        block_old, block_new = old * self.head_dim * item, new * self.head_dim * item
+        base = self._bases[self._current]
+        if self.device == "cuda":
+            return self._compact_cuda(block_old, block_new)
+        for row in range(len(self.past_names)):
+            start = base + row * self.row_bytes
+            for bh in range(1, self.batch * self.heads):  # block 0 is already in place
+                ctypes.memmove(start + bh * block_new, start + bh * block_old, block_new)
+
+    def _compact_cuda(self, block_old: int, block_new: int) -> None:
+        # Device copies must not overlap, so the blocks go to the other side, which then becomes current.
+        cudart = _cudart()
+        src, dst = self._bases[self._current], self._bases[self._current ^ 1]
+        for row in range(len(self.past_names)):
+            offset = row * self.row_bytes
+            for bh in range(self.batch * self.heads):
+                status = cudart.cudaMemcpy(
+                    ctypes.c_void_p(dst + offset + bh * block_new), ctypes.c_void_p(src + offset + bh * block_old),
+                    ctypes.c_size_t(block_new), 3,  # cudaMemcpyDeviceToDevice
+                )
+                if status != 0:
+                    raise BackendError(f"cudaMemcpy failed with CUDA error {status} while trimming the KV cache")
+        self._current ^= 1
+
+    def kv(self, layer: int, kind: str = "key") -> np.ndarray:
+        """The committed cache of one layer, [B, H, length, D] (a view; CPU only, for tests and tools)."""
+        if self.device != "cpu":
+            raise BackendError("kv() reads host memory; it is only available on the cpu device")
+        row = 2 * layer + (kind == "value")
+        size = self.batch * self.heads * self.length * self.head_dim
+        return self._sides[self._current][row, :size].reshape(self.batch, self.heads, self.length, self.head_dim)
+
+    def close(self) -> None:
+        self._sides = None
+        self._bases = [0, 0]

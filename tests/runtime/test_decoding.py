@@ -1,0 +1,112 @@
+"""The decoding loop: accept rule, proposer, and Jacobi == greedy token for token on every tiny family."""
+
+from __future__ import annotations
+
+import pytest
+
+from jacobi_rt.runtime.decoding import accept
+from jacobi_rt.runtime.proposers import JacobiProposer
+from make_artifacts import FAMILIES
+
+PROMPTS = [
+    "The quick brown fox",
+    "def add(a, b):",
+    "Numbers 0 1 2 3",
+    "unicode: café, naïve, 東京, 🙂.",
+]
+
+
+@pytest.mark.parametrize(
+    "guesses, predictions, n",
+    [
+        ([], [7], 1),  # greedy: the window is the last token alone
+        ([5, 6, 7], [9, 6, 7, 8], 1),  # first guess wrong: only the prediction after `last`
+        ([5, 6, 7], [5, 6, 1, 2], 3),  # two right guesses + the prediction after them
+        ([5, 6, 7], [5, 6, 7, 8], 4),  # all right: W tokens
+    ],
+)
+def test_accept(guesses, predictions, n):
+    assert accept(guesses, predictions) == n
+
+
+def test_jacobi_proposer_uses_predictions_past_the_accepted_point():
+    p = JacobiProposer()
+    p.start([1, 2, 3], first=4)
+    assert p.propose(3) == [4, 4, 4]  # nothing known yet: repeat the last token
+    p.update([4, 4, 4], [10, 11, 12, 13], n=2)
+    assert p.propose(3) == [12, 13, 13]  # predictions[2:], padded with its last entry
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_jacobi_equals_greedy(generator, family):
+    gen = generator(family)
+    for prompt in PROMPTS:
+        for new in (1, 7, 40):
+            greedy = gen.generate(prompt, max_new_tokens=new, strategy="greedy")
+            assert greedy.stats.tokens_per_pass in (0.0, 1.0)
+            for window in (2, 4, 8, 16):
+                jacobi = gen.generate(prompt, max_new_tokens=new, strategy="jacobi", window=window)
+                assert jacobi.ids == greedy.ids, (family, prompt, new, window)
+                assert jacobi.text == greedy.text
+                assert len(jacobi.ids) <= new
+
+
+def test_window_one_jacobi_is_greedy(generator):
+    gen = generator("llama")
+    assert gen.generate("The quick", 20, window=1).ids == gen.generate("The quick", 20, strategy="greedy").ids
+
+
+def test_max_new_tokens_is_exact_even_when_a_window_accepts_more(generator):
+    gen = generator("llama")
+    for new in (1, 2, 3, 5, 9, 17):
+        result = gen.generate([5] * 3, max_new_tokens=new, window=16)
+        assert len(result.ids) == new and result.stats.finish_reason == "length"
+
+
+def test_eos_inside_an_accepted_run_ends_there(artifact):
+    from jacobi_rt.runtime import Generator
+
+    gen = Generator.load(artifact("llama"))
+    free = gen.generate("Jacobi decoding", max_new_tokens=40, strategy="greedy").ids
+    stop_token = free[len(free) // 2]
+    first = free.index(stop_token)
+    gen.manifest.tokens.eos_ids = [stop_token]  # this Generator's own manifest copy
+    for strategy, window in (("greedy", None), ("jacobi", 4), ("jacobi", 16)):
+        result = gen.generate("Jacobi decoding", max_new_tokens=40, strategy=strategy, window=window)
+        assert result.ids == free[: first + 1], strategy
+        assert result.stats.finish_reason == "eos"
+
+
+def test_generation_ends_at_the_context_limit(generator):
+    gen = generator("llama")
+    limit = gen.manifest.max_context
+    prompt = [7] * (limit - 5)
+    greedy = gen.generate(prompt, max_new_tokens=50, strategy="greedy")
+    jacobi = gen.generate(prompt, max_new_tokens=50, window=8)
+    assert len(greedy.ids) == 5 and greedy.stats.finish_reason == "context"
+    assert jacobi.ids == greedy.ids and jacobi.stats.finish_reason == "context"
+
+
+def test_long_prompt_is_prefilled_in_chunks(artifact):
+    from jacobi_rt.runtime import Generator
+
+    whole = Generator.load(artifact("qwen2"), prefill_chunk=512)
+    chunked = Generator.load(artifact("qwen2"), prefill_chunk=16)
+    prompt = list(range(3, 203))
+    a = whole.generate(prompt, max_new_tokens=20, strategy="greedy")
+    b = chunked.generate(prompt, max_new_tokens=20, window=4)
+    assert b.stats.prefill_passes == 13 and a.ids == b.ids
+
+
+def test_stop_string_cuts_text_and_ids(generator):
+    gen = generator("llama")
+    free = gen.generate("The quick brown fox", max_new_tokens=40, strategy="greedy")
+    stop = free.text[10:13]
+    cut = free.text.index(stop)
+    for window in (None, 4):
+        result = gen.generate("The quick brown fox", max_new_tokens=40, window=window, stop=[stop, "never appears"])
+        assert result.text == free.text[:cut]
+        assert result.stats.finish_reason == "stop"
+        # ids end with the token that completed the stop string
+        assert result.ids == free.ids[: len(result.ids)]
+        assert stop in gen.tokenizer.decode(result.ids) and stop not in gen.tokenizer.decode(result.ids[:-1])
