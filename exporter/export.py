@@ -46,11 +46,16 @@ def export(
     max_context: int | None = None,
     opset: int = 18,
     role: str = "target",
+    keep_layers: int | None = None,
     overwrite: bool = False,
     step: Step = lambda message: None,
     check_progress: Callable[[int], Callable[[], None]] | None = None,
 ) -> Manifest:
-    """Export MODEL (HF folder, .gguf, or built-in name) to the artifact folder OUT; return its manifest."""
+    """Export MODEL (HF folder, .gguf, or built-in name) to the artifact folder OUT; return its manifest.
+
+    keep_layers: export only the first N decoder layers (with the final norm and LM head): a
+    cheap draft made from the target itself, sharing its vocabulary.
+    """
     started = time.time()
     out = Path(out).expanduser().resolve()
     _check_destination(out, overwrite)
@@ -69,7 +74,8 @@ def export(
     except OSError as exc:
         raise JacobiError(f"cannot write to {out.parent} ({exc.strerror}); choose an --out in a writable folder") from exc
     try:
-        manifest = _export_into(staging, source, DTYPES[dtype], quantize, max_context, opset, role, step, check_progress)
+        options = (DTYPES[dtype], quantize, max_context, opset, role, keep_layers)
+        manifest = _export_into(staging, source, options, step, check_progress)
         manifest.created["export_seconds"] = round(time.time() - started, 1)
         manifest.created["peak_rss_mb"] = _peak_rss_mb()
         (staging / MANIFEST_NAME).write_text(manifest.to_json())
@@ -81,14 +87,18 @@ def export(
     return manifest
 
 
-def _export_into(folder: Path, source, dtype, quantize, max_context, opset, role, step, check_progress) -> Manifest:
+def _export_into(folder: Path, source, options: tuple, step, check_progress) -> Manifest:
     import torch
 
     from .check import SHAPES, check_against_onnx, check_against_torch
     from .trace import export_onnx, probe
 
     step(f"loading {source.name} ({source.model_type})")
+    dtype, quantize, max_context, opset, role, keep_layers = options
     model, tokenizer = sources.load(source, dtype)
+    if keep_layers is not None:
+        step(f"keeping the first {keep_layers} decoder layers")
+        keep_first_layers(model, keep_layers)
     shape = probe(model)
     # The window graph's explicit mask replaces a sliding-window mask, so stay inside the window.
     limit = min(shape.max_positions, getattr(model.config, "sliding_window", None) or shape.max_positions)
@@ -125,10 +135,13 @@ def _export_into(folder: Path, source, dtype, quantize, max_context, opset, role
     tokenizer_info = _save_tokenizer(tokenizer, folder)
     eos_ids = _eos_ids(model, tokenizer)
     files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    source_info = source.describe()
+    if keep_layers is not None:
+        source_info["kept_layers"] = keep_layers
     return Manifest(
         format_version=FORMAT_VERSION,
         role=role,
-        source=source.describe(),
+        source=source_info,
         architecture=Architecture(family=source.model_type, **asdict(shape)),
         tokens=Tokens(bos_id=tokenizer.bos_token_id, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id),
         dtype=dtype,
@@ -145,6 +158,18 @@ def _export_into(folder: Path, source, dtype, quantize, max_context, opset, role
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         },
     )
+
+
+def keep_first_layers(model, n: int) -> None:
+    """Truncate the decoder to its first n layers, in place (config included)."""
+    inner = getattr(model, "model", None) or getattr(model, "transformer")
+    layers = getattr(inner, "layers", None) or getattr(inner, "h")
+    if not 1 <= n <= len(layers):
+        raise JacobiError(f"--keep-layers must be between 1 and the model's {len(layers)} layers, not {n}")
+    del layers[n:]
+    model.config.num_hidden_layers = n
+    if isinstance(getattr(model.config, "layer_types", None), list):
+        model.config.layer_types = model.config.layer_types[:n]
 
 
 def _progress(factory):

@@ -15,8 +15,9 @@ import click
 @click.option("--max-context", type=click.IntRange(min=1), default=None, help="Longest sequence (prompt + output) the artifact will serve. Default: the model's maximum.")
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset.")
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True, help="target: the model whose greedy output you want; draft: a cheaper model that proposes guesses.")
+@click.option("--keep-layers", type=click.IntRange(min=1), default=None, help="Export only the first N decoder layers (plus final norm and LM head): a cheap draft made from the target, same vocabulary. Use with --role draft.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing artifact.")
-def export_command(model, out, dtype, quantize, max_context, opset, role, overwrite):
+def export_command(model, out, dtype, quantize, max_context, opset, role, keep_layers, overwrite):
     """Export MODEL to an artifact folder the runtime can load.
 
     MODEL is a Hugging Face model folder (config.json + weights + tokenizer), a .gguf file, or a
@@ -42,7 +43,7 @@ def export_command(model, out, dtype, quantize, max_context, opset, role, overwr
         bar = tqdm(total=total, desc="  check", unit="shape", leave=False)
         return lambda: bar.update(1)
 
-    manifest = export(model, out, dtype, quantize, max_context, opset, role, overwrite, step, check_bar)
+    manifest = export(model, out, dtype, quantize, max_context, opset, role, keep_layers, overwrite, step, check_bar)
     report = manifest.check["vs_pytorch"]
     click.echo(
         f"export check: max |logit diff| {report['max_logit_diff']:.2e}, greedy ids agree on "
