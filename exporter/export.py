@@ -69,9 +69,11 @@ def export(
 
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
+    created = [p for p in out.parents if not p.exists()]  # deepest first: removed again if the export fails
     try:
         staging.mkdir(parents=True)
     except OSError as exc:
+        _remove_empty(created)
         raise JacobiError(f"cannot write to {out.parent} ({exc.strerror}); choose an --out in a writable folder") from exc
     try:
         options = (DTYPES[dtype], quantize, max_context, opset, role, keep_layers)
@@ -82,6 +84,7 @@ def export(
         _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty(created)
         raise
     step(f"wrote {out}")
     return manifest
@@ -113,10 +116,8 @@ def _export_into(folder: Path, source, options: tuple, step, check_progress) -> 
     export_onnx(model, shape, graph, opset)
 
     step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
-    reference_model = model if dtype == "float32" else model.float()
     report = check_against_torch(model, shape, graph, dtype, _progress(check_progress))
     check = {"vs_pytorch": report.to_dict()}
-    del reference_model
 
     if quantize:
         step(f"quantizing weights to {quantize}")
@@ -184,6 +185,15 @@ def _check_destination(out: Path, overwrite: bool) -> None:
             raise JacobiError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
         if not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_NAME).is_file()):
             raise JacobiError(f"{out} exists and is not a jacobi-rt artifact; refusing to overwrite it, choose another --out")
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders this export created for its parent path (deepest first), if still empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

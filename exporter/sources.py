@@ -134,7 +134,14 @@ def load(source: ModelSource, dtype: str = "float32"):
     except Exception as exc:
         raise ModelSourceError(f"{source.name}: transformers could not load the model ({type(exc).__name__}: {exc})") from exc
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.folder, **kwargs)
+        if source.gguf_file is None and (source.folder / "tokenizer.json").is_file():
+            # the folder's own tokenizer.json as shipped: AutoTokenizer may pick a model-specific class
+            # (e.g. Qwen2Tokenizer) that rebuilds the pipeline and adds tokens the model does not have
+            from transformers import PreTrainedTokenizerFast
+
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(source.folder)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(source.folder, **kwargs)
     except Exception as exc:
         raise ModelSourceError(f"{source.name}: no usable tokenizer next to the model ({type(exc).__name__}: {exc}); add tokenizer.json") from exc
     if not getattr(tokenizer, "is_fast", False):

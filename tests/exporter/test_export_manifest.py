@@ -83,20 +83,26 @@ def test_check_figures(exported):
     assert any(w == 1 for _, w, _ in shapes) and any(p == 0 for _, _, p in shapes) and any(b > 1 for b, _, _ in shapes)
 
 
-def test_tokenizer_file_is_the_models_tokenizer(exported):
+def family_params():
+    from tiny_models import FAMILIES
+
+    return list(FAMILIES)
+
+@pytest.mark.parametrize("family", family_params())
+def test_tokenizer_file_is_the_models_own(tiny_artifact, family):
+    """The artifact's tokenizer.json tokenizes like the model folder's tokenizer.json, and every id it
+    can produce is inside the model's vocabulary; so its vocab_sha256 equals that of the other families,
+    which all ship the same tokenizer."""
     from tokenizers import Tokenizer
-    from transformers import AutoTokenizer
 
-    text = "Jacobi decoding: café 東京 🙂 {\"key\": [1, 2]}"
+    exported = tiny_artifact(family)
+    text = "Jacobi decoding: café 東京 🙂 {\"key\": [1, 2]}  two  spaces\n\n<|im_start|>user<|im_end|>"
     saved = Tokenizer.from_file(str(exported.artifact / "tokenizer.json"))
-    original = AutoTokenizer.from_pretrained(exported.model_dir)
-    assert saved.encode(text, add_special_tokens=False).ids == original(text, add_special_tokens=False)["input_ids"]
-
-
-def test_vocab_sha256_equal_for_a_shared_tokenizer(tiny_artifact):
-    # every tiny family is saved with the same tokenizer
-    digests = {f: tiny_artifact(f).manifest.tokenizer["vocab_sha256"] for f in ("llama", "qwen2", "gpt2")}
-    assert len(set(digests.values())) == 1, digests
+    source = Tokenizer.from_file(str(exported.model_dir / "tokenizer.json"))
+    assert saved.encode(text).ids == source.encode(text).ids
+    assert saved.get_vocab(with_added_tokens=True) == source.get_vocab(with_added_tokens=True)
+    assert max(saved.get_vocab(with_added_tokens=True).values()) < exported.manifest.architecture.vocab_size
+    assert exported.manifest.tokenizer["vocab_sha256"] == tiny_artifact("llama").manifest.tokenizer["vocab_sha256"]
 
 
 def other_tokenizer():
@@ -115,13 +121,13 @@ def other_tokenizer():
 
 @pytest.fixture(scope="module")
 def other_vocab_draft(tiny_model, tiny_artifact, tmp_path_factory):
-    """The tiny llama with another tokenizer, exported as a draft with a shorter max_context."""
+    """The tiny llama with another tokenizer (and no chat template), exported as a draft with a shorter max_context."""
     from jacobi_rt.exporter import export
 
     root = tmp_path_factory.mktemp("other-vocab")
     folder = root / "model"
     shutil.copytree(tiny_model("llama"), folder)
-    for p in folder.glob("tokenizer*"):
+    for p in [*folder.glob("tokenizer*"), *folder.glob("chat_template*")]:
         p.unlink()
     other_tokenizer().save_pretrained(folder)
     return export(str(folder), root / "artifact", role="draft", max_context=100), root / "artifact"
