@@ -1,4 +1,4 @@
-"""jacobi_rt.runtime: run exported artifacts with Jacobi decoding, token-identical to greedy. No torch.
+"""jacobi_rt.runtime: run exported artifacts with Jacobi decoding, token-identical to greedy, without PyTorch.
 
     from jacobi_rt.runtime import Generator
     gen = Generator.load("build/smollm2-135m")

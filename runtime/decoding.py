@@ -14,6 +14,7 @@ import numpy as np
 
 from .backends.base import BackendContext
 from .proposers import Proposer
+from .windows import AdaptiveWindow, FixedWindow
 
 
 @dataclass
@@ -65,14 +66,18 @@ def decode(
     ctx: BackendContext,
     prompt: list[int],
     proposer: Proposer,
-    window: int,
+    window: int | FixedWindow | AdaptiveWindow,
     max_new_tokens: int,
     max_context: int,
     eos_ids: set[int],
     prefill_chunk: int,
     progress: Progress,
 ) -> Iterator[list[int]]:
-    """Yield the new tokens pass by pass; stops after EOS (included), max_new_tokens or the context limit."""
+    """Yield the new tokens pass by pass; stops after EOS (included), max_new_tokens or the context limit.
+
+    window: a window size, or a policy (runtime.windows) that picks each pass's window.
+    """
+    policy = FixedWindow(window) if isinstance(window, int) else window
     started = time.perf_counter()
     last = prefill(ctx, prompt, prefill_chunk)
     progress.prefill_passes = -(-len(prompt) // prefill_chunk)
@@ -95,8 +100,10 @@ def decode(
         if room < 1:
             progress.finish_reason = "context"
             return
-        w = min(window, max_new_tokens - produced, room)
+        w = min(policy.next(), max_new_tokens - produced, room)
+        began = time.perf_counter()
         new = step(ctx, last, proposer, w)
+        policy.observe(w, len(new), time.perf_counter() - began)
         last = new[-1]
         produced += len(new)
         progress.target_passes += 1

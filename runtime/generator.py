@@ -15,9 +15,10 @@ from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
 from .proposers import JacobiProposer, NoProposer, Proposer
 from .tokenizer import Detokenizer, Tokenizer
+from .windows import AdaptiveWindow, FixedWindow
 
 STRATEGIES = ("greedy", "jacobi")
-DEFAULT_WINDOW = 8  # SmolLM2-135M on 2 CPU cores: see tools/runtime_bench.py
+DEFAULT_WINDOW = 8  # the adaptive policy's Jacobi arm when no window is given
 MAX_WINDOW = 64
 PREFILL_CHUNK = 256
 
@@ -25,7 +26,8 @@ PREFILL_CHUNK = 256
 @dataclass
 class Stats:
     strategy: str
-    window: int
+    window: int  # the (largest) window of a pass
+    adaptive: bool  # window picked per pass by measured speed (runtime.windows.AdaptiveWindow)
     prompt_tokens: int
     new_tokens: int
     finish_reason: str  # "eos", "stop", "length" (max_new_tokens) or "context" (max_context)
@@ -58,6 +60,7 @@ class Request:
     max_new_tokens: int
     strategy: str
     window: int
+    adaptive: bool
     stop: list[str]
 
 
@@ -109,8 +112,10 @@ class Generator:
     ) -> GenerationResult:
         """Generate up to max_new_tokens after `prompt` (text or token ids), or after chat `messages`.
 
-        chat=True wraps a text prompt as one user message. The result equals greedy decoding
-        token for token, whatever the strategy.
+        chat=True wraps a text prompt as one user message. strategy="jacobi" with window=None
+        adapts each pass's window between 1 and 8 to the measured speed (never much slower than
+        greedy); an explicit window is used as given. The result equals greedy decoding token for
+        token, whatever the strategy and window.
         """
         pieces = self._run(self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop))
         while True:
@@ -145,6 +150,7 @@ class Generator:
             max_new_tokens=int(max_new_tokens),
             strategy=strategy,
             window=self._window(strategy, window),
+            adaptive=strategy == "jacobi" and window is None,
             stop=_stop_strings(stop),
         )
 
@@ -199,7 +205,8 @@ class Generator:
         text = _StopText(request.stop)
         detok = Detokenizer(self.tokenizer)
         with self.backend.context(capacity) as ctx:
-            tokens = decode(ctx, prompt, proposer, request.window, request.max_new_tokens,
+            policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
+            tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
                             self.manifest.max_context, eos, self.prefill_chunk, progress)
             for batch in tokens:
                 for token in batch:
@@ -228,6 +235,7 @@ def _stats(request: Request, progress: Progress, new_tokens: int, started: float
     return Stats(
         strategy=request.strategy,
         window=request.window,
+        adaptive=request.adaptive,
         prompt_tokens=len(request.prompt_ids),
         new_tokens=new_tokens,
         finish_reason=progress.finish_reason,

@@ -32,7 +32,7 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to `messages`, as transformers' apply_chat_template renders it."""
+        """The chat template applied to `messages`, as Hugging Face's apply_chat_template renders it."""
         if not self.chat_template:
             raise InputError("this artifact has no chat template; pass a plain prompt instead of chat messages")
         _check_messages(messages)
@@ -64,7 +64,7 @@ def _compile(source: str):
         def raise_exception(message):
             raise InputError(f"the chat template refused the messages: {message}")
 
-        # The same environment settings transformers uses, so the rendered prompt is identical.
+        # The same environment settings Hugging Face's tokenizers use, so the rendered prompt is identical.
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
         env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = raise_exception

@@ -6,6 +6,7 @@ entries, and the bindings. The decoding loop drives a context with three calls:
 
     out = ctx.forward(window_ids)   # one pass over `length` cached entries + the window
     ctx.commit(n)                   # keep the KV of the window's first n entries, drop the rest
+    ctx.commit_rows([0, 2, 5])      # or keep these window entries (an accepted branch of a tree window)
     ctx.trim(length)                # rewind to `length` entries (e.g. a draft model after a rejection)
 
 Only ids, positions and masks go to the device; only greedy ids (and logits when asked) come back.
@@ -54,6 +55,13 @@ class BackendContext(ABC):
     @abstractmethod
     def commit(self, n: int) -> None:
         """Keep the KV of the last window's first n entries (0 <= n <= W); the rest are dropped."""
+
+    def commit_rows(self, rows: list[int]) -> None:
+        """Keep the KV of the last window's entries `rows` (ascending, distinct), in that order.
+
+        For verified branches (a tree window), whose accepted path is not a prefix of the window.
+        """
+        raise BackendError(f"{type(self).__name__} cannot gather window rows; verify a single branch and commit(n)")
 
     @abstractmethod
     def trim(self, length: int) -> None:

@@ -119,6 +119,25 @@ def _cudart():
     return _CUDART[0]
 
 
+def _binders(binding, device: str):
+    """(bind_input, bind_output)(name, dtype, shape, pointer) for the KV tensors on `device`.
+
+    The public IOBinding methods rebuild the device descriptor on every call (~20 us per tensor,
+    120 tensors a pass for a 30-layer model); onnxruntime's C binding with the descriptor made
+    once skips that. Falls back to the public methods if those internals change.
+    """
+    try:
+        from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
+
+        raw = binding._iobinding
+        c_device = OrtDevice.make(device, 0)._get_c_device()
+        return (lambda n, t, s, p: raw.bind_input(n, c_device, t, s, p),
+                lambda n, t, s, p: raw.bind_output(n, c_device, t, s, p))
+    except (ImportError, AttributeError, TypeError):
+        return (lambda n, t, s, p: binding.bind_input(n, device, 0, t, s, p),
+                lambda n, t, s, p: binding.bind_output(n, device, 0, t, s, p))
+
+
 class OrtContext(BackendContext):
     def __init__(self, backend: OrtBackend, capacity: int, batch: int):
         arch = backend.manifest.architecture
@@ -145,9 +164,10 @@ class OrtContext(BackendContext):
             self._bases = [a.ctypes.data for a in self._sides]
         self._current = 0
         self._ones = np.ones((batch, capacity), dtype=np.int64)
-        self._tril = np.tril(np.ones((capacity, capacity), dtype=bool)) if capacity <= 4096 else None
+        self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))  # windows and prefill chunks
         self._greedy = np.empty((batch, capacity), dtype=np.int64)
         self.binding = backend.session.io_binding()
+        self._bind_in, self._bind_out = _binders(self.binding, self.device)
 
     def forward(self, ids, positions=None, window_mask=None, want_logits=False) -> StepOutput:
         if self._sides is None:
@@ -165,20 +185,19 @@ class OrtContext(BackendContext):
         mask = mask if batch == 1 else np.ascontiguousarray(mask)
         greedy = self._greedy[:, :window] if batch == 1 else np.empty((batch, window), dtype=np.int64)
 
-        b = self.binding
-        b.clear_binding_inputs()
-        b.clear_binding_outputs()
+        self.binding.clear_binding_inputs()
+        self.binding.clear_binding_outputs()
         for name, array in (("input_ids", ids), ("position_ids", positions), ("attention_mask", mask), ("window_mask", window_mask)):
-            b.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+            self._host_in(name, array)
         self._bind_kv(past, total)
-        b.bind_output("greedy_ids", "cpu", 0, np.int64, [batch, window], greedy.ctypes.data)
+        self._host_out("greedy_ids", greedy)
         logits = None
         if want_logits:
             logits = np.empty((batch, window, self.backend.manifest.architecture.vocab_size), dtype=np.float32)
-            b.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+            self._host_out("logits", logits)
         started = time.perf_counter()
         try:
-            self.backend.session.run_with_iobinding(b)
+            self.backend.session.run_with_iobinding(self.binding)
         except Exception as exc:  # onnxruntime's own exception types
             raise BackendError(f"onnxruntime failed on a window of {window} after {past} cached entries ({type(exc).__name__}: {exc})") from exc
         finally:
@@ -187,18 +206,25 @@ class OrtContext(BackendContext):
         self.length, self.pending = past, window
         return StepOutput(greedy.copy(), logits)
 
+    def _host_in(self, name: str, array: np.ndarray) -> None:
+        # Small inputs live in host memory; on CUDA onnxruntime copies them (a few hundred bytes).
+        self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+
+    def _host_out(self, name: str, array: np.ndarray) -> None:
+        self.binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+
     def _bind_kv(self, past: int, total: int) -> None:
-        b, device = self.binding, self.device
         shape_past = [self.batch, self.heads, past, self.head_dim]
         shape_total = [self.batch, self.heads, total, self.head_dim]
         src, dst = self._bases[self._current], self._bases[self._current ^ 1]
+        bind_in, bind_out, dtype = self._bind_in, self._bind_out, self.dtype
         for i, (inp, out) in enumerate(zip(self.past_names, self.present_names)):
             offset = i * self.row_bytes
-            b.bind_input(inp, device, 0, self.dtype, shape_past, src + offset)
-            b.bind_output(out, device, 0, self.dtype, shape_total, dst + offset)
+            bind_in(inp, dtype, shape_past, src + offset)
+            bind_out(out, dtype, shape_total, dst + offset)
 
     def _lower_triangular(self, window: int) -> np.ndarray:
-        if self._tril is not None and window <= self._tril.shape[0]:
+        if window <= self._tril.shape[0]:
             return self._tril[:window, :window][None]
         return np.tril(np.ones((window, window), dtype=bool))[None]
 
@@ -208,6 +234,24 @@ class OrtContext(BackendContext):
         old = self.length + self.pending
         self.pending = 0
         self._compact(old, self.length + n)
+
+    def commit_rows(self, rows: list[int]) -> None:
+        window = self.pending
+        if list(rows) == list(range(len(rows))):
+            return self.commit(len(rows))
+        if any(not 0 <= r < window for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+            raise BackendError(f"commit_rows({list(rows)}) needs ascending, distinct rows of the last window of {window}")
+        if self.device != "cpu":
+            raise BackendError("commit_rows() is only implemented on the cpu device so far; verify one branch and commit(n)")
+        past, old = self.length, self.length + window
+        keep = np.asarray(rows, dtype=np.int64) + past
+        side = self._sides[self._current]
+        size = self.batch * self.heads * old * self.head_dim
+        for row in range(len(self.past_names)):
+            blocks = side[row, :size].reshape(self.batch * self.heads, old, self.head_dim)
+            blocks[:, past : past + len(rows)] = blocks[:, keep]  # the gather reads a copy: W rows, not the cache
+        self.pending = 0
+        self._compact(old, past + len(rows))
 
     def trim(self, length: int) -> None:
         if self.pending:

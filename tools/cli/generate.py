@@ -14,7 +14,7 @@ import click
 @click.option("--chat", "-c", default=None, help="A user message, wrapped in the model's chat template (for instruct models).")
 @click.option("--strategy", type=click.Choice(["jacobi", "greedy"]), default="jacobi", show_default=True,
               help="greedy: one token per model pass. jacobi: guess a window of tokens and verify them in one pass; same output, fewer passes.")
-@click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Jacobi window (tokens verified per pass). Default: 8.")
+@click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Jacobi window (tokens verified per pass). Default: adaptive, between greedy passes and 8-token windows, by measured speed.")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True, help="Most tokens to generate.")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); the text is cut before it.")
 @click.option("--stream/--no-stream", default=False, help="Print text as it is generated.")
@@ -59,7 +59,7 @@ def generate_command(artifact, prompt, chat, strategy, window, max_new_tokens, s
     click.echo(result.text)
     s = result.stats
     click.echo(
-        f"[{s.new_tokens} tokens, {s.strategy} window {s.window}: {s.target_passes} passes, "
+        f"[{s.new_tokens} tokens, {s.strategy} window {'up to ' if s.adaptive else ''}{s.window}: {s.target_passes} passes, "
         f"{s.tokens_per_pass:.2f} tokens/pass, {s.decode_tokens_per_second:.1f} tokens/s, finish: {s.finish_reason}]",
         err=True,
     )

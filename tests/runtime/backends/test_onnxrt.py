@@ -53,6 +53,29 @@ def test_forward_commit_trim_round_trip(backend):
         np.testing.assert_allclose(out.logits, logits[:, -1:], atol=1e-4)
 
 
+def test_commit_rows_keeps_a_branch(backend):
+    prefix = [5, 17, 33, 90]
+    with backend.context(32) as ctx:
+        ctx.forward(np.array([prefix]))
+        ctx.commit(4)
+        # a tree window: root 7, then two branches (11, 12) and (40, 41, 42); the second one is kept
+        tree = [7, 11, 12, 40, 41, 42]
+        mask = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
+                         [1, 0, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 1]], dtype=bool)[None]
+        positions = np.array([[4, 5, 6, 5, 6, 7]])
+        ctx.forward(np.array([tree]), positions=positions, window_mask=mask)
+        ctx.commit_rows([0, 3, 4])
+        assert ctx.length == 7
+        _, _, present = full_pass(backend, prefix + [7, 40, 41])
+        for layer in range(backend.manifest.architecture.num_layers):
+            np.testing.assert_allclose(ctx.kv(layer, "key"), present[2 * layer], atol=1e-5)
+            np.testing.assert_allclose(ctx.kv(layer, "value"), present[2 * layer + 1], atol=1e-5)
+        out = ctx.forward(np.array([[42]]), want_logits=True)
+        ctx.commit(1)
+        logits, _, _ = full_pass(backend, prefix + [7, 40, 41, 42])
+        np.testing.assert_allclose(out.logits, logits[:, -1:], atol=1e-4)
+
+
 def test_context_misuse_is_a_clear_error(backend):
     with backend.context(8) as ctx:
         with pytest.raises(BackendError, match="capacity"):

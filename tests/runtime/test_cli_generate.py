@@ -1,0 +1,40 @@
+"""`jacobi-rt generate` end to end through click."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from jacobi_rt.tools.cli.main import cli
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(cli, ["generate", *map(str, args)], input=input)
+
+
+def test_json_output_equals_the_api(artifact, generator):
+    folder = artifact("llama")
+    result = run(folder, "--prompt", "The quick brown fox", "-n", "12", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    expected = generator("llama").generate("The quick brown fox", max_new_tokens=12, strategy="greedy")
+    assert data["ids"] == expected.ids and data["text"] == expected.text
+    assert data["stats"]["strategy"] == "jacobi" and data["stats"]["new_tokens"] == 12
+
+
+def test_stdin_stream_and_chat(artifact, generator):
+    folder = artifact("llama")
+    gen = generator("llama")
+    streamed = run(folder, "--prompt", "-", "-n", "10", "--stream", "--strategy", "greedy", input="café 東京")
+    assert streamed.exit_code == 0 and streamed.stdout == gen.generate("café 東京", 10).text + "\n"
+    chat = run(folder, "--chat", "Hi", "-n", "5", "--json", "--threads", "1")
+    assert json.loads(chat.stdout)["ids"] == gen.generate("Hi", chat=True, max_new_tokens=5).ids
+
+
+def test_errors_are_one_line_and_exit_1(artifact, tmp_path):
+    folder = artifact("llama")
+    for args in ([folder, "--prompt", ""], [folder], [folder, "--prompt", "x", "--chat", "y"], [tmp_path, "--prompt", "x"]):
+        result = run(*args)
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith("error: ") and "Traceback" not in result.output

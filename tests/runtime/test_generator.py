@@ -1,0 +1,121 @@
+"""Generator: bad requests are clear errors (and the Generator stays usable), streaming, chat, threads."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from jacobi_rt.runtime import ContextLimitError, InputError
+
+
+@pytest.fixture(scope="module")
+def gen(generator):
+    return generator("llama")
+
+
+BAD_REQUESTS = [
+    (dict(prompt=""), InputError, "empty"),
+    (dict(prompt=[]), InputError, "empty"),
+    (dict(prompt=None), InputError, "prompt"),
+    (dict(prompt=[1, 2, 384]), InputError, "outside this model's vocabulary"),
+    (dict(prompt=[1, -1]), InputError, "outside this model's vocabulary"),
+    (dict(prompt=[1.5, 2.0]), InputError, "integers"),
+    (dict(prompt=[[1, 2]]), InputError, "flat"),
+    (dict(prompt=[3] * 256), ContextLimitError, "context holds 256"),
+    (dict(prompt="hi", max_new_tokens=0), InputError, "max_new_tokens"),
+    (dict(prompt="hi", max_new_tokens=-3), InputError, "max_new_tokens"),
+    (dict(prompt="hi", window=0), InputError, "window"),
+    (dict(prompt="hi", window=65), InputError, "window"),
+    (dict(prompt="hi", strategy="greedy", window=4), InputError, "window of 1"),
+    (dict(prompt="hi", strategy="beam"), InputError, "strategy"),
+    (dict(prompt="hi", stop=[""]), InputError, "stop"),
+    (dict(messages=[{"content": "no role"}]), InputError, "role"),
+    (dict(messages=[]), InputError, "non-empty"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, match", BAD_REQUESTS)
+def test_bad_request_is_a_clear_error_and_the_generator_survives(gen, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gen.generate(**kwargs)
+    with pytest.raises(error, match=match):
+        gen.stream(**kwargs)  # checked when called, before the first piece
+    assert len(gen.generate("The quick", max_new_tokens=3).ids) == 3
+
+
+def test_longest_prompt_that_fits_gives_one_token(gen):
+    result = gen.generate([3] * 255, max_new_tokens=10)
+    assert len(result.ids) == 1 and result.stats.finish_reason == "context"
+
+
+def test_text_and_ids_prompts_agree(gen):
+    ids = gen.tokenizer.encode("Jacobi decoding guesses")
+    assert gen.generate("Jacobi decoding guesses", 12).ids == gen.generate(ids, 12).ids
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3"])
+def test_stream_joins_to_generate(generator, family):
+    gen = generator(family)
+    for prompt in ("unicode: café, naïve, 東京, 🙂.", "The quick brown fox", "東京 🙂"):
+        for strategy in ("greedy", "jacobi"):
+            full = gen.generate(prompt, max_new_tokens=48, strategy=strategy)
+            pieces = list(gen.stream(prompt, max_new_tokens=48, strategy=strategy))
+            assert "".join(pieces) == full.text
+            assert full.text == gen.tokenizer.decode(full.ids)
+
+
+def test_detokenizer_holds_back_split_characters(gen):
+    from jacobi_rt.runtime.tokenizer import Detokenizer
+
+    text = "café 東京 🙂 naïve"
+    ids = gen.tokenizer.encode(text)
+    pieces = []
+    detok = Detokenizer(gen.tokenizer)
+    for token in ids:
+        pieces.append(detok.add(token))
+    pieces.append(detok.flush())
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+    singles = [gen.tokenizer.decode([t]) for t in ids]
+    assert any("\ufffd" in s for s in singles), "the test text should split a character across tokens"
+
+
+def test_stream_with_stop_matches_generate(gen):
+    free = gen.generate("The quick brown fox", max_new_tokens=40, strategy="greedy").text
+    stop = clean_substring(free, start=10)
+    assert "".join(gen.stream("The quick brown fox", max_new_tokens=40, stop=stop)) == free[: free.index(stop)]
+
+
+def test_chat_prompt_renders_the_template(gen):
+    rendered = gen.chat_prompt([{"role": "user", "content": "Hi"}])
+    assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    a = gen.generate(messages=[{"role": "user", "content": "Hi"}], max_new_tokens=8)
+    b = gen.generate("Hi", chat=True, max_new_tokens=8)
+    c = gen.generate(gen.tokenizer.encode(rendered, add_special_tokens=False), max_new_tokens=8)
+    assert a.ids == b.ids == c.ids
+    assert a.stats.prompt_tokens == len(gen.tokenizer.encode(rendered, add_special_tokens=False))
+
+
+def test_stats_are_filled(gen):
+    s = gen.generate("The quick brown fox", max_new_tokens=30, window=4).stats
+    assert s.strategy == "jacobi" and s.window == 4 and s.new_tokens == 30
+    assert s.target_passes >= 1 and s.tokens_per_pass >= 1.0
+    assert 0 < s.session_seconds <= s.wall_seconds and 0 <= s.overhead_share < 1
+
+
+def test_concurrent_generate_equals_sequential(gen):
+    jobs = [(p, s, n) for p in ("The quick", "def add(a, b):", "café 東京") for s in ("greedy", "jacobi") for n in (17, 33)]
+    sequential = [gen.generate(p, max_new_tokens=n, strategy=s).ids for p, s, n in jobs]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        threaded = list(pool.map(lambda job: gen.generate(job[0], max_new_tokens=job[2], strategy=job[1]).ids, jobs * 2))
+    assert threaded == sequential * 2
+
+
+def clean_substring(text: str, start: int, size: int = 2) -> str:
+    """A substring of printable characters (random tiny models also emit broken UTF-8)."""
+    for i in range(start, len(text) - size):
+        piece = text[i : i + size]
+        if piece.isprintable() and "\ufffd" not in piece:
+            return piece
+    raise AssertionError(f"no clean substring in {text!r}")
