@@ -14,6 +14,7 @@ import numpy as np
 
 from .backends.base import BackendContext
 from .proposers import Proposer
+from .tree import build_tree
 from .windows import AdaptiveWindow, FixedWindow
 
 
@@ -28,20 +29,6 @@ class Progress:
     finish_reason: str = ""  # "eos", "length" (max_new_tokens), "context" (max_context); "stop" is set by the caller
 
 
-def accept(guesses: list[int], predictions: list[int]) -> int:
-    """Tokens to commit from a pass over [last, *guesses]: 1 + the longest prefix of right guesses.
-
-    predictions[k] is the target's token after window entry k, so guess k+1 is right iff it
-    equals predictions[k]; the first wrong guess's prediction is still a valid next token.
-    """
-    n = 1
-    for guess, prediction in zip(guesses, predictions):
-        if guess != prediction:
-            break
-        n += 1
-    return n
-
-
 def prefill(ctx: BackendContext, prompt: list[int], chunk: int) -> int:
     """Run the prompt through the graph in chunks, keep all its KV; return the first new token."""
     for start in range(0, len(prompt), chunk):
@@ -51,15 +38,19 @@ def prefill(ctx: BackendContext, prompt: list[int], chunk: int) -> int:
     return int(out.greedy_ids[0, -1])
 
 
-def step(ctx: BackendContext, last: int, proposer: Proposer, window: int) -> list[int]:
-    """One target pass over [last, *guesses]; returns the committed tokens (1..window)."""
-    guesses = proposer.propose(window - 1)[: window - 1]
-    out = ctx.forward(np.array([[last, *guesses]], dtype=np.int64))
+def step(ctx: BackendContext, last: int, proposer: Proposer, budget: int) -> list[int]:
+    """One target pass over `last` and the proposer's guesses (a chain or a tree); returns the committed tokens."""
+    tree = build_tree(last, proposer.propose(budget), max_nodes=budget + 1)
+    positions = ctx.length + np.asarray(tree.positions, dtype=np.int64)
+    out = ctx.forward(np.array([tree.tokens], dtype=np.int64), positions[None], tree.window_mask[None])
     predictions = out.greedy_ids[0].tolist()
-    n = accept(guesses, predictions)
-    ctx.commit(n)  # KV kept for last, guesses[:n-1]; predictions[n-1] is the new last token, no KV yet
-    proposer.update(guesses, predictions, n)
-    return predictions[:n]
+    verdict = tree.accept(predictions)  # the walk down the target's own predictions: greedy's tokens
+    if verdict.contiguous:
+        ctx.commit(len(verdict.keep))  # KV of last + accepted guesses; committed[-1] has no KV yet
+    else:
+        ctx.commit_rows(verdict.keep)  # an accepted side branch: gather its KV rows into place
+    proposer.update(tree, predictions, verdict)
+    return verdict.committed
 
 
 def decode(
@@ -102,7 +93,7 @@ def decode(
             return
         w = min(policy.next(), max_new_tokens - produced, room)
         began = time.perf_counter()
-        new = step(ctx, last, proposer, w)
+        new = step(ctx, last, proposer, w - 1)
         policy.observe(w, len(new), time.perf_counter() - began)
         last = new[-1]
         produced += len(new)

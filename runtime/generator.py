@@ -13,12 +13,13 @@ from .backends.base import Backend
 from .decoding import Progress, decode
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
-from .proposers import JacobiProposer, NoProposer, Proposer
+from .proposers import JacobiProposer, LookaheadProposer, NoProposer, Proposer
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
-STRATEGIES = ("greedy", "jacobi")
+STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
 DEFAULT_WINDOW = 8  # the adaptive policy's Jacobi arm when no window is given
+DEFAULT_GUESS_WINDOW = 16  # lookahead/speculative/auto: the widest pass; the proposers send only what pays
 MAX_WINDOW = 64
 PREFILL_CHUNK = 256
 
@@ -39,6 +40,7 @@ class Stats:
     session_seconds: float  # time inside onnxruntime's run, prefill included
     overhead_share: float  # (wall - session) / wall: Python, bookkeeping, tokenizer
     decode_tokens_per_second: float  # new tokens / (wall - prefill)
+    proposer: dict  # the proposer's counters: guesses proposed and accepted (by source), draft passes and time
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,16 +70,18 @@ class Generator:
     """A loaded artifact: `generate()` and `stream()` may be called from several threads at once;
     each call opens its own backend context (KV buffers and bindings)."""
 
-    def __init__(self, backend: Backend, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(self, backend: Backend, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK, draft: Backend | None = None):
         self.backend = backend
         self.manifest: Manifest = backend.manifest
         self.tokenizer = tokenizer
         self.prefill_chunk = prefill_chunk
+        self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
 
     @classmethod
     def load(
         cls,
         path: str | Path,
+        draft: str | Path | None = None,
         backend: str = "auto",
         threads: int | None = None,
         verify: bool = True,
@@ -85,6 +89,7 @@ class Generator:
     ) -> "Generator":
         """Validate the artifact at `path` (manifest, every file's sha256) and load it.
 
+        draft: an artifact exported with `--role draft` (same vocabulary) for speculative decoding.
         backend: "auto" (CUDA when onnxruntime-gpu and a GPU are present, else CPU), "cpu" or "cuda".
         threads: onnxruntime intra-op threads; default the physical cores.
         """
@@ -94,7 +99,14 @@ class Generator:
             raise InputError(f"threads must be at least 1, not {threads}")
         manifest = load_manifest(path, verify=verify)
         tokenizer = Tokenizer(path, manifest)
-        return cls(OrtBackend(path, manifest, backend, threads), tokenizer, prefill_chunk)
+        draft_backend = None
+        if draft is not None:
+            from .draft import check_draft
+
+            draft_manifest = load_manifest(draft, verify=verify)
+            check_draft(manifest, draft_manifest, path, draft)
+            draft_backend = OrtBackend(draft, draft_manifest, backend, threads)
+        return cls(OrtBackend(path, manifest, backend, threads), tokenizer, prefill_chunk, draft_backend)
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The chat template rendered for `messages`, ending with the assistant's turn."""
@@ -104,7 +116,7 @@ class Generator:
         self,
         prompt: str | Sequence[int] | None = None,
         max_new_tokens: int = 128,
-        strategy: str = "jacobi",
+        strategy: str = "auto",
         window: int | None = None,
         stop: str | Sequence[str] | None = None,
         messages: list[dict] | None = None,
@@ -112,10 +124,12 @@ class Generator:
     ) -> GenerationResult:
         """Generate up to max_new_tokens after `prompt` (text or token ids), or after chat `messages`.
 
-        chat=True wraps a text prompt as one user message. strategy="jacobi" with window=None
-        adapts each pass's window between 1 and 8 to the measured speed (never much slower than
-        greedy); an explicit window is used as given. The result equals greedy decoding token for
-        token, whatever the strategy and window.
+        chat=True wraps a text prompt as one user message. Strategies: "greedy"; "jacobi" (with
+        window=None it adapts each pass's window between 1 and 8 to the measured speed); "lookahead"
+        (prompt lookup, an n-gram pool and the Jacobi trajectory, each guess sent only when its
+        measured acceptance pays for the wider pass); "speculative" (the draft model); "auto" (the
+        default: lookahead, plus the draft when one is loaded). `window` caps the widest pass. The
+        result equals greedy decoding token for token, whatever the strategy and window.
         """
         pieces = self._run(self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop))
         while True:
@@ -128,7 +142,7 @@ class Generator:
         self,
         prompt: str | Sequence[int] | None = None,
         max_new_tokens: int = 128,
-        strategy: str = "jacobi",
+        strategy: str = "auto",
         window: int | None = None,
         stop: str | Sequence[str] | None = None,
         messages: list[dict] | None = None,
@@ -186,7 +200,11 @@ class Generator:
             if window not in (None, 1):
                 raise InputError(f"greedy decoding uses a window of 1, not {window}; use strategy='jacobi' for a larger window")
             return 1
-        window = DEFAULT_WINDOW if window is None else int(window)
+        if strategy == "speculative" and self.draft is None:
+            raise InputError("strategy 'speculative' needs a draft model: Generator.load(target, draft=DRAFT_DIR) "
+                             "(export one with `jacobi-rt export MODEL --role draft`)")
+        default = DEFAULT_WINDOW if strategy == "jacobi" else DEFAULT_GUESS_WINDOW
+        window = default if window is None else int(window)
         if not 1 <= window <= MAX_WINDOW:
             raise InputError(f"window must be between 1 and {MAX_WINDOW} tokens, not {window}")
         return window
@@ -197,14 +215,14 @@ class Generator:
         """Yield text pieces; return the GenerationResult (StopIteration.value)."""
         started = time.perf_counter()
         progress = Progress()
-        proposer: Proposer = NoProposer() if request.strategy == "greedy" else JacobiProposer()
         prompt = request.prompt_ids
         capacity = min(self.manifest.max_context, len(prompt) + request.max_new_tokens)
+        proposer = self._proposer(request.strategy, capacity)
         eos = set(self.manifest.tokens.eos_ids)
         ids: list[int] = []
         text = _StopText(request.stop)
         detok = Detokenizer(self.tokenizer)
-        with self.backend.context(capacity) as ctx:
+        with self.backend.context(capacity) as ctx, proposer:
             policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
             tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
                             self.manifest.max_context, eos, self.prefill_chunk, progress)
@@ -226,10 +244,21 @@ class Generator:
                     progress.finish_reason = "stop"
             yield text.finish()
             session = ctx.session_seconds
-        return GenerationResult(ids, text.text, _stats(request, progress, len(ids), started, session))
+        return GenerationResult(ids, text.text, _stats(request, progress, len(ids), started, session, proposer.stats))
+
+    def _proposer(self, strategy: str, capacity: int) -> Proposer:
+        if strategy == "greedy":
+            return NoProposer()
+        if strategy == "jacobi":
+            return JacobiProposer()
+        if strategy == "lookahead" or (strategy == "auto" and self.draft is None):
+            return LookaheadProposer()
+        from .draft import DraftProposer
+
+        return DraftProposer(self.draft, capacity)
 
 
-def _stats(request: Request, progress: Progress, new_tokens: int, started: float, session: float) -> Stats:
+def _stats(request: Request, progress: Progress, new_tokens: int, started: float, session: float, proposer: dict) -> Stats:
     wall = time.perf_counter() - started
     decode_seconds = max(wall - progress.prefill_seconds, 1e-9)
     return Stats(
@@ -247,6 +276,7 @@ def _stats(request: Request, progress: Progress, new_tokens: int, started: float
         session_seconds=round(session, 4),
         overhead_share=round(max(wall - session, 0.0) / wall, 4) if wall > 0 else 0.0,
         decode_tokens_per_second=round(max(new_tokens - 1, 0) / decode_seconds, 2),
+        proposer=dict(proposer),
     )
 
 

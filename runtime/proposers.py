@@ -1,53 +1,46 @@
 """Proposers fill a window's guesses. They see token ids only.
 
-The loop asks `propose(k)` for k guesses to follow the last committed token, runs the target
-over [last, *guesses], and calls `update(guesses, predictions, n)` with what it accepted, so a
-proposer can keep state (the Jacobi trajectory, an n-gram pool, a draft model's cache).
+The loop asks `propose(budget)` for candidate continuations of the committed sequence (one
+chain, several branches, or none), verifies them all in one target pass as a tree (runtime.tree),
+and calls `update(tree, predictions, verdict)` with what the target predicted and committed, so a
+proposer can keep state: the Jacobi trajectory, an n-gram pool, a draft model's cache.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from .acceptance import AcceptanceTracker
+from .ngram import Candidate, NgramPool, PromptLookup
+from .tree import Tree, Verdict, leaf_paths
+
 
 class Proposer(ABC):
+    stats: dict  # counters merged into the generation's statistics
+
+    def __init__(self) -> None:
+        self.stats = {}
+
     @abstractmethod
     def start(self, prompt: list[int], first: int) -> None:
         """A new sequence: the prompt, and the first token the prefill produced."""
 
     @abstractmethod
-    def propose(self, k: int) -> list[int]:
-        """k guesses for the tokens after the last committed one (fewer is allowed, none too)."""
+    def propose(self, budget: int) -> list[list[int]]:
+        """Candidate continuations after the last committed token, at most `budget` tokens in all."""
 
     @abstractmethod
-    def update(self, guesses: list[int], predictions: list[int], n: int) -> None:
-        """The target saw [last, *guesses], predicted `predictions`, and committed predictions[:n]."""
+    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+        """The target saw `tree`, predicted `predictions` (one per node), and committed verdict.committed."""
 
+    def close(self) -> None:
+        """Release what the proposer holds (a draft model's KV cache)."""
 
-class JacobiProposer(Proposer):
-    """Plain Jacobi iteration: the next guesses are the previous pass's predictions past the accepted point.
+    def __enter__(self) -> "Proposer":
+        return self
 
-    Prediction k of a pass is the target's guess for the token k+1 places after the window's
-    start; the first n were committed, so predictions[n:] guess the positions that follow the new
-    last token. Where they run out (always at the start, and by n-1 entries after each pass),
-    the window is padded with the last known token: a free guess that is right on repeats.
-    """
-
-    def __init__(self) -> None:
-        self.trajectory: list[int] = []
-        self.last = 0
-
-    def start(self, prompt: list[int], first: int) -> None:
-        self.trajectory, self.last = [], first
-
-    def propose(self, k: int) -> list[int]:
-        guesses = self.trajectory[:k]
-        fill = guesses[-1] if guesses else self.last
-        return guesses + [fill] * (k - len(guesses))
-
-    def update(self, guesses: list[int], predictions: list[int], n: int) -> None:
-        self.last = predictions[n - 1]
-        self.trajectory = list(predictions[n:])
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class NoProposer(Proposer):
@@ -56,8 +49,106 @@ class NoProposer(Proposer):
     def start(self, prompt: list[int], first: int) -> None:
         pass
 
-    def propose(self, k: int) -> list[int]:
+    def propose(self, budget: int) -> list[list[int]]:
         return []
 
-    def update(self, guesses: list[int], predictions: list[int], n: int) -> None:
+    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
         pass
+
+
+class JacobiProposer(Proposer):
+    """Plain Jacobi iteration: the next guesses are the previous pass's predictions past the accepted point.
+
+    Prediction k of a chain pass is the target's guess for the token k+1 places after the window's
+    start; the first n were committed, so predictions[n:] guess the positions that follow the new
+    last token. Where they run out (always at the start, and by n-1 entries after each pass),
+    the window is padded with the last known token: a free guess that is right on repeats.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trajectory: list[int] = []
+        self.last = 0
+
+    def start(self, prompt: list[int], first: int) -> None:
+        self.trajectory, self.last = [], first
+
+    def propose(self, budget: int) -> list[list[int]]:
+        guesses = self.trajectory[:budget]
+        fill = guesses[-1] if guesses else self.last
+        return [guesses + [fill] * (budget - len(guesses))] if budget else []
+
+    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+        self.last = verdict.committed[-1]
+        self.trajectory = list(predictions[len(verdict.committed) :])  # a chain: nodes in window order
+
+
+class LookaheadProposer(Proposer):
+    """Prompt lookup + the lookahead n-gram pool + the last Jacobi trajectory, sending only what pays.
+
+    Every source offers candidates; the acceptance tracker keeps, per source and match length,
+    the chance that a guess is right, and each candidate is cut to the length with the best
+    expected tokens per unit of pass cost (none when a plain greedy pass is better). Up to
+    `branches` candidates go into one pass as a tree. Every candidate, sent or not, is scored
+    against what the pass committed, so the rates follow the text.
+    """
+
+    def __init__(self, branches: int = 2, tracker: AcceptanceTracker | None = None) -> None:
+        super().__init__()
+        self.branches = branches
+        self.lookup = PromptLookup()
+        self.pool = NgramPool()
+        self.tracker = tracker or AcceptanceTracker()
+        self.trajectory: list[int] = []
+        self.pending: list[Candidate] = []  # this pass's candidates, scored in update
+        self.stats = {"proposed": 0, "accepted": 0, "accepted_by_source": {}}
+
+    def start(self, prompt: list[int], first: int) -> None:
+        self.lookup.reset()
+        self.pool.reset()
+        self.lookup.extend([*prompt, first])
+        self.pool.extend([*prompt, first])
+        self.trajectory, self.pending = [], []
+
+    def candidates(self, k: int) -> list[Candidate]:
+        """Every source's candidates for the next k tokens."""
+        tail = self.lookup.tokens[-self.lookup.n_max :]
+        found = self.lookup.lookup(tail, k, self.branches) + self.pool.lookup(tail[-2:], k, self.branches)
+        if self.trajectory:
+            found.append(Candidate(self.trajectory[:k], "jacobi", 0))
+        return found
+
+    def propose(self, budget: int) -> list[list[int]]:
+        self.pending = self.candidates(budget) if budget > 0 else []
+        ranked = []
+        for c in self.pending:
+            length, gain = self.tracker.best_length(self.tracker.rate(c.source, c.match_len).p, min(budget, len(c.tokens)))
+            if length:
+                ranked.append((gain, c.tokens[:length]))
+        ranked.sort(key=lambda item: -item[0])
+        chosen = [tokens for _, tokens in ranked[: self.branches]]
+        self.stats["proposed"] += sum(map(len, chosen))
+        return chosen
+
+    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+        committed = verdict.committed
+        for candidate in self.pending:
+            self.tracker.score(candidate, committed)
+        context = self.lookup.tokens[-2:]
+        for branch in leaf_paths(tree.parents):
+            self.pool.observe(context, [tree.tokens[i] for i in branch[1:]], [int(predictions[i]) for i in branch])
+        self.lookup.extend(committed)
+        self.pool.extend(committed)
+        self.stats["accepted"] += len(verdict.path)
+        # the trajectory past the accepted node: the predictions of its descendants along the first branch
+        self.trajectory = _trajectory_after(tree, predictions, verdict)
+        self.pending = []
+
+
+def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> list[int]:
+    """Predictions along the first-listed branch below the accepted node (the Jacobi guesses)."""
+    node, out = (verdict.path[-1] if verdict.path else 0), []
+    children = {p: i for i, p in reversed(list(enumerate(tree.parents)))}  # first child of each node
+    while (node := children.get(node)) is not None:
+        out.append(int(predictions[node]))
+    return out

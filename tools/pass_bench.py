@@ -64,7 +64,7 @@ def main(artifact, windows, pasts, threads, repeats, graphs):
     files = graphs or sorted(set(manifest.graphs.values()))
     ws = [int(w) for w in windows.split(",")]
     ps = [int(p) for p in pasts.split(",")]
-    print(f"| graph | past | " + " | ".join(f"W={w}" for w in ws) + " |")
+    print("| graph | past | " + " | ".join(f"W={w}" for w in ws) + " |")
     print("|---|---|" + "---|" * len(ws))
     for name in files:
         options = ort.SessionOptions()

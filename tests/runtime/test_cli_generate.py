@@ -20,7 +20,7 @@ def test_json_output_equals_the_api(artifact, generator):
     data = json.loads(result.stdout)
     expected = generator("llama").generate("The quick brown fox", max_new_tokens=12, strategy="greedy")
     assert data["ids"] == expected.ids and data["text"] == expected.text
-    assert data["stats"]["strategy"] == "jacobi" and data["stats"]["new_tokens"] == 12
+    assert data["stats"]["strategy"] == "auto" and data["stats"]["new_tokens"] == 12
 
 
 def test_stdin_stream_and_chat(artifact, generator):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jacobi_rt.runtime.decoding import accept
-from jacobi_rt.runtime.proposers import JacobiProposer
+from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer
+from jacobi_rt.runtime.tree import build_tree
 from make_artifacts import FAMILIES
 
 PROMPTS = [
@@ -26,15 +26,18 @@ PROMPTS = [
     ],
 )
 def test_accept(guesses, predictions, n):
-    assert accept(guesses, predictions) == n
+    verdict = build_tree(3, [guesses] if guesses else []).accept(predictions)
+    assert verdict.committed == predictions[:n] and verdict.keep == list(range(n)) and verdict.contiguous
 
 
 def test_jacobi_proposer_uses_predictions_past_the_accepted_point():
     p = JacobiProposer()
     p.start([1, 2, 3], first=4)
-    assert p.propose(3) == [4, 4, 4]  # nothing known yet: repeat the last token
-    p.update([4, 4, 4], [10, 11, 12, 13], n=2)
-    assert p.propose(3) == [12, 13, 13]  # predictions[2:], padded with its last entry
+    assert p.propose(3) == [[4, 4, 4]]  # nothing known yet: repeat the last token
+    tree = build_tree(4, [[4, 4, 4]])
+    predictions = [4, 11, 12, 13]  # one right guess: commits 4, 11
+    p.update(tree, predictions, tree.accept(predictions))
+    assert p.propose(3) == [[12, 13, 13]]  # predictions[2:], padded with its last entry
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -138,6 +141,58 @@ def test_adaptive_window_settles_on_the_faster_arm():
 def test_adaptive_jacobi_equals_greedy(generator):
     gen = generator("mistral")
     for prompt in PROMPTS:
-        adaptive = gen.generate(prompt, max_new_tokens=80)
+        adaptive = gen.generate(prompt, max_new_tokens=80, strategy="jacobi")
         assert adaptive.stats.adaptive and adaptive.stats.window == 8
         assert adaptive.ids == gen.generate(prompt, max_new_tokens=80, strategy="greedy").ids
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("strategy", ["lookahead", "auto"])
+def test_guessing_strategies_equal_greedy(generator, family, strategy):
+    gen = generator(family)
+    for prompt in PROMPTS + ["The quick brown fox jumps over the lazy dog. The quick brown fox"]:
+        greedy = gen.generate(prompt, max_new_tokens=60, strategy="greedy")
+        for window in (None, 4, 16):
+            result = gen.generate(prompt, max_new_tokens=60, strategy=strategy, window=window)
+            assert result.ids == greedy.ids, (family, strategy, prompt, window)
+
+
+class BranchOracle(Proposer):
+    """Proposes two branches each pass: a wrong one first, then the true continuation (known in
+    advance), so the accepted branch is never the window's prefix and its KV must be gathered."""
+
+    def __init__(self, truth: list[int]):
+        super().__init__()
+        self.truth, self.done, self.gathers = truth, 0, 0
+
+    def start(self, prompt, first):
+        self.done = 1
+
+    def propose(self, budget):
+        right = self.truth[self.done : self.done + 3]
+        wrong = [(t + 1) % 300 for t in right]
+        return [wrong, right] if right else []
+
+    def update(self, tree, predictions, verdict):
+        self.gathers += not verdict.contiguous
+        self.done += len(verdict.committed)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, family):
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+    from jacobi_rt.runtime.decoding import Progress, decode
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    path = artifact(family)
+    manifest = load_manifest(path)
+    prompt = [5, 17, 42, 8, 99, 23]
+    with OrtBackend(path, manifest, "cpu", 1) as backend:
+        def run(proposer, window):
+            with backend.context(64) as ctx:
+                return [t for batch in decode(ctx, prompt, proposer, window, 40, 64, set(), 256, Progress()) for t in batch]
+
+        truth = run(NoProposer(), 1)
+        oracle = BranchOracle(truth)
+        assert run(oracle, 8) == truth
+        assert oracle.gathers >= 5  # the side branch really was accepted, pass after pass

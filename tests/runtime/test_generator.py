@@ -98,7 +98,7 @@ def test_chat_prompt_renders_the_template(gen):
 
 
 def test_stats_are_filled(gen):
-    s = gen.generate("The quick brown fox", max_new_tokens=30, window=4).stats
+    s = gen.generate("The quick brown fox", max_new_tokens=30, strategy="jacobi", window=4).stats
     assert s.strategy == "jacobi" and s.window == 4 and s.new_tokens == 30
     assert s.target_passes >= 1 and s.tokens_per_pass >= 1.0
     assert 0 < s.session_seconds <= s.wall_seconds and 0 <= s.overhead_share < 1

@@ -1,4 +1,4 @@
-"""`jacobi-rt generate`: run an exported artifact on a prompt, greedy or Jacobi."""
+"""`jacobi-rt generate`: run an exported artifact on a prompt with any decoding strategy."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ import click
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
 @click.option("--prompt", "-p", default=None, help="Text to continue. Use '-' to read it from stdin.")
 @click.option("--chat", "-c", default=None, help="A user message, wrapped in the model's chat template (for instruct models).")
-@click.option("--strategy", type=click.Choice(["jacobi", "greedy"]), default="jacobi", show_default=True,
-              help="greedy: one token per model pass. jacobi: guess a window of tokens and verify them in one pass; same output, fewer passes.")
-@click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Jacobi window (tokens verified per pass). Default: adaptive, between greedy passes and 8-token windows, by measured speed.")
+@click.option("--strategy", type=click.Choice(["auto", "greedy", "jacobi", "lookahead", "speculative"]), default="auto", show_default=True,
+              help="How guesses are made (the output is the same): greedy = one token per pass; jacobi = the last pass's "
+                   "predictions; lookahead = n-grams from the prompt, the output and the Jacobi trajectories; speculative = "
+                   "the --draft model; auto = the best of these, sending guesses only when they pay.")
+@click.option("--draft", "-d", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A draft artifact (`jacobi-rt export MODEL --role draft`) with the same vocabulary, for speculative/auto.")
+@click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Widest pass, in tokens (last token + guesses). Default: adaptive up to 8 for jacobi, up to 16 for the others.")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True, help="Most tokens to generate.")
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); the text is cut before it.")
 @click.option("--stream/--no-stream", default=False, help="Print text as it is generated.")
@@ -23,11 +27,11 @@ import click
               help="onnxruntime device. auto: CUDA when onnxruntime-gpu and a GPU are present, else CPU.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for onnxruntime. Default: the physical cores.")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start; unsafe if files may have changed).")
-def generate_command(artifact, prompt, chat, strategy, window, max_new_tokens, stop, stream, as_json, backend, threads, no_verify):
+def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, no_verify):
     """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
 
     The output is token-for-token the model's greedy output, whichever strategy you pick;
-    jacobi is usually faster. Stats go to stderr (or into --json).
+    the strategies differ only in speed. Stats go to stderr (or into --json).
 
     \b
     Examples:
@@ -44,7 +48,7 @@ def generate_command(artifact, prompt, chat, strategy, window, max_new_tokens, s
         text = sys.stdin.read()
     if stream and as_json:
         raise InputError("--stream and --json do not mix; pick one")
-    generator = Generator.load(artifact, backend=backend, threads=threads, verify=not no_verify)
+    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify)
     options = dict(max_new_tokens=max_new_tokens, strategy=strategy, window=window, stop=list(stop) or None, chat=chat is not None)
     if stream:
         for piece in generator.stream(text, **options):

@@ -1,0 +1,122 @@
+"""How many guesses are worth a pass: per-source acceptance rates against the cost of a wider window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .ngram import Candidate
+
+# Relative cost of one target pass of window W vs W=1, SmolLM2-135M fp32 on 2 CPU cores
+# (docs: facts.md). Measure and pass your own table on other hardware: on a GPU it is much flatter.
+CPU_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.25, 8: 1.6, 16: 1.85, 32: 2.9}
+
+
+def pass_cost(window: int, costs: dict[int, float] = CPU_PASS_COSTS) -> float:
+    """Relative cost of a pass of `window` tokens: piecewise-linear in the table, extrapolated past its ends."""
+    points = sorted(costs.items())
+    if len(points) == 1:
+        return points[0][1]
+    for (w0, c0), (w1, c1) in zip(points, points[1:]):
+        if window <= w1 or (w1, c1) == points[-1]:
+            return c0 + (c1 - c0) * (window - w0) / (w1 - w0)
+    raise AssertionError("unreachable")
+
+
+def matched_prefix(tokens: Sequence[int], committed: Sequence[int]) -> int:
+    """How many leading tokens of a guess equal the committed tokens."""
+    n = 0
+    for guess, token in zip(tokens, committed):
+        if guess != token:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Rate:
+    """Decayed counts of guessed tokens tried and right, for one (source, match length)."""
+
+    right: float
+    tried: float
+
+    @property
+    def p(self) -> float:
+        """Chance that a guess is right given the guesses before it were (geometric model)."""
+        return self.right / self.tried
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per source and match length, the chance p that the next guessed token is right when the
+    previous ones were; sending L guesses then yields 1 + p + p^2 + ... + p^L tokens per pass.
+
+    `suggest_length` picks the L that maximises tokens per unit of pass cost, 0 when no L beats
+    a plain greedy pass by `margin`. Every candidate, sent or not, is scored against the tokens
+    the pass committed, so a source that is not being sent keeps being measured for free.
+    """
+
+    costs: dict[int, float] = field(default_factory=lambda: dict(CPU_PASS_COSTS))
+    prior: float = 0.5  # p before any evidence
+    prior_weight: float = 2.0  # worth that many tried tokens
+    decay: float = 0.9  # per scoring: old evidence fades, so the rate follows the text
+    max_match: int = 4  # match lengths above this share one statistic
+    margin: float = 0.03  # required gain over greedy, against noise in the cost table
+    rates: dict[tuple[str, int], Rate] = field(default_factory=dict)
+    _costs: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+
+    def rate(self, source: str, match_len: int) -> Rate:
+        key = (source, min(match_len, self.max_match))
+        if key not in self.rates:
+            self.rates[key] = Rate(self.prior * self.prior_weight, self.prior_weight)
+        return self.rates[key]
+
+    def score(self, candidate: Candidate, committed: Sequence[int]) -> None:
+        """Learn from one pass: compare the candidate with the tokens the pass committed.
+
+        Guesses up to and including the first wrong one were tried; those after it, or beyond
+        the committed tokens, tell nothing and are not counted.
+        """
+        right = matched_prefix(candidate.tokens, committed)
+        tried = right + (right < min(len(candidate.tokens), len(committed)))
+        if tried == 0:
+            return
+        rate = self.rate(candidate.source, candidate.match_len)
+        rate.right = rate.right * self.decay + right
+        rate.tried = rate.tried * self.decay + tried
+
+    def cost(self, window: int) -> float:
+        """Relative cost of a pass of `window` tokens (memoised `pass_cost` of `costs`)."""
+        if window not in self._costs:
+            self._costs[window] = pass_cost(window, self.costs)
+        return self._costs[window]
+
+    def gain(self, p: float, length: int) -> float:
+        """Expected tokens per unit cost of a pass with `length` guesses, each right with chance p."""
+        return sum(p**i for i in range(length + 1)) / self.cost(length + 1)
+
+    def best_length(self, p: float, available: int) -> tuple[int, float]:
+        """The number of guesses (0..available) with the best gain, and that gain (greedy: 1.0)."""
+        best, best_gain = 0, 1.0
+        expected, term = 1.0, 1.0
+        for length in range(1, available + 1):
+            term *= p
+            expected += term
+            g = expected / self.cost(length + 1)
+            if g > best_gain:
+                best, best_gain = length, g
+        return (best, best_gain) if best_gain > 1.0 + self.margin else (0, 1.0)
+
+    def suggest_length(self, source: str, match_len: int, available: int) -> int:
+        """How many of `available` guesses from this source to send (0: a plain greedy pass is better)."""
+        return self.best_length(self.rate(source, match_len).p, available)[0]
+
+    def choose(self, candidates: Sequence[Candidate], k: int) -> tuple[Candidate | None, int]:
+        """The candidate and length with the best expected tokens per cost; (None, 0) when none beats greedy."""
+        best: tuple[Candidate | None, int] = (None, 0)
+        best_gain = 1.0
+        for c in candidates:
+            length, g = self.best_length(self.rate(c.source, c.match_len).p, min(k, len(c.tokens)))
+            if length and g > best_gain:
+                best, best_gain = (c, length), g
+        return best

@@ -1,0 +1,128 @@
+"""Candidate continuations as one window: a trie with its positions and ancestor mask, and its verdict.
+
+The window graph verifies several branches in one pass: `position_ids` give each node its
+depth after the committed prefix, `window_mask` lets a node see only its ancestors, and the
+accepted branch is the one the target's own predictions walk down, so the committed tokens are
+exactly greedy decoding's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+@dataclass
+class Verdict:
+    """The result of verifying a tree: what to commit and which window rows' KV to keep."""
+
+    path: list[int]  # accepted guess nodes, root excluded, root to leaf
+    committed: list[int]  # the target's predictions along root + path: exactly what greedy decoding emits
+    keep: list[int]  # window rows whose KV to keep, in order: [0, *path]
+
+    @property
+    def contiguous(self) -> bool:
+        """True when `keep` is 0..n-1: a plain commit(n) suffices, no KV gather."""
+        return self.keep == list(range(len(self.keep)))
+
+
+@dataclass
+class Tree:
+    """Candidate continuations flattened into one window: a trie whose shared prefixes appear once.
+
+    Node 0 is the root (the last committed token). Nodes are in depth-first order following the
+    candidates' order, so the first candidate occupies rows 1..len and a single candidate gives the
+    plain Jacobi window with a lower-triangular mask.
+    """
+
+    tokens: list[int]
+    parents: list[int]  # parent node of each node; -1 for the root
+    positions: list[int]  # depth of each node (root 0): add the committed length for position_ids
+    window_mask: np.ndarray  # bool [W, W]: row i may attend to column j iff j is i or an ancestor of i
+
+    def accept(self, predictions: Sequence[int]) -> Verdict:
+        return accept_branch(self.tokens, self.parents, predictions)
+
+
+def build_tree(root: int, candidates: Sequence[Sequence[int]], max_nodes: int | None = None) -> Tree:
+    """Merge candidates into a trie under `root`; stop adding nodes at `max_nodes` (root counted).
+
+    Duplicates and candidates that are prefixes of others add no nodes.
+    """
+    children: list[dict[int, int]] = [{}]
+    tokens, parents, depth = [int(root)], [-1], [0]
+    for candidate in candidates:
+        node = 0
+        for token in candidate:
+            token = int(token)
+            child = children[node].get(token)
+            if child is None:
+                if max_nodes is not None and len(tokens) >= max_nodes:
+                    break
+                child = len(tokens)
+                children[node][token] = child
+                children.append({})
+                tokens.append(token)
+                parents.append(node)
+                depth.append(depth[node] + 1)
+            node = child
+    _depth_first(tokens, parents, children, depth)
+    return Tree(tokens, parents, depth, ancestor_mask(parents))
+
+
+def _depth_first(tokens: list[int], parents: list[int], children: list[dict[int, int]], depth: list[int]) -> None:
+    # Insertion order is breadth-mixed when a later candidate branches off early; renumber depth
+    # first (children in insertion order) so the first candidate's path stays a window prefix.
+    order: list[int] = []
+    stack = [0]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(reversed(list(children[node].values())))
+    new = {old: i for i, old in enumerate(order)}
+    tokens[:] = [tokens[old] for old in order]
+    depth[:] = [depth[old] for old in order]
+    parents[:] = [-1 if parents[old] < 0 else new[parents[old]] for old in order]
+
+
+def ancestor_mask(parents: Sequence[int]) -> np.ndarray:
+    """Bool [W, W]: each node attends to itself and its ancestors (parents precede children)."""
+    mask = np.zeros((len(parents), len(parents)), dtype=bool)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            mask[node] = mask[parent]
+        mask[node, node] = True
+    return mask
+
+
+def leaf_paths(parents: Sequence[int]) -> list[list[int]]:
+    """Every root-to-leaf path of a tree, as node lists starting at the root (0)."""
+    is_parent = set(parents)
+    paths = []
+    for leaf in range(len(parents)):
+        if leaf in is_parent:
+            continue
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    return paths
+
+
+def accept_branch(tokens: Sequence[int], parents: Sequence[int], predictions: Sequence[int]) -> Verdict:
+    """Walk from the root, each step to the child whose token the target predicted at the current node.
+
+    predictions[i] is the target's next token after node i given node i's ancestors, so every
+    committed token is the target's greedy choice: the result equals greedy decoding exactly.
+    """
+    children: dict[tuple[int, int], int] = {}
+    for node in range(len(tokens) - 1, 0, -1):  # first occurrence wins if a caller built duplicate siblings
+        children[(parents[node], int(tokens[node]))] = node
+    node, path = 0, []
+    committed = [int(predictions[0])]
+    while (child := children.get((node, committed[-1]))) is not None:
+        node = child
+        path.append(node)
+        committed.append(int(predictions[node]))
+    return Verdict(path, committed, [0, *path])
