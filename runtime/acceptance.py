@@ -64,6 +64,8 @@ class AcceptanceTracker:
     margin: float = 0.03  # required gain over greedy, against noise in the cost table
     rates: dict[tuple[str, int], Rate] = field(default_factory=dict)
     _costs: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    seconds: dict[int, float] = field(default_factory=dict)  # measured pass time by window (moving average)
+    samples: dict[int, int] = field(default_factory=dict)
 
     def rate(self, source: str, match_len: int) -> Rate:
         key = (source, min(match_len, self.max_match))
@@ -86,10 +88,23 @@ class AcceptanceTracker:
         rate.tried = rate.tried * self.decay + tried
 
     def cost(self, window: int) -> float:
-        """Relative cost of a pass of `window` tokens (memoised `pass_cost` of `costs`)."""
+        """Relative cost of a pass of `window` tokens vs one of 1: measured on this machine where
+        both have been timed a few times, else the `costs` table (memoised)."""
         if window not in self._costs:
-            self._costs[window] = pass_cost(window, self.costs)
+            if self.samples.get(window, 0) >= 3 and self.samples.get(1, 0) >= 3:
+                self._costs[window] = self.seconds[window] / self.seconds[1]
+            else:
+                self._costs[window] = pass_cost(window, self.costs)
         return self._costs[window]
+
+    def observe_pass(self, window: int, seconds: float, smoothing: float = 0.2) -> None:
+        """Time one target pass of `window` tokens: the cost table follows the hardware (a GPU's is flat)."""
+        old = self.seconds.get(window)
+        self.seconds[window] = seconds if old is None else (1 - smoothing) * old + smoothing * seconds
+        self.samples[window] = self.samples.get(window, 0) + 1
+        self._costs.pop(window, None)
+        if window == 1:
+            self._costs.clear()
 
     def gain(self, p: float, length: int) -> float:
         """Expected tokens per unit cost of a pass with `length` guesses, each right with chance p."""

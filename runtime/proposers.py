@@ -8,6 +8,7 @@ proposer can keep state: the Jacobi trajectory, an n-gram pool, a draft model's 
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 
 from .acceptance import AcceptanceTracker
@@ -101,6 +102,8 @@ class LookaheadProposer(Proposer):
         self.tracker = tracker or AcceptanceTracker()
         self.trajectory: list[int] = []
         self.pending: list[Candidate] = []  # this pass's candidates, scored in update
+        self.sent: list[tuple[str, list[int]]] = []  # (source, tokens) of the branches in this pass
+        self.began = time.perf_counter()
         self.stats = {"proposed": 0, "accepted": 0, "accepted_by_source": {}}
 
     def start(self, prompt: list[int], first: int) -> None:
@@ -124,14 +127,18 @@ class LookaheadProposer(Proposer):
         for c in self.pending:
             length, gain = self.tracker.best_length(self.tracker.rate(c.source, c.match_len).p, min(budget, len(c.tokens)))
             if length:
-                ranked.append((gain, c.tokens[:length]))
+                ranked.append((gain, length, c))
         ranked.sort(key=lambda item: -item[0])
-        chosen = [tokens for _, tokens in ranked[: self.branches]]
-        self.stats["proposed"] += sum(map(len, chosen))
-        return chosen
+        chosen = ranked[: self.branches]
+        self.sent = [(c.source, c.tokens[:length]) for _, length, c in chosen]
+        self.stats["proposed"] += sum(length for _, length, _ in chosen)
+        self.began = time.perf_counter()  # propose() and update() bracket the target pass: time it
+        return [tokens for _, tokens in self.sent]
 
     def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+        self.tracker.observe_pass(len(tree.tokens), time.perf_counter() - self.began)
         committed = verdict.committed
+        self._count_accepted(verdict)
         for candidate in self.pending:
             self.tracker.score(candidate, committed)
         context = self.lookup.tokens[-2:]
@@ -139,10 +146,20 @@ class LookaheadProposer(Proposer):
             self.pool.observe(context, [tree.tokens[i] for i in branch[1:]], [int(predictions[i]) for i in branch])
         self.lookup.extend(committed)
         self.pool.extend(committed)
-        self.stats["accepted"] += len(verdict.path)
         # the trajectory past the accepted node: the predictions of its descendants along the first branch
         self.trajectory = _trajectory_after(tree, predictions, verdict)
         self.pending = []
+
+
+    def _count_accepted(self, verdict: Verdict) -> None:
+        accepted = len(verdict.path)
+        self.stats["accepted"] += accepted
+        for source, tokens in self.sent:
+            if accepted and tokens[:accepted] == verdict.committed[:accepted]:
+                by_source = self.stats["accepted_by_source"]
+                by_source[source] = by_source.get(source, 0) + accepted
+                break
+        self.sent = []
 
 
 def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> list[int]:
