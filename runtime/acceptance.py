@@ -64,6 +64,7 @@ class AcceptanceTracker:
     margin: float = 0.03  # required gain over greedy, against noise in the cost table
     rates: dict[tuple[str, int], Rate] = field(default_factory=dict)
     _costs: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    learn_costs: bool = True  # replace the table by measured pass times (off: the table alone, deterministic)
     seconds: dict[int, float] = field(default_factory=dict)  # measured pass time by window (moving average)
     samples: dict[int, int] = field(default_factory=dict)
 
@@ -99,6 +100,8 @@ class AcceptanceTracker:
 
     def observe_pass(self, window: int, seconds: float, smoothing: float = 0.2) -> None:
         """Time one target pass of `window` tokens: the cost table follows the hardware (a GPU's is flat)."""
+        if not self.learn_costs:
+            return
         old = self.seconds.get(window)
         self.seconds[window] = seconds if old is None else (1 - smoothing) * old + smoothing * seconds
         self.samples[window] = self.samples.get(window, 0) + 1

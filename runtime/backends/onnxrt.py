@@ -92,7 +92,7 @@ def _pick_device(ort, device: str) -> str:
         raise BackendError(f"backend device must be auto, cpu or cuda, not {device!r}")
     if device == "cpu":
         return "cpu"
-    if cuda_available(ort) and _cudart() is not None:
+    if cuda_available(ort) and _cuda_devices() > 0:
         return "cuda"
     if device == "cuda":
         raise BackendError(
@@ -103,6 +103,16 @@ def _pick_device(ort, device: str) -> str:
 
 
 _CUDART = []
+
+
+def _cuda_devices() -> int:
+    """Number of CUDA devices (0 without a driver, a runtime or a GPU: onnxruntime-gpu lists its
+    CUDA provider even then and would silently run on the CPU)."""
+    cudart = _cudart()
+    if cudart is None:
+        return 0
+    count = ctypes.c_int(0)
+    return count.value if cudart.cudaGetDeviceCount(ctypes.byref(count)) == 0 else 0
 
 
 def _cudart():
