@@ -39,10 +39,11 @@ def cli():
 
 
 def _add_commands() -> None:
-    from . import export, generate
+    from . import bench, export, generate
 
     cli.add_command(export.export_command)
     cli.add_command(generate.generate_command)
+    cli.add_command(bench.bench_command)
 
 
 _add_commands()
