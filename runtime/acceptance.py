@@ -23,6 +23,51 @@ def pass_cost(window: int, costs: dict[int, float] = CPU_PASS_COSTS) -> float:
     raise AssertionError("unreachable")
 
 
+@dataclass
+class PassCosts:
+    """The cost of a target pass of W tokens relative to one of 1 token, learned on this machine.
+
+    Starts from a table (`CPU_PASS_COSTS`); once a window and W=1 have both been timed a few
+    times, their measured ratio replaces the table, so the same code sends longer guesses on a
+    GPU, where wide passes are nearly free. `learn=False` keeps the table (deterministic tests).
+    """
+
+    table: dict[int, float] = field(default_factory=lambda: dict(CPU_PASS_COSTS))
+    learn: bool = True
+    smoothing: float = 0.2
+    min_samples: int = 3
+    seconds: dict[int, float] = field(default_factory=dict)  # moving average of the pass time by window
+    samples: dict[int, int] = field(default_factory=dict)
+    _memo: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+
+    def __call__(self, window: int) -> float:
+        if window not in self._memo:
+            if self.samples.get(window, 0) >= self.min_samples and self.samples.get(1, 0) >= self.min_samples:
+                self._memo[window] = self.seconds[window] / self.seconds[1]
+            else:
+                self._memo[window] = pass_cost(window, self.table)
+        return self._memo[window]
+
+    def observe(self, window: int, seconds: float) -> None:
+        if not self.learn:
+            return
+        old = self.seconds.get(window)
+        self.seconds[window] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self.samples[window] = self.samples.get(window, 0) + 1
+        self._memo.pop(window, None)
+        if window == 1:
+            self._memo.clear()
+
+    def unit_seconds(self) -> float | None:
+        """Seconds of a W=1 pass: measured, else estimated from the widest measured window."""
+        if 1 in self.seconds:
+            return self.seconds[1]
+        if self.seconds:
+            window, seconds = max(self.seconds.items())
+            return seconds / self(window)
+        return None
+
+
 def matched_prefix(tokens: Sequence[int], committed: Sequence[int]) -> int:
     """How many leading tokens of a guess equal the committed tokens."""
     n = 0
@@ -56,17 +101,13 @@ class AcceptanceTracker:
     the pass committed, so a source that is not being sent keeps being measured for free.
     """
 
-    costs: dict[int, float] = field(default_factory=lambda: dict(CPU_PASS_COSTS))
+    costs: PassCosts = field(default_factory=PassCosts)
     prior: float = 0.5  # p before any evidence
     prior_weight: float = 2.0  # worth that many tried tokens
     decay: float = 0.9  # per scoring: old evidence fades, so the rate follows the text
     max_match: int = 4  # match lengths above this share one statistic
     margin: float = 0.03  # required gain over greedy, against noise in the cost table
     rates: dict[tuple[str, int], Rate] = field(default_factory=dict)
-    _costs: dict[int, float] = field(default_factory=dict, init=False, repr=False)
-    learn_costs: bool = True  # replace the table by measured pass times (off: the table alone, deterministic)
-    seconds: dict[int, float] = field(default_factory=dict)  # measured pass time by window (moving average)
-    samples: dict[int, int] = field(default_factory=dict)
 
     def rate(self, source: str, match_len: int) -> Rate:
         key = (source, min(match_len, self.max_match))
@@ -89,25 +130,11 @@ class AcceptanceTracker:
         rate.tried = rate.tried * self.decay + tried
 
     def cost(self, window: int) -> float:
-        """Relative cost of a pass of `window` tokens vs one of 1: measured on this machine where
-        both have been timed a few times, else the `costs` table (memoised)."""
-        if window not in self._costs:
-            if self.samples.get(window, 0) >= 3 and self.samples.get(1, 0) >= 3:
-                self._costs[window] = self.seconds[window] / self.seconds[1]
-            else:
-                self._costs[window] = pass_cost(window, self.costs)
-        return self._costs[window]
+        """Relative cost of a pass of `window` tokens (see PassCosts)."""
+        return self.costs(window)
 
-    def observe_pass(self, window: int, seconds: float, smoothing: float = 0.2) -> None:
-        """Time one target pass of `window` tokens: the cost table follows the hardware (a GPU's is flat)."""
-        if not self.learn_costs:
-            return
-        old = self.seconds.get(window)
-        self.seconds[window] = seconds if old is None else (1 - smoothing) * old + smoothing * seconds
-        self.samples[window] = self.samples.get(window, 0) + 1
-        self._costs.pop(window, None)
-        if window == 1:
-            self._costs.clear()
+    def observe_pass(self, window: int, seconds: float) -> None:
+        self.costs.observe(window, seconds)
 
     def gain(self, p: float, length: int) -> float:
         """Expected tokens per unit cost of a pass with `length` guesses, each right with chance p."""

@@ -2,7 +2,8 @@
 
     python tests/make_artifacts.py OUTDIR [--smollm2]
 
-writes OUTDIR/<family>/ for each tiny family (and OUTDIR/smollm2-135m/). CI runs this in the
+writes OUTDIR/<family>/ and its 1-layer draft OUTDIR/<family>-draft1/ for each tiny family,
+OUTDIR/llama-othervocab-draft1/ (a draft with another vocabulary), and OUTDIR/smollm2-135m/. CI runs this in the
 venv with torch, then runs tests/runtime in a torch-free venv with JACOBI_RT_TEST_ARTIFACTS=OUTDIR.
 Needs the export extras (torch, transformers, onnx).
 """
@@ -32,6 +33,21 @@ def export_family(family: str, out: Path) -> Path:
     return out
 
 
+def export_draft(family: str, out: Path, other_vocab: bool = False) -> Path:
+    """A 1-layer draft of the tiny `family` model (same weights, so partly agreeing guesses);
+    with `other_vocab`, trained with another tokenizer: a draft the runtime must refuse."""
+    from jacobi_rt.exporter import export
+
+    with tempfile.TemporaryDirectory(prefix=f"tiny-{family}-") as source:
+        model = tiny_models.make_tiny_model(family, Path(source) / family)
+        if other_vocab:
+            for path in [*model.glob("tokenizer*"), *model.glob("chat_template*")]:
+                path.unlink()
+            tiny_models.other_tokenizer().save_pretrained(model)
+        export(str(model), out, role="draft", keep_layers=1, overwrite=True)
+    return out
+
+
 def export_smollm2(out: Path) -> Path:
     from jacobi_rt.exporter import export
 
@@ -47,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
     for family in FAMILIES:
         print(f"exporting {family} -> {args.outdir / family}", flush=True)
         export_family(family, args.outdir / family)
+        print(f"exporting {family}-draft1 -> {args.outdir / (family + '-draft1')}", flush=True)
+        export_draft(family, args.outdir / f"{family}-draft1")
+    export_draft("llama", args.outdir / "llama-othervocab-draft1", other_vocab=True)
     if args.smollm2:
         print(f"exporting {SMOLLM2} -> {args.outdir / SMOLLM2}", flush=True)
         export_smollm2(args.outdir / SMOLLM2)

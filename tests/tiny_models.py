@@ -62,6 +62,20 @@ def tiny_tokenizer():
     return fast
 
 
+def other_tokenizer():
+    """A byte-level BPE trained on another text: same special tokens, another vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|im_end|>", "<|im_start|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 50], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
+
+
 def make_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:
     """Write a tiny random `family` model folder (weights scaled up so greedy output varies)."""
     import torch

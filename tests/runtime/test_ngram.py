@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from jacobi_rt.runtime.acceptance import AcceptanceTracker, matched_prefix, pass_cost
+from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, matched_prefix, pass_cost
 from jacobi_rt.runtime.ngram import Candidate, NgramPool, PromptLookup
 from jacobi_rt.runtime.proposers import LookaheadProposer
 from jacobi_rt.runtime.tree import accept_branch, ancestor_mask, build_tree, leaf_paths
@@ -473,7 +473,7 @@ def test_proposer_output_equals_greedy_and_saves_passes_on_copying(branches):
     prompt = source + [1001] + source[:5]  # a summarising-like prompt: the model copies the text
     greedy = greedy_oracle(model, prompt, 40)
     assert greedy == source[5:45]
-    out, passes = run_loop(LookaheadProposer(branches, AcceptanceTracker(learn_costs=False)), model, prompt, 40, window=8)
+    out, passes = run_loop(LookaheadProposer(branches, AcceptanceTracker(costs=PassCosts(learn=False))), model, prompt, 40, window=8)
     assert out == greedy
     assert passes <= 8  # greedy needs 39 passes, a perfect window of 8 needs 5
 
@@ -486,7 +486,7 @@ def test_proposer_sends_nothing_when_guesses_keep_failing():
         return table[(seq[-1] * 31 + len(seq)) % 1000]
 
     prompt = [rng.randrange(1000) for _ in range(200)]
-    proposer = LookaheadProposer(tracker=AcceptanceTracker(learn_costs=False))  # toy passes take no time to learn from
+    proposer = LookaheadProposer(tracker=AcceptanceTracker(costs=PassCosts(learn=False)))  # toy passes take no time to learn from
     out, passes = run_loop(proposer, model, prompt, 120, window=8)
     assert out == greedy_oracle(model, prompt, 120)
     sent = []
@@ -514,4 +514,6 @@ def test_tracker_learns_the_cost_curve_from_measured_passes():
         tracker.observe_pass(8, 0.011)  # a GPU-like flat curve
     assert tracker.cost(8) == pytest.approx(1.1)
     assert tracker.best_length(0.5, 7)[0] == 7  # wide passes nearly free: send everything
-    assert AcceptanceTracker(learn_costs=False).cost(8) == pass_cost(8)
+    fixed = AcceptanceTracker(costs=PassCosts(learn=False))
+    fixed.observe_pass(1, 0.010)
+    assert fixed.cost(8) == pass_cost(8)

@@ -1,0 +1,283 @@
+"""Speculative decoding with a draft model: a cheaper model of the same vocabulary guesses the next K tokens.
+
+The draft runs autoregressively in its own backend context (its own KV cache), the target
+verifies the K guesses in one pass, and the draft's cache is rolled back to what the target
+committed. The output is the target's greedy decoding whatever the draft says; the draft only
+decides how many target passes it takes.
+
+    proposer = DraftProposer(draft_backend, capacity=len(prompt) + max_new_tokens)
+    ... decoding.decode(ctx, prompt, proposer, window=proposer.k_max + 1, ...) ...
+    proposer.close()
+
+The draft's cache holds the KV of a prefix of the committed sequence (`tokens`) and, between
+`propose` and `update`, of the proposed chain's first K-1 tokens. Committed tokens the draft has
+not run yet (the last one always; two when every guess was accepted; more after the draft sat
+out some passes) are fed as one window at the start of the next proposal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .acceptance import PassCosts, matched_prefix
+from .backends.base import Backend
+from .decoding import prefill
+from .errors import ArtifactError, InputError
+from .manifest import Manifest
+from .proposers import Proposer
+from .tree import Tree, Verdict
+
+PREFILL_CHUNK = 256
+
+
+def check_draft(target: Manifest, draft: Manifest, target_name: str | None = None, draft_name: str | None = None) -> None:
+    """Refuse a draft whose token ids do not mean the target's: another tokenizer or vocabulary size.
+
+    target_name/draft_name (e.g. the artifact folders) name the two in the message; default the
+    manifests' source names.
+    """
+    t_name = target_name or target.source.get("name", "the target")
+    d_name = draft_name or draft.source.get("name", "the draft")
+    if target.role == "draft":
+        raise InputError(f"{t_name} was exported as a draft (--role draft); load a target artifact as the target "
+                         f"and pass {t_name} as its draft")
+    t_sha, d_sha = target.tokenizer.get("vocab_sha256"), draft.tokenizer.get("vocab_sha256")
+    if not t_sha or not d_sha:
+        missing = t_name if not t_sha else d_name
+        raise ArtifactError(f"{missing} records no tokenizer vocab_sha256 in its manifest, so its vocabulary cannot be "
+                            "checked against the other model's; re-export it with this version of jacobi-rt")
+    if t_sha != d_sha:
+        raise InputError(f"draft {d_name} has a different vocabulary from target {t_name}; export the draft from a model "
+                         "with the same tokenizer (e.g. `jacobi-rt export TARGET --role draft --keep-layers N`)")
+    t_vocab, d_vocab = target.architecture.vocab_size, draft.architecture.vocab_size
+    if t_vocab != d_vocab:
+        raise InputError(f"draft {d_name} has {d_vocab} output ids but target {t_name} has {t_vocab} (same tokenizer, "
+                         "different embedding size); export the draft from a model with the target's vocabulary size")
+
+
+@dataclass
+class DraftLength:
+    """How many draft tokens to send: the K that maximises expected committed tokens per unit of time.
+
+    With per-token acceptance p (the chance a guess is right when the ones before it were), K
+    guesses commit 1 + p + ... + p^K tokens per target pass and cost costs(K+1) target
+    W=1 passes plus K draft passes of relative cost c (both measured online). K = 0 (a plain
+    greedy pass, no draft) when no K beats greedy by `margin`; then every `probe_every` target
+    passes the draft is tried again, since acceptance and costs drift with the text and context.
+    """
+
+    k_max: int
+    costs: PassCosts = field(default_factory=PassCosts)  # target pass costs, learned on this machine
+    prior_p: float = 0.7  # acceptance before any evidence
+    prior_weight: float = 2.0  # worth that many tried tokens
+    prior_cost: float = 0.5  # draft pass / target W=1 pass before any timing
+    decay: float = 0.9  # per pass: old evidence fades, so p follows the text
+    smoothing: float = 0.3  # of the time averages
+    margin: float = 0.03  # required gain over greedy, against timing noise
+    probe_every: int = 16
+    right: float = 0.0
+    tried: float = 0.0
+    draft_seconds: float | None = None  # one draft pass
+    idle: int = 0  # target passes since the draft last proposed
+
+    def __post_init__(self) -> None:
+        self.right, self.tried = self.prior_p * self.prior_weight, self.prior_weight
+
+    @property
+    def p(self) -> float:
+        return self.right / self.tried
+
+    @property
+    def relative_cost(self) -> float:
+        """One draft pass in target W=1 passes."""
+        unit = self.costs.unit_seconds()
+        if self.draft_seconds is None or unit is None:
+            return self.prior_cost
+        return self.draft_seconds / unit
+
+    def gain(self, k: int) -> float:
+        """Expected committed tokens per target-W=1 time of a pass with k draft guesses (greedy: 1.0)."""
+        expected = sum(self.p**i for i in range(k + 1))
+        return expected / (self.costs(k + 1) + k * self.relative_cost)
+
+    def choose(self, budget: int) -> int:
+        limit = min(self.k_max, budget)
+        if limit < 1:
+            return 0
+        best = max(range(1, limit + 1), key=self.gain)
+        if self.gain(best) > 1.0 + self.margin:
+            self.idle = 0
+            return best
+        self.idle += 1
+        if self.idle >= self.probe_every:  # measure again: the text may have become predictable
+            self.idle = 0
+            return best
+        return 0
+
+    def observe_acceptance(self, sent: int, accepted: int) -> None:
+        """A guess is tried up to and including the first wrong one."""
+        self.right = self.right * self.decay + accepted
+        self.tried = self.tried * self.decay + accepted + (accepted < sent)
+
+    def observe_draft(self, seconds: float) -> None:
+        self.draft_seconds = _average(self.draft_seconds, seconds, self.smoothing)
+
+    def observe_target(self, window: int, seconds: float) -> None:
+        self.costs.observe(window, seconds)
+
+
+def _average(old: float | None, new: float, a: float) -> float:
+    return new if old is None else (1 - a) * old + a * new
+
+
+class DraftProposer(Proposer):
+    """Guesses from a draft model: one chain of K tokens per target pass, K adapted to what pays.
+
+    backend: the draft's loaded model (check_draft it against the target first).
+    capacity: KV entries of the draft's context (prompt + new tokens, as the target's).
+    k: a fixed number of guesses per pass (0..k_max); None adapts K (DraftLength).
+    jacobi: speculative Jacobi. The target's predictions past the first rejected guess guess
+        the tokens after the new last token (from a wrong prefix, so often wrong); the draft's
+        first pass of the next proposal runs them too and keeps those that match its own
+        predictions, so it gets several draft tokens from one pass. The guesses sent are the
+        draft's own greedy chain either way: only the number of draft passes changes.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        capacity: int,
+        k: int | None = None,
+        k_max: int = 8,
+        jacobi: bool = False,
+        prefill_chunk: int = PREFILL_CHUNK,
+        length: DraftLength | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max < 1:
+            raise InputError(f"k_max (the most draft tokens per pass) must be a positive integer, not {k_max!r}")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= k_max):
+            raise InputError(f"draft length k must be an integer from 0 to k_max={k_max} (or None to adapt), not {k!r}")
+        self.backend = backend
+        self.k, self.k_max, self.jacobi = k, int(k_max), jacobi
+        self.prefill_chunk = prefill_chunk
+        self.length = length or DraftLength(self.k_max)
+        self.ctx = backend.context(capacity)
+        self.tokens: list[int] = []  # the committed sequence: prompt, then every committed token
+        self.chain: list[int] = []  # the guesses sent in the pass being verified
+        self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
+        self.usable = True  # False when the prompt does not fit the draft's context
+        self._sent_at = 0.0
+        self.stats = _zero_stats()
+
+    # -- the Proposer interface -------------------------------------------------------------
+
+    def start(self, prompt: list[int], first: int) -> None:
+        self.stats = _zero_stats()
+        self.tokens, self.chain, self.jacobi_guesses = [*prompt, first], [], []
+        self.ctx.trim(0)
+        self.usable = len(prompt) + 1 < self.ctx.capacity
+        if self.usable:
+            began = time.perf_counter()
+            prefill(self.ctx, prompt, self.prefill_chunk)  # `first` stays pending: its pass gives the first guess
+            self._count(-(-len(prompt) // self.prefill_chunk), time.perf_counter() - began)
+
+    def propose(self, budget: int) -> list[list[int]]:
+        k = self.length.choose(budget) if self.k is None else min(self.k, budget)
+        k = min(k, self._room()) if self.usable else 0
+        self.chain = self._run_draft(k) if k > 0 else []
+        self.stats["proposed"] += len(self.chain)
+        self._sent_at = time.perf_counter()  # update() times the target's pass from here
+        return [self.chain] if self.chain else []
+
+    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+        committed = verdict.committed
+        self.length.observe_target(len(tree.tokens), time.perf_counter() - self._sent_at)
+        self.jacobi_guesses = []
+        if self.chain:
+            chain = self.chain
+            accepted = matched_prefix(chain, committed[:-1])
+            self.stats["accepted"] += accepted
+            self.length.observe_acceptance(len(chain), accepted)
+            # The cache holds tokens + chain[:-1]; keep the chain entries the target committed,
+            # but never the new last token's (it stays pending, so its pass yields the next guess).
+            valid = min(matched_prefix(chain[:-1], committed), len(committed) - 1)
+            self.ctx.trim(len(self.tokens) + valid)
+            if self.jacobi and accepted < len(chain):
+                self.jacobi_guesses = _predictions_below(tree, predictions, chain, accepted)
+        self.tokens.extend(committed)
+        self.chain = []
+
+    def close(self) -> None:
+        self.ctx.close()
+
+    # -- the draft's passes ---------------------------------------------------------------------
+
+    def _room(self) -> int:
+        """The most guesses the draft's context can hold: pending tokens + K-1 guesses must fit."""
+        pending = len(self.tokens) - self.ctx.length
+        return self.ctx.capacity - self.ctx.length - pending + 1
+
+    def _run_draft(self, k: int) -> list[int]:
+        """K greedy draft tokens after the committed sequence; leaves the KV of the first K-1 cached."""
+        began, passes = time.perf_counter(), 0
+        pending = self.tokens[self.ctx.length :]
+        while len(pending) > self.prefill_chunk:  # a long catch-up after the draft sat out many passes
+            self._forward(pending[: self.prefill_chunk], keep=self.prefill_chunk)
+            pending, passes = pending[self.prefill_chunk :], passes + 1
+        guesses = self.jacobi_guesses[: k - 1]
+        window = [*pending, *guesses]
+        tick = time.perf_counter()
+        ids = self._forward(window, keep=None)
+        passes += 1
+        # ids[len(pending) - 1] is the draft's token after the last committed one; each Jacobi
+        # guess that equals the draft's own token there lets the next position's id stand too.
+        chain = [ids[len(pending) - 1]]
+        while len(chain) < k and len(chain) <= len(guesses) and guesses[len(chain) - 1] == chain[-1]:
+            chain.append(ids[len(pending) + len(chain) - 1])
+        self.ctx.commit(len(pending) + len(chain) - 1)
+        self.stats["draft_passes_saved"] += len(chain) - 1
+        narrow = [time.perf_counter() - tick] if len(window) <= 2 else []  # the cost estimate: 1-2 token passes
+        while len(chain) < k:
+            tick = time.perf_counter()
+            chain.append(self._forward([chain[-1]], keep=1)[0])
+            narrow.append(time.perf_counter() - tick)
+            passes += 1
+        self._count(passes, time.perf_counter() - began)
+        if narrow:
+            self.length.observe_draft(sum(narrow) / len(narrow))
+        return chain
+
+    def _forward(self, window: list[int], keep: int | None) -> list[int]:
+        out = self.ctx.forward(np.array([window], dtype=np.int64))
+        if keep is not None:
+            self.ctx.commit(keep)
+        return out.greedy_ids[0].tolist()
+
+    def _count(self, passes: int, seconds: float) -> None:
+        self.stats["draft_passes"] += passes
+        self.stats["draft_seconds"] += seconds
+
+
+def _zero_stats() -> dict:
+    return {"draft_passes": 0, "draft_seconds": 0.0, "proposed": 0, "accepted": 0, "draft_passes_saved": 0}
+
+
+def _predictions_below(tree: Tree, predictions: list[int], chain: list[int], accepted: int) -> list[int]:
+    """The target's predictions at the chain's nodes from the first rejected one on.
+
+    The prediction at rejected node chain[accepted] guesses the token after the new last token
+    (the target's correction at that position), and so on down the chain.
+    """
+    children = {(parent, token): node for node, (parent, token) in enumerate(zip(tree.parents, tree.tokens)) if node}
+    node, out = 0, []
+    for depth, token in enumerate(chain):
+        node = children.get((node, token))
+        if node is None:
+            break
+        if depth >= accepted:
+            out.append(int(predictions[node]))
+    return out

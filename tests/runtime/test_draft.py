@@ -1,0 +1,400 @@
+"""The draft-model proposer: output == greedy token for token, the draft's cache follows the committed
+sequence through every rollback, K adapts, and a draft of another vocabulary is refused.
+
+Drafts of the tiny families: a 1-layer draft exported from the same tiny model (`<family>-draft1`,
+exported here with torch, or prebuilt under JACOBI_RT_TEST_ARTIFACTS), the target itself (every
+guess right) and another tiny family (same tokenizer, unrelated weights: almost every guess wrong).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+from jacobi_rt.runtime.acceptance import pass_cost
+from jacobi_rt.runtime.decoding import Progress, decode, prefill, step
+from jacobi_rt.runtime.draft import DraftLength, DraftProposer, check_draft
+from jacobi_rt.runtime.errors import ArtifactError, InputError
+from jacobi_rt.runtime.manifest import load_manifest
+from jacobi_rt.runtime.proposers import NoProposer
+from make_artifacts import FAMILIES
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / "build" / "test-artifacts"
+TORCH_FREE = os.environ.get("JACOBI_RT_TORCH_FREE") == "1"
+PROMPTS = [[5, 17, 33, 80, 2], [101, 102, 103], list(range(40, 72)), [7]]
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+
+def _unavailable(message: str) -> None:
+    if TORCH_FREE:
+        pytest.fail(message + " (JACOBI_RT_TORCH_FREE=1: the runtime tests must not skip)")
+    pytest.skip(message)
+
+
+def _export_tiny(name: str, family: str, retokenize: bool = False) -> Path:
+    """A 1-layer draft of the tiny `family` model (with another tokenizer when `retokenize`), cached."""
+    prebuilt = os.environ.get("JACOBI_RT_TEST_ARTIFACTS")
+    folder = Path(prebuilt) / name if prebuilt else CACHE / name
+    try:
+        load_manifest(folder, verify=False)
+        return folder
+    except ArtifactError:
+        pass
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        _unavailable(f"draft artifact {name!r} not found at {folder}; export it with torch "
+                     f"(`jacobi-rt export TINY_{family.upper()} --role draft --keep-layers 1 --out {folder}`)")
+    from make_artifacts import export_draft
+
+    return export_draft(family, folder, other_vocab=retokenize)
+
+
+@pytest.fixture(scope="session")
+def backend(artifact):
+    """backend(name) -> an OrtBackend (1 thread) of a tiny family, a tiny draft ("<family>-draft1"),
+    or a real artifact folder path; loaded once per session."""
+    loaded: dict[str, OrtBackend] = {}
+
+    def get(name: str) -> OrtBackend:
+        if name not in loaded:
+            if name.endswith("-draft1"):
+                folder = _export_tiny(name, name.removesuffix("-draft1"))
+            elif os.sep in name:
+                folder = Path(name)
+            else:
+                folder = artifact(name)
+            loaded[name] = OrtBackend(folder, load_manifest(folder, verify=False), "cpu", threads=1)
+        return loaded[name]
+
+    return get
+
+
+class NoisyBackend:
+    """The target as its own draft, but each greedy id it returns is replaced with chance 1/3:
+    guesses are rejected at random depths, while the cache stays the real model's."""
+
+    def __init__(self, backend: OrtBackend, seed: int = 0):
+        self.backend, self.manifest, self.rng = backend, backend.manifest, np.random.default_rng(seed)
+
+    def context(self, capacity: int, batch: int = 1):
+        return NoisyContext(self.backend.context(capacity, batch), self)
+
+
+class NoisyContext:
+    def __init__(self, ctx, owner: NoisyBackend):
+        self._ctx, self._owner = ctx, owner
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def forward(self, ids, *args, **kwargs):
+        out = self._ctx.forward(ids, *args, **kwargs)
+        flip = self._owner.rng.random(out.greedy_ids.shape) < 1 / 3
+        out.greedy_ids[flip] = (out.greedy_ids[flip] + 1) % self._owner.manifest.architecture.vocab_size
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.close()
+
+
+def _draft(backend, family: str, kind: str):
+    """The draft of `kind` for a tiny `family` target."""
+    if kind == "noisy":
+        return NoisyBackend(backend(family))
+    return backend(_drafts(family)[kind])
+
+
+def _drafts(family: str) -> dict[str, str]:
+    other = "qwen2" if family != "qwen2" else "llama"
+    return {"1-layer": f"{family}-draft1", "self": family, "other": other}
+
+
+# -- driving the loop ----------------------------------------------------------------------------
+
+
+def generate(target: OrtBackend, prompt: list[int], new: int, proposer, window: int) -> tuple[list[int], Progress]:
+    progress = Progress()
+    limit = target.manifest.max_context
+    with target.context(len(prompt) + new) as ctx:
+        tokens = [t for piece in decode(ctx, prompt, proposer, window, new, limit, set(), 16, progress) for t in piece]
+    return tokens, progress
+
+
+def greedy(target: OrtBackend, prompt: list[int], new: int) -> list[int]:
+    return generate(target, prompt, new, NoProposer(), 1)[0]
+
+
+def assert_draft_cache_follows(proposer: DraftProposer, draft: OrtBackend) -> None:
+    """The draft's cache holds exactly the KV of the committed sequence's first ctx.length tokens,
+    and at least the last committed token is still to be fed."""
+    ctx, tokens = getattr(proposer.ctx, "_ctx", proposer.ctx), proposer.tokens  # a NoisyContext's real one
+    assert ctx.pending == 0 and ctx.length <= len(tokens) - 1
+    with draft.context(len(tokens)) as fresh:
+        if ctx.length:
+            prefill(fresh, tokens[: ctx.length], chunk=7)
+        for layer in range(draft.manifest.architecture.num_layers):
+            for kind in ("key", "value"):
+                np.testing.assert_allclose(ctx.kv(layer, kind), fresh.kv(layer, kind), rtol=1e-4, atol=1e-4)
+        # and the next pass over the pending tokens predicts what a fresh draft predicts
+        pending = np.array([tokens[ctx.length :]], dtype=np.int64)
+        assert fresh.forward(pending).greedy_ids.tolist() == ctx.forward(pending).greedy_ids.tolist()
+        fresh.commit(0)
+        ctx.commit(0)
+
+
+# -- output == greedy -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", ["1-layer", "self", "other", "noisy"])
+def test_draft_equals_greedy(backend, family, kind):
+    target, draft = backend(family), _draft(backend, family, kind)
+    for prompt in PROMPTS:
+        for new in (1, 9, 40):
+            expected = greedy(target, prompt, new)
+            for k in (None, 1, 3, 8):
+                for jacobi in (False, True):
+                    with DraftProposer(draft, len(prompt) + new, k=k, jacobi=jacobi) as proposer:
+                        ids, progress = generate(target, prompt, new, proposer, 9)
+                    assert ids == expected, (family, kind, prompt, new, k, jacobi)
+                    assert progress.target_passes <= max(new - 1, 0)
+
+
+def test_full_acceptance_takes_one_pass_per_k_plus_one_tokens(backend):
+    target = backend("llama")
+    with DraftProposer(target, 64, k=3) as proposer:  # the target drafts for itself: every guess right
+        ids, progress = generate(target, [5, 17, 33], 41, proposer, 4)
+    assert ids == greedy(target, [5, 17, 33], 41)
+    assert progress.target_passes == 10  # 1 from the prefill + 10 passes x 4 tokens
+    assert proposer.stats["proposed"] == proposer.stats["accepted"] == 30
+    assert proposer.stats["draft_passes"] == 1 + 30  # the prompt's prefill + one pass per guess
+
+
+def test_budget_caps_the_chain(backend):
+    target = backend("llama")
+    with DraftProposer(target, 64, k=8) as proposer:
+        proposer.start([5, 17, 33], greedy(target, [5, 17, 33], 1)[0])
+        assert proposer.propose(0) == [] and proposer.stats["draft_passes"] == 1  # the prefill only
+        assert [len(c) for c in proposer.propose(2)] == [2]
+
+
+# -- the draft's cache through rollbacks ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["1-layer", "self", "other", "noisy"])
+@pytest.mark.parametrize("jacobi", [False, True])
+def test_draft_cache_equals_the_committed_sequence_after_every_pass(backend, kind, jacobi):
+    """Random budgets (0 included: the draft sits out and catches up later) and random k."""
+    rng = random.Random(kind + str(jacobi))
+    target, draft = backend("llama"), _draft(backend, "llama", kind)
+    for prompt in PROMPTS[:3]:
+        expected = greedy(target, prompt, 60)
+        with target.context(len(prompt) + 80) as ctx, DraftProposer(draft, len(prompt) + 80, k=8, jacobi=jacobi) as proposer:
+            last = prefill(ctx, prompt, 16)
+            proposer.start(prompt, last)
+            out = [last]
+            while len(out) < 60:
+                proposer.k = rng.choice([0, 1, 2, 5, 8])
+                new = step(ctx, last, proposer, rng.choice([0, 1, 3, 8]))
+                out += new
+                last = new[-1]
+                assert proposer.tokens == [*prompt, *out]
+                assert_draft_cache_follows(proposer, target if kind == "noisy" else draft)
+        assert out[:60] == expected
+        if kind == "noisy":
+            assert 0 < proposer.stats["accepted"] < proposer.stats["proposed"]
+
+
+# -- K -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [-1, 9, 2.0, True])
+def test_k_out_of_range_is_refused(backend, k):
+    with pytest.raises(InputError, match="k_max=8"):
+        DraftProposer(backend("llama"), 32, k=k)
+
+
+@pytest.mark.parametrize("k_max", [0, -3, 1.5])
+def test_k_max_must_be_positive(backend, k_max):
+    with pytest.raises(InputError, match="k_max"):
+        DraftProposer(backend("llama"), 32, k_max=k_max)
+
+
+def test_k_zero_is_greedy_with_no_draft_pass(backend):
+    target = backend("llama")
+    with DraftProposer(target, 64, k=0) as proposer:
+        ids, progress = generate(target, [5, 17, 33], 20, proposer, 9)
+    assert ids == greedy(target, [5, 17, 33], 20) and progress.target_passes == 19
+    assert proposer.stats["draft_passes"] == 1 and proposer.stats["proposed"] == 0  # the prompt's prefill only
+
+
+def test_length_grows_with_acceptance_and_cheap_drafts():
+    length = DraftLength(k_max=8)
+    length.draft_seconds, length.costs.seconds = 0.1, {1: 1.0}
+    for _ in range(40):
+        length.observe_acceptance(8, 8)
+    assert length.p > 0.95 and length.choose(8) == 8
+    assert length.choose(3) == 3  # never past the budget
+
+
+def test_length_is_zero_when_the_draft_does_not_pay_then_probes():
+    length = DraftLength(k_max=8, probe_every=5)
+    length.draft_seconds, length.costs.seconds = 1.0, {1: 1.0}  # the draft costs a target pass
+    for _ in range(40):
+        length.observe_acceptance(4, 1)
+    choices = [length.choose(8) for _ in range(10)]
+    assert choices.count(0) == 8 and all(c >= 1 for i, c in enumerate(choices) if i % 5 == 4)
+
+
+def test_length_follows_measured_costs():
+    length = DraftLength(k_max=8)
+    for _ in range(40):
+        length.observe_acceptance(8, 6)
+    length.observe_target(1, 0.030)
+    length.observe_target(5, 0.030 * pass_cost(5))
+    assert length.costs.unit_seconds() == pytest.approx(0.030, rel=1e-3)
+    length.observe_draft(0.003)
+    cheap = length.choose(8)
+    length.draft_seconds = 0.020
+    assert 1 <= length.choose(8) < cheap
+
+
+def test_adaptive_proposer_stops_drafting_when_the_draft_is_as_slow_as_the_target(backend):
+    target = backend("llama")
+    with DraftProposer(backend("qwen2"), 200) as proposer:  # unrelated weights: guesses are wrong
+        generate(target, [5, 17, 33], 120, proposer, 9)
+    assert proposer.stats["proposed"] < 40  # mostly greedy passes, with a probe now and then
+
+
+# -- vocabulary check ----------------------------------------------------------------------------
+
+
+def test_check_draft_accepts_a_draft_of_the_same_vocabulary(backend):
+    check_draft(backend("llama").manifest, backend("qwen2").manifest)
+    check_draft(backend("llama").manifest, backend("llama").manifest)
+
+
+def test_check_draft_refuses_another_vocabulary_manifest(backend):
+    target = backend("llama").manifest
+    draft = dataclasses.replace(target, tokenizer={**target.tokenizer, "vocab_sha256": "0" * 64})
+    with pytest.raises(InputError, match="different vocabulary .* same tokenizer"):
+        check_draft(target, draft, "T", "D")
+    arch = dataclasses.replace(target.architecture, vocab_size=target.architecture.vocab_size + 64)
+    with pytest.raises(InputError, match="output ids"):
+        check_draft(target, dataclasses.replace(target, architecture=arch))
+    with pytest.raises(InputError, match="exported as a draft"):
+        check_draft(dataclasses.replace(target, role="draft"), target)
+    with pytest.raises(ArtifactError, match="vocab_sha256"):
+        check_draft(target, dataclasses.replace(target, tokenizer={}))
+
+
+def test_check_draft_refuses_a_draft_exported_with_another_tokenizer():
+    folder = _export_tiny("llama-othervocab-draft1", "llama", retokenize=True)
+    target_folder = CACHE / "llama" if not os.environ.get("JACOBI_RT_TEST_ARTIFACTS") else Path(os.environ["JACOBI_RT_TEST_ARTIFACTS"]) / "llama"
+    with pytest.raises(InputError, match=re.escape(f"draft {folder} has a different vocabulary from target {target_folder}")):
+        check_draft(load_manifest(target_folder, verify=False), load_manifest(folder, verify=False), str(target_folder), str(folder))
+
+
+# -- SmolLM2 with real drafts ---------------------------------------------------------------------
+
+
+SMOL_DRAFTS = ["smollm2-135m-int8", "smollm2-135m-draft6"]
+SMOL_PROMPTS = [
+    "<|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nTell me a short story about a robot who learns to paint.<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+def _smol_draft(name: str) -> Path:
+    prebuilt = os.environ.get("JACOBI_RT_TEST_ARTIFACTS")
+    folder = Path(prebuilt) / name if prebuilt else REPO / "build" / name
+    try:
+        load_manifest(folder, verify=False)
+    except ArtifactError:
+        pytest.skip(f"{name} not found at {folder}; export it with `jacobi-rt export smollm2-135m "
+                    + ("--quantize int8" if "int8" in name else "--role draft --keep-layers 6") + f" --out {folder}`")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMOL_DRAFTS)
+def test_smollm2_with_a_draft_equals_greedy(artifact, name):
+    from jacobi_rt.runtime.tokenizer import Tokenizer
+
+    folder = artifact("smollm2-135m")
+    manifest = load_manifest(folder, verify=False)
+    draft_folder = _smol_draft(name)
+    draft_manifest = load_manifest(draft_folder, verify=False)
+    check_draft(manifest, draft_manifest)
+    target = OrtBackend(folder, manifest, "cpu")
+    draft = OrtBackend(draft_folder, draft_manifest, "cpu")
+    tokenizer = Tokenizer(folder, manifest)
+    for text, (k, jacobi) in zip(SMOL_PROMPTS, [(None, False), (4, True), (None, True)]):
+        prompt = tokenizer.encode(text, add_special_tokens=False)
+        expected = greedy(target, prompt, 48)
+        with DraftProposer(draft, len(prompt) + 48, k=k, jacobi=jacobi) as proposer:
+            ids, progress = generate(target, prompt, 48, proposer, 9)
+        assert ids == expected, (name, text, k, jacobi)
+        if "int8" in name:  # 96% agreement: drafting must cut the target's passes
+            assert progress.target_passes < 47 * 0.7, proposer.stats
+
+
+# -- through the Generator ------------------------------------------------------------------------
+
+
+def test_generator_speculative_and_auto_with_a_draft_equal_greedy(artifact):
+    from jacobi_rt.runtime import Generator
+
+    gen = Generator.load(artifact("qwen2"), draft=_export_tiny("qwen2-draft1", "qwen2"))
+    for prompt in ("The quick brown fox", "def add(a, b):"):
+        greedy = gen.generate(prompt, max_new_tokens=40, strategy="greedy")
+        for strategy in ("speculative", "auto"):
+            result = gen.generate(prompt, max_new_tokens=40, strategy=strategy)
+            assert result.ids == greedy.ids, (prompt, strategy)
+            assert result.stats.proposer["draft_passes"] >= 1
+
+
+def test_generator_refuses_a_draft_with_another_vocabulary(artifact):
+    from jacobi_rt.runtime import Generator
+
+    draft = _export_tiny("llama-othervocab-draft1", "llama", retokenize=True)
+    with pytest.raises(InputError, match="different vocabulary"):
+        Generator.load(artifact("llama"), draft=draft)
+
+
+def test_generator_refuses_a_missing_or_corrupt_draft(artifact, tmp_path):
+    import shutil
+
+    from jacobi_rt.runtime import Generator
+
+    with pytest.raises(ArtifactError, match="does not exist"):
+        Generator.load(artifact("llama"), draft=tmp_path / "nowhere")
+    broken = tmp_path / "draft"
+    shutil.copytree(_export_tiny("llama-draft1", "llama"), broken)
+    (broken / "model.onnx").write_bytes(b"not an onnx graph")
+    with pytest.raises(ArtifactError, match="changed after export"):
+        Generator.load(artifact("llama"), draft=broken)
+
+
+def test_speculative_without_a_draft_is_a_clear_error(artifact):
+    from jacobi_rt.runtime import Generator
+
+    gen = Generator.load(artifact("llama"))
+    with pytest.raises(InputError, match="needs a draft model"):
+        gen.generate("The quick", max_new_tokens=4, strategy="speculative")
+    assert gen.generate("The quick", max_new_tokens=4, strategy="greedy").ids  # still usable
