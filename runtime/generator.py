@@ -13,7 +13,7 @@ from .backends.base import Backend
 from .decoding import Progress, decode
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
-from .proposers import JacobiProposer, LookaheadProposer, NoProposer, Proposer
+from .proposers import AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -255,7 +255,9 @@ class Generator:
             return LookaheadProposer()
         from .draft import DraftProposer
 
-        return DraftProposer(self.draft, capacity)
+        if strategy == "speculative":
+            return DraftProposer(self.draft, capacity)
+        return AutoProposer({"lookahead": LookaheadProposer(), "draft": DraftProposer(self.draft, capacity)})
 
 
 def _stats(request: Request, progress: Progress, new_tokens: int, started: float, session: float, proposer: dict) -> Stats:

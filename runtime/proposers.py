@@ -169,3 +169,61 @@ def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> l
     while (node := children.get(node)) is not None:
         out.append(int(predictions[node]))
     return out
+
+
+class AutoProposer(Proposer):
+    """Several proposers as arms of a bandit: each pass goes to the arm with the most committed
+    tokens per second of measured wall time (its own cost included: a draft's passes, a wider
+    target pass), and every `probe_every` passes the other arms get one pass each, since the text
+    and the context length move the balance. The arms not chosen still see every pass (they are
+    asked for nothing), so their state follows the sequence and they can take over at once.
+    """
+
+    def __init__(self, arms: dict[str, Proposer], probe_every: int = 24, smoothing: float = 0.2) -> None:
+        super().__init__()
+        self.arms = arms
+        self.probe_every, self.smoothing = probe_every, smoothing
+        self.rate: dict[str, float | None] = {}
+        self.passes = 0
+        self.current = next(iter(arms))
+        self.began = 0.0
+        self.stats = {"passes_by_arm": {name: 0 for name in arms}}
+
+    def start(self, prompt: list[int], first: int) -> None:
+        for arm in self.arms.values():
+            arm.start(prompt, first)
+        self.rate = {name: None for name in self.arms}
+        self.passes = 0
+        self.stats["arms"] = {name: arm.stats for name, arm in self.arms.items()}
+
+    def choose(self) -> str:
+        self.passes += 1
+        untried = [name for name, rate in self.rate.items() if rate is None]
+        if untried:
+            return untried[0]
+        ranked = sorted(self.rate, key=lambda name: -self.rate[name])
+        if self.passes % self.probe_every < len(ranked) - 1:  # a short probe of the others
+            return ranked[1 + self.passes % self.probe_every]
+        return ranked[0]
+
+    def propose(self, budget: int) -> list[list[int]]:
+        self.began = time.perf_counter()
+        self.current = self.choose()
+        self.stats["passes_by_arm"][self.current] += 1
+        branches = []
+        for name, arm in self.arms.items():
+            proposed = arm.propose(budget if name == self.current else 0)
+            if name == self.current:
+                branches = proposed
+        return branches
+
+    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+        for arm in self.arms.values():
+            arm.update(tree, predictions, verdict)
+        rate = len(verdict.committed) / max(time.perf_counter() - self.began, 1e-9)
+        old = self.rate[self.current]
+        self.rate[self.current] = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
+
+    def close(self) -> None:
+        for arm in self.arms.values():
+            arm.close()

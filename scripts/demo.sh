@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set up, export the embedded SmolLM2-135M-Instruct, then run
-# greedy and the other strategies side by side on the same prompts and print the speed ratio.
+# The main job on a fresh machine: set up, export the embedded SmolLM2-135M-Instruct and an int8
+# draft of it, then run greedy, Jacobi, lookahead, speculative and auto decoding side by side on
+# the same prompts, check every output is token-identical to greedy, and print the speed ratios.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 export JACOBI_RT_VENV="${JACOBI_RT_VENV:-$here/.venv}"
-bash scripts/setup.sh
+[ "${SKIP_SETUP:-0}" = 1 ] || bash scripts/setup.sh
 py="$JACOBI_RT_VENV/bin/python"
 jrt="$JACOBI_RT_VENV/bin/jacobi-rt"
 [ -f build/smollm2-135m/jacobi.json ] || "$jrt" export smollm2-135m --out build/smollm2-135m
-"$py" -m jacobi_rt.tools.demo build/smollm2-135m --strategies "${STRATEGIES:-greedy,jacobi}" "$@"
+[ -f build/smollm2-135m-int8-draft/jacobi.json ] \
+  || "$jrt" export smollm2-135m --role draft --quantize int8 --out build/smollm2-135m-int8-draft
+"$py" -m jacobi_rt.tools.demo build/smollm2-135m --draft build/smollm2-135m-int8-draft "$@"

@@ -1,6 +1,6 @@
-"""The main job in one command: greedy vs Jacobi (and the other strategies) side by side.
+"""The main job in one command: greedy vs Jacobi, lookahead and speculative decoding side by side.
 
-    python -m jacobi_rt.tools.demo build/smollm2-135m [--draft build/smollm2-135m-draft]
+    python -m jacobi_rt.tools.demo build/smollm2-135m [--draft build/smollm2-135m-int8-draft]
 
 Runs each strategy on the same chat prompts, interleaved (A B A B ...) so machine drift hits
 all alike, checks every output is token-identical to greedy, and prints tokens/s, tokens per
@@ -52,17 +52,20 @@ def summarise(rows: dict) -> list[dict]:
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--strategies", default="greedy,jacobi", show_default=True, help="Comma-separated strategies; greedy is always included.")
+@click.option("--draft", "-d", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A draft artifact (jacobi-rt export MODEL --role draft ...) for the speculative strategy.")
+@click.option("--strategies", default="greedy,jacobi,lookahead,speculative,auto", show_default=True,
+              help="Comma-separated strategies; greedy is always included; speculative only with --draft.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--window", type=click.IntRange(1), default=None, help="Window for jacobi; default: the runtime's.")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=None, help="onnxruntime intra-op threads.")
-def main(artifact, strategies, max_new_tokens, window, repeats, threads):
-    """Greedy vs Jacobi decoding on ARTIFACT, side by side, with the speed ratio."""
+def main(artifact, draft, strategies, max_new_tokens, window, repeats, threads):
+    """Greedy vs Jacobi, lookahead and speculative decoding on ARTIFACT, side by side, with the speed ratio."""
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(artifact, threads=threads)
-    names = ["greedy"] + [s for s in strategies.split(",") if s and s != "greedy"]
+    generator = Generator.load(artifact, draft=draft, threads=threads)
+    names = ["greedy"] + [s for s in strategies.split(",") if s and s != "greedy" and (draft or s != "speculative")]
     table = summarise(run(generator, names, max_new_tokens, window, repeats))
     click.echo(f"\n{len(PROMPTS)} chat prompts x {repeats}, {max_new_tokens} new tokens, medians:")
     click.echo("| strategy | tokens/s | tokens/pass | vs greedy | identical to greedy |")

@@ -196,3 +196,39 @@ def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, f
         oracle = BranchOracle(truth)
         assert run(oracle, 8) == truth
         assert oracle.gathers >= 5  # the side branch really was accepted, pass after pass
+
+
+class Scripted(Proposer):
+    """An arm that always proposes the same fixed guess (right or wrong)."""
+
+    def __init__(self, guess: list[int]):
+        super().__init__()
+        self.guess, self.asked = guess, []
+
+    def start(self, prompt, first):
+        pass
+
+    def propose(self, budget):
+        self.asked.append(budget)
+        return [self.guess[:budget]] if budget else []
+
+    def update(self, tree, predictions, verdict):
+        pass
+
+
+def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing():
+    from jacobi_rt.runtime.proposers import AutoProposer
+    from jacobi_rt.runtime.tree import build_tree
+
+    good, bad = Scripted([1, 2, 3]), Scripted([9, 9, 9])
+    auto = AutoProposer({"bad": bad, "good": good}, probe_every=10)
+    auto.start([0], 0)
+    chosen = []
+    for _ in range(40):
+        tree = build_tree(0, auto.propose(3))
+        predictions = [1, 2, 3, 4][: len(tree.tokens)]
+        auto.update(tree, predictions, tree.accept(predictions))
+        chosen.append(auto.current)
+    assert chosen[:2] == ["bad", "good"]  # each arm measured once
+    assert chosen[2:].count("good") >= 30 and "bad" in chosen[12:]  # mostly the good arm, with probes
+    assert all(b == 0 for b, who in zip(bad.asked, chosen) if who != "bad")  # idle arms are asked for nothing
