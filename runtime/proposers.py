@@ -174,16 +174,22 @@ def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> l
 class AutoProposer(Proposer):
     """Several proposers as arms of a bandit: each pass goes to the arm with the most committed
     tokens per second of measured wall time (its own cost included: a draft's passes, a wider
-    target pass), and every `probe_every` passes the other arms get one pass each, since the text
-    and the context length move the balance. The arms not chosen still see every pass (they are
-    asked for nothing), so their state follows the sequence and they can take over at once.
+    target pass). Each arm first gets `warmup` passes; then a losing arm is probed again after
+    `probe_every` passes, and the wait doubles each time the probe does not make it the best
+    (probing a draft costs a catch-up pass over everything it skipped). Totals decay slowly, so
+    one lucky pass cannot decide. The arms not chosen still see every pass (they are asked for
+    nothing), so their state follows the sequence and they can take over at once.
     """
 
-    def __init__(self, arms: dict[str, Proposer], probe_every: int = 24, smoothing: float = 0.2) -> None:
+    def __init__(self, arms: dict[str, Proposer], warmup: int = 2, probe_every: int = 16, decay: float = 0.95) -> None:
         super().__init__()
         self.arms = arms
-        self.probe_every, self.smoothing = probe_every, smoothing
-        self.rate: dict[str, float | None] = {}
+        self.warmup, self.probe_every, self.decay = warmup, probe_every, decay
+        self.tokens: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+        self.tried: dict[str, int] = {}
+        self.due: dict[str, int] = {}  # pass count at which a losing arm is probed next
+        self.wait: dict[str, int] = {}
         self.passes = 0
         self.current = next(iter(arms))
         self.began = 0.0
@@ -192,19 +198,29 @@ class AutoProposer(Proposer):
     def start(self, prompt: list[int], first: int) -> None:
         for arm in self.arms.values():
             arm.start(prompt, first)
-        self.rate = {name: None for name in self.arms}
+        self.tokens = {name: 0.0 for name in self.arms}
+        self.seconds = {name: 0.0 for name in self.arms}
+        self.tried = {name: 0 for name in self.arms}
+        self.wait = {name: self.probe_every for name in self.arms}
+        self.due = {name: 0 for name in self.arms}
         self.passes = 0
         self.stats["arms"] = {name: arm.stats for name, arm in self.arms.items()}
 
+    def rate(self, name: str) -> float:
+        return self.tokens[name] / self.seconds[name] if self.seconds[name] else 0.0
+
     def choose(self) -> str:
         self.passes += 1
-        untried = [name for name, rate in self.rate.items() if rate is None]
-        if untried:
-            return untried[0]
-        ranked = sorted(self.rate, key=lambda name: -self.rate[name])
-        if self.passes % self.probe_every < len(ranked) - 1:  # a short probe of the others
-            return ranked[1 + self.passes % self.probe_every]
-        return ranked[0]
+        for name, tried in self.tried.items():
+            if tried < self.warmup:
+                return name
+        best = max(self.arms, key=self.rate)
+        for name in self.arms:
+            if name != best and self.passes >= self.due[name]:
+                self.due[name] = self.passes + self.wait[name]
+                self.wait[name] *= 2  # reset when the arm becomes the best (update)
+                return name
+        return best
 
     def propose(self, budget: int) -> list[list[int]]:
         self.began = time.perf_counter()
@@ -220,9 +236,12 @@ class AutoProposer(Proposer):
     def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
         for arm in self.arms.values():
             arm.update(tree, predictions, verdict)
-        rate = len(verdict.committed) / max(time.perf_counter() - self.began, 1e-9)
-        old = self.rate[self.current]
-        self.rate[self.current] = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
+        name = self.current
+        self.tried[name] += 1
+        self.tokens[name] = self.tokens[name] * self.decay + len(verdict.committed)
+        self.seconds[name] = self.seconds[name] * self.decay + (time.perf_counter() - self.began)
+        if name == max(self.arms, key=self.rate):
+            self.wait[name] = self.probe_every
 
     def close(self) -> None:
         for arm in self.arms.values():

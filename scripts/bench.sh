@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command benchmark: set up, export what is missing, build the peers' models once, then run
-# `jacobi-rt bench` with the README's configuration (about 15 minutes on a 2-core CPU).
+# `jacobi-rt bench` with the README's configuration (about 5 minutes on an idle 2-core CPU once the models exist).
 # Usage: bash scripts/bench.sh [extra jacobi-rt bench options]; JACOBI_RT_VENV=... reuses a venv
 # (SKIP_SETUP=1 skips scripts/setup.sh when that venv is ready).
 set -euo pipefail
@@ -13,10 +13,12 @@ jrt="$JACOBI_RT_VENV/bin/jacobi-rt"
 # the bench's own extras: plots and the onnxruntime-genai peer (it needs onnxruntime>=1.31, the [cpu] one)
 "$py" -m pip install -q "$here[cpu,bench]"
 [ -f build/smollm2-135m/jacobi.json ] || "$jrt" export smollm2-135m --out build/smollm2-135m
+[ -f build/smollm2-135m-int8/jacobi.json ] \
+  || "$jrt" export smollm2-135m --role draft --quantize int8 --out build/smollm2-135m-int8
 [ -f build/ortgenai-int4/genai_config.json ] && [ -f build/ortgenai-fp32/genai_config.json ] \
   || "$py" -m jacobi_rt.tools.peers prepare --out build
-time "$jrt" bench build/smollm2-135m \
-  --strategies greedy,jacobi,lookahead,auto \
+time "$jrt" bench build/smollm2-135m --draft build/smollm2-135m-int8 \
+  --strategies greedy,jacobi,lookahead,speculative,auto \
   --peers hf,ortgenai,ortgenai-ngram,ortgenai-int4 \
-  --limit "${LIMIT:-10}" --max-new-tokens "${NEW_TOKENS:-64}" --repeats 1 --threads 2 \
+  --limit "${LIMIT:-9}" --max-new-tokens "${NEW_TOKENS:-128}" --repeats 1 --threads 2 \
   --out docs/bench "$@"

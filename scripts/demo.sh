@@ -10,6 +10,6 @@ export JACOBI_RT_VENV="${JACOBI_RT_VENV:-$here/.venv}"
 py="$JACOBI_RT_VENV/bin/python"
 jrt="$JACOBI_RT_VENV/bin/jacobi-rt"
 [ -f build/smollm2-135m/jacobi.json ] || "$jrt" export smollm2-135m --out build/smollm2-135m
-[ -f build/smollm2-135m-int8-draft/jacobi.json ] \
-  || "$jrt" export smollm2-135m --role draft --quantize int8 --out build/smollm2-135m-int8-draft
-"$py" -m jacobi_rt.tools.demo build/smollm2-135m --draft build/smollm2-135m-int8-draft "$@"
+[ -f build/smollm2-135m-int8/jacobi.json ] \
+  || "$jrt" export smollm2-135m --role draft --quantize int8 --out build/smollm2-135m-int8
+"$py" -m jacobi_rt.tools.demo build/smollm2-135m --draft build/smollm2-135m-int8 "$@"

@@ -1,6 +1,6 @@
 """The main job in one command: greedy vs Jacobi, lookahead and speculative decoding side by side.
 
-    python -m jacobi_rt.tools.demo build/smollm2-135m [--draft build/smollm2-135m-int8-draft]
+    python -m jacobi_rt.tools.demo build/smollm2-135m [--draft build/smollm2-135m-int8]
 
 Runs each strategy on the same chat prompts, interleaved (A B A B ...) so machine drift hits
 all alike, checks every output is token-identical to greedy, and prints tokens/s, tokens per

@@ -221,7 +221,7 @@ def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing
     from jacobi_rt.runtime.tree import build_tree
 
     good, bad = Scripted([1, 2, 3]), Scripted([9, 9, 9])
-    auto = AutoProposer({"bad": bad, "good": good}, probe_every=10)
+    auto = AutoProposer({"bad": bad, "good": good}, warmup=2, probe_every=10)
     auto.start([0], 0)
     chosen = []
     for _ in range(40):
@@ -229,6 +229,6 @@ def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing
         predictions = [1, 2, 3, 4][: len(tree.tokens)]
         auto.update(tree, predictions, tree.accept(predictions))
         chosen.append(auto.current)
-    assert chosen[:2] == ["bad", "good"]  # each arm measured once
-    assert chosen[2:].count("good") >= 30 and "bad" in chosen[12:]  # mostly the good arm, with probes
+    assert chosen[:4] == ["bad", "bad", "good", "good"]  # each arm measured first
+    assert chosen[4:].count("good") >= 30 and "bad" in chosen[14:]  # mostly the good arm, with probes
     assert all(b == 0 for b, who in zip(bad.asked, chosen) if who != "bad")  # idle arms are asked for nothing
