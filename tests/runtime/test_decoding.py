@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from text_helpers import clean_substring
 
 from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer
 from jacobi_rt.runtime.tree import build_tree
@@ -114,14 +115,6 @@ def test_stop_string_cuts_text_and_ids(generator):
         assert result.ids == free.ids[: len(result.ids)]
         assert stop in gen.tokenizer.decode(result.ids) and stop not in gen.tokenizer.decode(result.ids[:-1])
 
-
-def clean_substring(text: str, start: int, size: int = 2) -> str:
-    """A substring of printable characters (random tiny models also emit broken UTF-8)."""
-    for i in range(start, len(text) - size):
-        piece = text[i : i + size]
-        if piece.isprintable() and "\ufffd" not in piece:
-            return piece
-    raise AssertionError(f"no clean substring in {text!r}")
 
 
 def test_adaptive_window_settles_on_the_faster_arm():

@@ -326,8 +326,9 @@ def _smol_draft(name: str) -> Path:
     try:
         load_manifest(folder, verify=False)
     except ArtifactError:
-        pytest.skip(f"{name} not found at {folder}; export it with `jacobi-rt export smollm2-135m "
-                    + ("--quantize int8" if "int8" in name else "--role draft --keep-layers 6") + f" --out {folder}`")
+        _unavailable(f"{name} not found at {folder}; export it with `python tests/make_artifacts.py DIR --smollm2` "
+                     "or `jacobi-rt export smollm2-135m --role draft "
+                     + ("--quantize int8" if "int8" in name else "--keep-layers 6") + f" --out {folder}`")
     return folder
 
 
@@ -352,6 +353,12 @@ def test_smollm2_with_a_draft_equals_greedy(artifact, name):
         assert ids == expected, (name, text, k, jacobi)
         if "int8" in name:  # 96% agreement: drafting must cut the target's passes
             assert progress.target_passes < 47 * 0.7, proposer.stats
+    from jacobi_rt.runtime import Generator
+
+    gen = Generator.load(folder, draft=draft_folder, verify=False)
+    expected = gen.generate(SMOL_PROMPTS[1], max_new_tokens=48, strategy="greedy").ids
+    for strategy in ("speculative", "auto"):
+        assert gen.generate(SMOL_PROMPTS[1], max_new_tokens=48, strategy=strategy).ids == expected, (name, strategy)
 
 
 # -- through the Generator ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from text_helpers import clean_substring
 
 from jacobi_rt.runtime import ContextLimitError, InputError
 
@@ -111,11 +112,3 @@ def test_concurrent_generate_equals_sequential(gen):
         threaded = list(pool.map(lambda job: gen.generate(job[0], max_new_tokens=job[2], strategy=job[1]).ids, jobs * 2))
     assert threaded == sequential * 2
 
-
-def clean_substring(text: str, start: int, size: int = 2) -> str:
-    """A substring of printable characters (random tiny models also emit broken UTF-8)."""
-    for i in range(start, len(text) - size):
-        piece = text[i : i + size]
-        if piece.isprintable() and "\ufffd" not in piece:
-            return piece
-    raise AssertionError(f"no clean substring in {text!r}")
