@@ -24,7 +24,6 @@ import numpy as np
 
 from .acceptance import PassCosts, matched_prefix
 from .backends.base import Backend
-from .decoding import prefill
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
 from .proposers import Proposer
@@ -180,10 +179,8 @@ class DraftProposer(Proposer):
         self.tokens, self.chain, self.jacobi_guesses = [*prompt, first], [], []
         self.ctx.trim(0)
         self.usable = len(prompt) + 1 < self.ctx.capacity
-        if self.usable:
-            began = time.perf_counter()
-            prefill(self.ctx, prompt, self.prefill_chunk)  # `first` stays pending: its pass gives the first guess
-            self._count(-(-len(prompt) // self.prefill_chunk), time.perf_counter() - began)
+        # No prefill here: the first proposal feeds the prompt (in chunks), so a draft that is
+        # never asked (K = 0 throughout, or a losing arm of `auto`) costs nothing.
 
     def propose(self, budget: int) -> list[list[int]]:
         k = self.length.choose(budget) if self.k is None else min(self.k, budget)

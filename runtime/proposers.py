@@ -174,17 +174,20 @@ def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> l
 class AutoProposer(Proposer):
     """Several proposers as arms of a bandit: each pass goes to the arm with the most committed
     tokens per second of measured wall time (its own cost included: a draft's passes, a wider
-    target pass). Each arm first gets `warmup` passes; then a losing arm is probed again after
+    target pass). Each arm first gets `warmup` passes; an arm on trial sends at most
+    `probe_budget` guesses, so trying a slow draft stays cheap; a losing arm is probed again after
     `probe_every` passes, and the wait doubles each time the probe does not make it the best
     (probing a draft costs a catch-up pass over everything it skipped). Totals decay slowly, so
     one lucky pass cannot decide. The arms not chosen still see every pass (they are asked for
     nothing), so their state follows the sequence and they can take over at once.
     """
 
-    def __init__(self, arms: dict[str, Proposer], warmup: int = 2, probe_every: int = 16, decay: float = 0.95) -> None:
+    def __init__(self, arms: dict[str, Proposer], warmup: int = 2, probe_every: int = 16, decay: float = 0.95,
+                 probe_budget: int = 3) -> None:
         super().__init__()
         self.arms = arms
         self.warmup, self.probe_every, self.decay = warmup, probe_every, decay
+        self.probe_budget = probe_budget  # an arm on trial guesses at most this many tokens: cheap probes
         self.tokens: dict[str, float] = {}
         self.seconds: dict[str, float] = {}
         self.tried: dict[str, int] = {}
@@ -226,6 +229,8 @@ class AutoProposer(Proposer):
         self.began = time.perf_counter()
         self.current = self.choose()
         self.stats["passes_by_arm"][self.current] += 1
+        if self.current != max(self.arms, key=self.rate):
+            budget = min(budget, self.probe_budget)
         branches = []
         for name, arm in self.arms.items():
             proposed = arm.propose(budget if name == self.current else 0)

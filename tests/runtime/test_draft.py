@@ -181,14 +181,14 @@ def test_full_acceptance_takes_one_pass_per_k_plus_one_tokens(backend):
     assert ids == greedy(target, [5, 17, 33], 41)
     assert progress.target_passes == 10  # 1 from the prefill + 10 passes x 4 tokens
     assert proposer.stats["proposed"] == proposer.stats["accepted"] == 30
-    assert proposer.stats["draft_passes"] == 1 + 30  # the prompt's prefill + one pass per guess
+    assert proposer.stats["draft_passes"] == 30  # one pass per guess; the first also feeds the prompt
 
 
 def test_budget_caps_the_chain(backend):
     target = backend("llama")
     with DraftProposer(target, 64, k=8) as proposer:
         proposer.start([5, 17, 33], greedy(target, [5, 17, 33], 1)[0])
-        assert proposer.propose(0) == [] and proposer.stats["draft_passes"] == 1  # the prefill only
+        assert proposer.propose(0) == [] and proposer.stats["draft_passes"] == 0  # nothing asked: no draft work
         assert [len(c) for c in proposer.propose(2)] == [2]
 
 
@@ -239,7 +239,7 @@ def test_k_zero_is_greedy_with_no_draft_pass(backend):
     with DraftProposer(target, 64, k=0) as proposer:
         ids, progress = generate(target, [5, 17, 33], 20, proposer, 9)
     assert ids == greedy(target, [5, 17, 33], 20) and progress.target_passes == 19
-    assert proposer.stats["draft_passes"] == 1 and proposer.stats["proposed"] == 0  # the prompt's prefill only
+    assert proposer.stats["draft_passes"] == 0 and proposer.stats["proposed"] == 0  # never asked: never run
 
 
 def test_length_grows_with_acceptance_and_cheap_drafts():
