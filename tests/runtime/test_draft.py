@@ -351,7 +351,9 @@ def test_smollm2_with_a_draft_equals_greedy(artifact, name):
         with DraftProposer(draft, len(prompt) + 48, k=k, jacobi=jacobi) as proposer:
             ids, progress = generate(target, prompt, 48, proposer, 9)
         assert ids == expected, (name, text, k, jacobi)
-        if "int8" in name:  # 96% agreement: drafting must cut the target's passes
+        # 96% agreement: a fixed K must cut the target's passes. A learned K is timed and may rightly
+        # stop drafting, since on a CPU the int8 draft's pass costs about as much as the target's.
+        if "int8" in name and k is not None:
             assert progress.target_passes < 47 * 0.7, proposer.stats
     from jacobi_rt.runtime import Generator
 
