@@ -13,7 +13,7 @@ from .backends.base import Backend
 from .decoding import Progress, decode
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
-from .proposers import AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer
+from .proposers import ArmHistory, AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -76,6 +76,7 @@ class Generator:
         self.tokenizer = tokenizer
         self.prefill_chunk = prefill_chunk
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
+        self.arm_history = ArmHistory()  # `auto` remembers across calls which arms lost
 
     @classmethod
     def load(
@@ -257,7 +258,8 @@ class Generator:
 
         if strategy == "speculative":
             return DraftProposer(self.draft, capacity)
-        return AutoProposer({"lookahead": LookaheadProposer(), "draft": DraftProposer(self.draft, capacity)})
+        arms = {"lookahead": LookaheadProposer(), "draft": DraftProposer(self.draft, capacity)}
+        return AutoProposer(arms, history=self.arm_history)
 
 
 def _stats(request: Request, progress: Progress, new_tokens: int, started: float, session: float, proposer: dict) -> Stats:

@@ -8,8 +8,10 @@ proposer can keep state: the Jacobi trajectory, an n-gram pool, a draft model's 
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from .acceptance import AcceptanceTracker
 from .ngram import Candidate, NgramPool, PromptLookup
@@ -171,6 +173,49 @@ def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> l
     return out
 
 
+@dataclass
+class ArmRecord:
+    losses: int = 0  # consecutive calls in which the arm was tried and was not the best
+    sit_out: int = 0  # calls it still skips
+
+
+class ArmHistory:
+    """What `auto`'s arms did in earlier calls of one Generator, so a losing arm is not re-tried
+    on every call. Trying a draft costs its prefill over the whole prompt, which on short
+    answers is as much as lookahead gains; so an arm that lost sits out the next 1, 2, 4, ...
+    `max_sit_out` calls, and one win resets it. The first arm is never benched. Thread-safe:
+    concurrent calls share it.
+    """
+
+    def __init__(self, max_sit_out: int = 32) -> None:
+        self.max_sit_out = max_sit_out
+        self.records: dict[str, ArmRecord] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, names: list[str]) -> list[str]:
+        """The arms this call may use; each benched arm's wait shrinks by one call."""
+        with self._lock:
+            admitted = names[:1]
+            for name in names[1:]:
+                record = self.records.setdefault(name, ArmRecord())
+                if record.sit_out > 0:
+                    record.sit_out -= 1
+                else:
+                    admitted.append(name)
+            return admitted
+
+    def record(self, tried: list[str], best: str) -> None:
+        """After a call: the arms that got a fair trial, and the one with the best rate."""
+        with self._lock:
+            for name in tried:
+                record = self.records.setdefault(name, ArmRecord())
+                if name == best:
+                    record.losses = record.sit_out = 0
+                else:
+                    record.losses += 1
+                    record.sit_out = min(2 ** (record.losses - 1), self.max_sit_out)
+
+
 class AutoProposer(Proposer):
     """Several proposers as arms of a bandit: each pass goes to the arm with the most committed
     tokens per second of measured wall time (its own cost included: a draft's passes, a wider
@@ -179,12 +224,15 @@ class AutoProposer(Proposer):
     `probe_every` passes, and the wait doubles each time the probe does not make it the best
     (probing a draft costs a catch-up pass over everything it skipped). Totals decay slowly, so
     one lucky pass cannot decide. The arms not chosen still see every pass (they are asked for
-    nothing), so their state follows the sequence and they can take over at once.
+    nothing), so their state follows the sequence and they can take over at once. With a
+    `history` (one per Generator), an arm that lost in earlier calls sits some calls out.
     """
 
     def __init__(self, arms: dict[str, Proposer], warmup: int = 2, probe_every: int = 16, decay: float = 0.95,
-                 probe_budget: int = 3) -> None:
+                 probe_budget: int = 3, history: ArmHistory | None = None) -> None:
         super().__init__()
+        self.history = history
+        self.all_arms = arms
         self.arms = arms
         self.warmup, self.probe_every, self.decay = warmup, probe_every, decay
         self.probe_budget = probe_budget  # an arm on trial guesses at most this many tokens: cheap probes
@@ -199,6 +247,11 @@ class AutoProposer(Proposer):
         self.stats = {"passes_by_arm": {name: 0 for name in arms}}
 
     def start(self, prompt: list[int], first: int) -> None:
+        names = list(self.all_arms)
+        admitted = self.history.admit(names) if self.history else names
+        self.arms = {name: self.all_arms[name] for name in admitted}
+        self.current = next(iter(self.arms))
+        self.stats["sat_out"] = [name for name in names if name not in admitted]
         for arm in self.arms.values():
             arm.start(prompt, first)
         self.tokens = {name: 0.0 for name in self.arms}
@@ -207,7 +260,7 @@ class AutoProposer(Proposer):
         self.wait = {name: self.probe_every for name in self.arms}
         self.due = {name: 0 for name in self.arms}
         self.passes = 0
-        self.stats["arms"] = {name: arm.stats for name, arm in self.arms.items()}
+        self.stats["arms"] = {name: arm.stats for name, arm in self.all_arms.items()}
 
     def rate(self, name: str) -> float:
         return self.tokens[name] / self.seconds[name] if self.seconds[name] else 0.0
@@ -249,5 +302,9 @@ class AutoProposer(Proposer):
             self.wait[name] = self.probe_every
 
     def close(self) -> None:
-        for arm in self.arms.values():
+        if self.history and self.tried:
+            tried = [name for name, count in self.tried.items() if count >= self.warmup]
+            if len(tried) > 1:
+                self.history.record(tried, max(tried, key=self.rate))
+        for arm in self.all_arms.values():
             arm.close()

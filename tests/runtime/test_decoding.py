@@ -225,3 +225,52 @@ def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing
     assert chosen[:4] == ["bad", "bad", "good", "good"]  # each arm measured first
     assert chosen[4:].count("good") >= 30 and "bad" in chosen[14:]  # mostly the good arm, with probes
     assert all(b == 0 for b, who in zip(bad.asked, chosen) if who != "bad")  # idle arms are asked for nothing
+
+
+def _auto_call(auto, passes=12) -> list[str]:
+    from jacobi_rt.runtime.tree import build_tree
+
+    auto.start([0], 0)
+    chosen = []
+    for _ in range(passes):
+        tree = build_tree(0, auto.propose(3))
+        predictions = [1, 2, 3, 4][: len(tree.tokens)]
+        auto.update(tree, predictions, tree.accept(predictions))
+        chosen.append(auto.current)
+    auto.close()
+    return chosen
+
+
+def test_auto_history_benches_a_losing_arm_for_doubling_calls_and_a_win_resets_it():
+    from jacobi_rt.runtime.proposers import ArmHistory, AutoProposer
+
+    history = ArmHistory(max_sit_out=4)
+    good, bad = Scripted([1, 2, 3]), Scripted([9, 9, 9])
+    tried = []
+    for _ in range(12):
+        chosen = _auto_call(AutoProposer({"good": good, "bad": bad}, warmup=2, history=history))
+        tried.append("bad" in chosen)
+    # lose -> sit out 1 call; lose -> 2; -> 4; -> 4 (capped)
+    assert tried == [True, False, True, False, False, True, False, False, False, False, True, False]
+    # the same arm, now winning: one win and it is back in every call
+    history.records["bad"].sit_out = 0
+    for _ in range(3):
+        assert "bad" in _auto_call(AutoProposer({"good": bad, "bad": Scripted([1, 2, 3])}, warmup=2, history=history))
+    assert history.records["bad"].losses == 0
+
+
+def test_auto_with_a_history_equals_greedy_and_reports_what_sat_out(artifact):
+    from jacobi_rt.runtime import Generator
+
+    gen = Generator.load(artifact("llama"), draft=artifact("llama-draft1"), verify=False)
+    prompt = [5, 17, 42, 8, 99, 23, 5, 17, 42]
+    expected = gen.generate(prompt, max_new_tokens=30, strategy="greedy").ids
+    for _ in range(6):
+        record = gen.arm_history.records.get("draft")
+        benched = record is not None and record.sit_out > 0  # what the record says before the call
+        result = gen.generate(prompt, max_new_tokens=30, strategy="auto")
+        assert result.ids == expected
+        assert (result.stats.proposer["sat_out"] == ["draft"]) == benched
+        if benched:
+            assert result.stats.proposer["passes_by_arm"]["draft"] == 0
+            assert result.stats.proposer["arms"]["draft"]["draft_passes"] == 0

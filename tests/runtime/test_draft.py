@@ -376,7 +376,8 @@ def test_generator_speculative_and_auto_with_a_draft_equal_greedy(artifact):
             result = gen.generate(prompt, max_new_tokens=40, strategy=strategy)
             assert result.ids == greedy.ids, (prompt, strategy)
             stats = result.stats.proposer if strategy == "speculative" else result.stats.proposer["arms"]["draft"]
-            assert stats["draft_passes"] >= 1
+            benched = strategy == "auto" and result.stats.proposer["sat_out"] == ["draft"]  # lost an earlier call
+            assert (stats["draft_passes"] == 0) if benched else (stats["draft_passes"] >= 1)
 
 
 def test_generator_refuses_a_draft_with_another_vocabulary(artifact):
