@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -66,6 +67,35 @@ class Request:
     stop: list[str]
 
 
+class TextStream:
+    """Text pieces of one generation as they are committed (Generator.start()).
+
+    `result` is None until the pieces are exhausted, then the GenerationResult. close() stops
+    early (from the thread that iterates, between pieces): the backend context is released and
+    `result` stays None."""
+
+    def __init__(self, run: typing.Generator[str, None, GenerationResult], prompt_tokens: int):
+        self._run = run
+        self.prompt_tokens = prompt_tokens
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> "TextStream":
+        return self
+
+    def __next__(self) -> str:
+        while True:
+            try:
+                piece = next(self._run)
+            except StopIteration as done:
+                self.result = done.value
+                raise StopIteration from None
+            if piece:
+                return piece
+
+    def close(self) -> None:
+        self._run.close()
+
+
 class Generator:
     """A loaded artifact: `generate()` and `stream()` may be called from several threads at once;
     each call opens its own backend context (KV buffers and bindings)."""
@@ -91,13 +121,25 @@ class Generator:
         """Validate the artifact at `path` (manifest, every file's sha256) and load it.
 
         draft: an artifact exported with `--role draft` (same vocabulary) for speculative decoding.
-        backend: "auto" (CUDA when onnxruntime-gpu and a GPU are present, else CPU), "cpu" or "cuda".
+        backend: "auto" (CUDA when onnxruntime-gpu and a GPU are present, else CPU), "cpu" or "cuda"
+        (onnxruntime), or "tensorrt" (the artifact's engine from `jacobi-rt build`, checked against
+        this GPU and TensorRT version and its sha256; a draft needs its own engine).
         threads: onnxruntime intra-op threads; default the physical cores.
         """
         from .backends.onnxrt import OrtBackend
 
         if threads is not None and threads < 1:
             raise InputError(f"threads must be at least 1, not {threads}")
+        if backend not in ("auto", "cpu", "cuda", "tensorrt"):
+            raise InputError(f"backend must be auto, cpu, cuda or tensorrt, not {backend!r}")
+
+        def open_backend(folder, manifest):
+            if backend == "tensorrt":
+                from .backends.tensorrt import TrtBackend
+
+                return TrtBackend(folder, manifest, verify=verify)
+            return OrtBackend(folder, manifest, backend, threads)
+
         manifest = load_manifest(path, verify=verify)
         tokenizer = Tokenizer(path, manifest)
         draft_backend = None
@@ -106,8 +148,8 @@ class Generator:
 
             draft_manifest = load_manifest(draft, verify=verify)
             check_draft(manifest, draft_manifest, path, draft)
-            draft_backend = OrtBackend(draft, draft_manifest, backend, threads)
-        return cls(OrtBackend(path, manifest, backend, threads), tokenizer, prefill_chunk, draft_backend)
+            draft_backend = open_backend(draft, draft_manifest)
+        return cls(open_backend(path, manifest), tokenizer, prefill_chunk, draft_backend)
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The chat template rendered for `messages`, ending with the assistant's turn."""
@@ -153,6 +195,22 @@ class Generator:
         request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop)
         return (piece for piece in self._run(request) if piece)
 
+    def start(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        max_new_tokens: int = 128,
+        strategy: str = "auto",
+        window: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        messages: list[dict] | None = None,
+        chat: bool = False,
+    ) -> "TextStream":
+        """Like stream(), but the returned TextStream also holds the GenerationResult (`.result`) once
+        exhausted, and `close()` ends the generation early, freeing its KV buffers. The request is
+        checked (and the prompt tokenized) now; nothing runs until the first piece is asked for."""
+        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop)
+        return TextStream(self._run(request), len(request.prompt_ids))
+
     # -- request checking -------------------------------------------------------------------
 
     def _request(self, prompt, messages, chat, max_new_tokens, strategy, window, stop) -> Request:
@@ -173,13 +231,14 @@ class Generator:
         if messages is not None:
             if prompt is not None:
                 raise InputError("pass either a prompt or chat messages, not both")
-            return self.tokenizer.encode(self.chat_prompt(messages), add_special_tokens=False)
-        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(self.chat_prompt(messages), add_special_tokens=False)
+        elif isinstance(prompt, str):
             if not prompt:
                 raise InputError("the prompt is empty; pass some text or token ids")
             if chat:
-                return self.tokenizer.encode(self.chat_prompt([{"role": "user", "content": prompt}]), add_special_tokens=False)
-            ids = self.tokenizer.encode(prompt)
+                ids = self.tokenizer.encode(self.chat_prompt([{"role": "user", "content": prompt}]), add_special_tokens=False)
+            else:
+                ids = self.tokenizer.encode(prompt)
         elif prompt is None:
             raise InputError("nothing to generate from: pass a prompt (text or token ids) or chat messages")
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .errors import ArtifactError
@@ -36,6 +36,28 @@ class Tokens:
 
 
 @dataclass
+class EngineRecord:
+    """A TensorRT engine added by `jacobi-rt build`, and what it is tied to (see engines/records.py)."""
+
+    file: str  # relative to the artifact: "engines/<gpu>-<sm>-<precision>.plan"
+    sha256: str
+    precision: str  # "fp16", "bf16", "fp32", "fp8", "int8"
+    tensorrt_version: str
+    gpu_name: str
+    compute_capability: str  # "9.0": engines run only on GPUs of the same compute capability
+    profiles: list[dict]  # [{"name": "decode", "batch": [min, opt, max], "window": [...], "past": [...]}]
+    build_seconds: float
+    backend: str = "tensorrt"
+    created: str = ""  # UTC date and time of the build
+    check: dict = field(default_factory=dict)  # `--check`: the engine vs onnxruntime figures
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EngineRecord":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})  # newer fields are ignored
+
+
+@dataclass
 class Manifest:
     format_version: int
     role: str  # "target" or "draft"
@@ -50,7 +72,7 @@ class Manifest:
     tokenizer: dict  # {"vocab_sha256": ..., "files": [...], "chat_template": bool}
     files: dict[str, str]  # relative path -> sha256
     check: dict = field(default_factory=dict)  # export check figures
-    engines: list[dict] = field(default_factory=list)  # TensorRT engines, added by `jacobi-rt build`
+    engines: list[EngineRecord] = field(default_factory=list)  # TensorRT engines, added by `jacobi-rt build`
     created: dict = field(default_factory=dict)  # tool version, date, export seconds
 
     def to_json(self) -> str:
@@ -61,6 +83,7 @@ class Manifest:
         data = dict(data)
         data["architecture"] = Architecture(**data["architecture"])
         data["tokens"] = Tokens(**data["tokens"])
+        data["engines"] = [EngineRecord.from_dict(e) for e in data.get("engines") or []]
         return cls(**data)
 
 

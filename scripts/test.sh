@@ -2,8 +2,8 @@
 # Set up from scratch and run every test, as CI does:
 #  1. the export environment (torch, transformers, onnx, onnxruntime) runs the whole suite,
 #     the real SmolLM2-135M export included, and exports the test artifacts;
-#  2. a second, torch-free environment (`pip install ".[cpu]"` only) runs the runtime tests
-#     against those artifacts, proving the runtime needs no PyTorch.
+#  2. a second, torch-free environment (`pip install ".[cpu]"` only) runs the runtime and engine
+#     tests against those artifacts, proving the runtime needs no PyTorch.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -23,4 +23,4 @@ lean="$here/.venv-runtime"
 python3 -m venv "$lean"
 "$lean/bin/python" -m pip install -q --upgrade pip
 "$lean/bin/python" -m pip install -q "$here[cpu]" pytest
-JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime "$@"
+JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime tests/engines "$@"

@@ -6,6 +6,8 @@ B*H*capacity*D elements ("ping" and "pong"), allocated once. A pass binds the pa
 [B, H, P+W, D] views of the other one, so the graph's concat writes the new cache straight into
 our memory; then the two swap. When only n of the W window entries are kept, the per-head blocks
 are moved down in place ([B, H, P+W, D] -> [B, H, P+n, D]): the only KV copy the runtime makes.
+On the CUDA execution provider the cache is a DeviceKV instead (device_kv.py: the same two sides
+in device memory, trimmed by device copies; OrtDeviceContext below).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from ..errors import BackendError, require
 from ..manifest import Manifest
 from ..spec import kv_inputs, kv_outputs
 from .base import Backend, BackendContext, StepOutput
+from .cuda import CudaMemory, device_count, load_cudart
+from .device_kv import DeviceKV, DeviceKVContext
 
 ORT_HINT = 'pip install "jacobi-rt[cpu]" (or "jacobi-rt[gpu]" for CUDA)'
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -84,7 +88,7 @@ class OrtBackend(Backend):
 
     def context(self, capacity: int, batch: int = 1) -> "OrtContext":
         capacity = max(1, min(capacity, self.manifest.max_context))
-        return OrtContext(self, capacity, batch)
+        return (OrtDeviceContext if self.device == "cuda" else OrtContext)(self, capacity, batch)
 
 
 def _pick_device(ort, device: str) -> str:
@@ -92,7 +96,7 @@ def _pick_device(ort, device: str) -> str:
         raise BackendError(f"backend device must be auto, cpu or cuda, not {device!r}")
     if device == "cpu":
         return "cpu"
-    if cuda_available(ort) and _cuda_devices() > 0:
+    if cuda_available(ort) and device_count() > 0:
         return "cuda"
     if device == "cuda":
         raise BackendError(
@@ -100,33 +104,6 @@ def _pick_device(ort, device: str) -> str:
             'install onnxruntime-gpu on a machine with an NVIDIA GPU (pip install "jacobi-rt[gpu]"), or use --backend cpu'
         )
     return "cpu"
-
-
-_CUDART = []
-
-
-def _cuda_devices() -> int:
-    """Number of CUDA devices (0 without a driver, a runtime or a GPU: onnxruntime-gpu lists its
-    CUDA provider even then and would silently run on the CPU)."""
-    cudart = _cudart()
-    if cudart is None:
-        return 0
-    count = ctypes.c_int(0)
-    return count.value if cudart.cudaGetDeviceCount(ctypes.byref(count)) == 0 else 0
-
-
-def _cudart():
-    """libcudart via ctypes (for device-to-device moves when trimming), or None."""
-    if not _CUDART:
-        lib = None
-        for name in ("libcudart.so", "libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0"):
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError:
-                continue
-        _CUDART.append(lib)
-    return _CUDART[0]
 
 
 def _binders(binding, device: str):
@@ -165,19 +142,17 @@ class OrtContext(BackendContext):
         self.device = backend.device
         # Two sides x (layers * 2) rows of B*H*capacity*D elements: np.empty leaves pages untouched
         # until the cache grows into them, so a large capacity costs address space, not RAM.
-        if self.device == "cuda":
-            ort = require("onnxruntime", ORT_HINT)
-            self._sides = [ort.OrtValue.ortvalue_from_shape_and_type([rows, elements], self.dtype, "cuda", 0) for _ in range(2)]
-            self._bases = [v.data_ptr() for v in self._sides]
-        else:
-            self._sides = [np.empty((rows, elements), dtype=self.dtype) for _ in range(2)]
-            self._bases = [a.ctypes.data for a in self._sides]
+        self._allocate(rows, elements)
         self._current = 0
         self._ones = np.ones((batch, capacity), dtype=np.int64)
         self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))  # windows and prefill chunks
         self._greedy = np.empty((batch, capacity), dtype=np.int64)
         self.binding = backend.session.io_binding()
         self._bind_in, self._bind_out = _binders(self.binding, self.device)
+
+    def _allocate(self, rows: int, elements: int) -> None:
+        self._sides = [np.empty((rows, elements), dtype=self.dtype) for _ in range(2)]
+        self._bases = [a.ctypes.data for a in self._sides]
 
     def forward(self, ids, positions=None, window_mask=None, want_logits=False) -> StepOutput:
         if self._sides is None:
@@ -251,8 +226,6 @@ class OrtContext(BackendContext):
             return self.commit(len(rows))
         if any(not 0 <= r < window for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
             raise BackendError(f"commit_rows({list(rows)}) needs ascending, distinct rows of the last window of {window}")
-        if self.device != "cpu":
-            raise BackendError("commit_rows() is only implemented on the cpu device so far; verify one branch and commit(n)")
         past, old = self.length, self.length + window
         keep = np.asarray(rows, dtype=np.int64) + past
         side = self._sides[self._current]
@@ -278,32 +251,13 @@ class OrtContext(BackendContext):
         item = np.dtype(self.dtype).itemsize
         block_old, block_new = old * self.head_dim * item, new * self.head_dim * item
         base = self._bases[self._current]
-        if self.device == "cuda":
-            return self._compact_cuda(block_old, block_new)
         for row in range(len(self.past_names)):
             start = base + row * self.row_bytes
             for bh in range(1, self.batch * self.heads):  # block 0 is already in place
                 ctypes.memmove(start + bh * block_new, start + bh * block_old, block_new)
 
-    def _compact_cuda(self, block_old: int, block_new: int) -> None:
-        # Device copies must not overlap, so the blocks go to the other side, which then becomes current.
-        cudart = _cudart()
-        src, dst = self._bases[self._current], self._bases[self._current ^ 1]
-        for row in range(len(self.past_names)):
-            offset = row * self.row_bytes
-            for bh in range(self.batch * self.heads):
-                status = cudart.cudaMemcpy(
-                    ctypes.c_void_p(dst + offset + bh * block_new), ctypes.c_void_p(src + offset + bh * block_old),
-                    ctypes.c_size_t(block_new), 3,  # cudaMemcpyDeviceToDevice
-                )
-                if status != 0:
-                    raise BackendError(f"cudaMemcpy failed with CUDA error {status} while trimming the KV cache")
-        self._current ^= 1
-
     def kv(self, layer: int, kind: str = "key") -> np.ndarray:
-        """The committed cache of one layer, [B, H, length, D] (a view; CPU only, for tests and tools)."""
-        if self.device != "cpu":
-            raise BackendError("kv() reads host memory; it is only available on the cpu device")
+        """The committed cache of one layer, [B, H, length, D] (a view, for tests and tools)."""
         row = 2 * layer + (kind == "value")
         size = self.batch * self.heads * self.length * self.head_dim
         return self._sides[self._current][row, :size].reshape(self.batch, self.heads, self.length, self.head_dim)
@@ -311,3 +265,45 @@ class OrtContext(BackendContext):
     def close(self) -> None:
         self._sides = None
         self._bases = [0, 0]
+
+
+class OrtDeviceContext(DeviceKVContext, OrtContext):
+    """The CUDA execution provider's context: the KV cache lives in device memory (a DeviceKV) and is
+    bound by address, so onnxruntime reads the past and writes the present on the GPU; ids, positions
+    and masks are bound from the host (onnxruntime uploads them) and greedy ids come back. Rejected
+    entries are dropped by one device copy per kept run, on our stream, synchronised before the next
+    run since onnxruntime uses its own stream. `memory` defaults to CUDA; tests pass a host double."""
+
+    def __init__(self, backend: OrtBackend, capacity: int, batch: int, memory=None):
+        self._memory = memory
+        self._stream = None
+        if memory is None:
+            cuda = load_cudart()
+            self._stream = (cuda, cuda.stream_create())
+            self._memory = CudaMemory(cuda, self._stream[1])
+        super().__init__(backend, capacity, batch)
+        self.kv_dtype = np.dtype(self.dtype)
+
+    def _allocate(self, rows: int, elements: int) -> None:
+        entry = self.head_dim * np.dtype(self.dtype).itemsize
+        self._kv = DeviceKV(self._memory, rows, self.batch * self.heads, self.capacity, entry)
+        self._sides = self._bases = self._kv.bases
+
+    def _bind_kv(self, past: int, total: int) -> None:
+        shape_past = [self.batch, self.heads, past, self.head_dim]
+        shape_total = [self.batch, self.heads, total, self.head_dim]
+        sources, targets = self._kv.addresses(self._current, past), self._kv.addresses(self._current ^ 1, total)
+        bind_in, bind_out, dtype = self._bind_in, self._bind_out, self.dtype
+        for inp, out, src, dst in zip(self.past_names, self.present_names, sources, targets):
+            bind_in(inp, dtype, shape_past, src)
+            bind_out(out, dtype, shape_total, dst)
+
+    def _after_copy(self) -> None:
+        self._memory.synchronize()
+
+    def close(self) -> None:
+        super().close()
+        if self._stream is not None:
+            cuda, stream = self._stream
+            cuda.stream_destroy(stream)
+            self._stream = None

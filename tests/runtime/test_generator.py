@@ -24,6 +24,8 @@ BAD_REQUESTS = [
     (dict(prompt=[1.5, 2.0]), InputError, "integers"),
     (dict(prompt=[[1, 2]]), InputError, "flat"),
     (dict(prompt=[3] * 256), ContextLimitError, "context holds 256"),
+    (dict(messages=[{"role": "user", "content": "fox " * 300}]), ContextLimitError, "context holds 256"),
+    (dict(prompt="fox " * 300, chat=True), ContextLimitError, "context holds 256"),
     (dict(prompt="hi", max_new_tokens=0), InputError, "max_new_tokens"),
     (dict(prompt="hi", max_new_tokens=-3), InputError, "max_new_tokens"),
     (dict(prompt="hi", window=0), InputError, "window"),

@@ -23,8 +23,9 @@ import click
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); the text is cut before it.")
 @click.option("--stream/--no-stream", default=False, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: ids, text and stats (passes, tokens per pass, timings).")
-@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="onnxruntime device. auto: CUDA when onnxruntime-gpu and a GPU are present, else CPU.")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda", "tensorrt"]), default="auto", show_default=True,
+              help="auto: onnxruntime on CUDA when onnxruntime-gpu and a GPU are present, else CPU. "
+                   "tensorrt: the artifact's engine from `jacobi-rt build` (draft too).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for onnxruntime. Default: the physical cores.")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start; unsafe if files may have changed).")
 def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, no_verify):

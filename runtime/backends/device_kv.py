@@ -1,0 +1,149 @@
+"""The KV cache on a device: two buffers ("sides"), and the commit/trim calls that move it in one copy.
+
+Layout. Each side holds every layer's past (rows = layers x {key, value}) as one dense array for
+the current length L: row r is a [B*H, L, D] block stack starting at `base + r * stride(L)`. A
+pass reads the past from one side and the graph writes its present ([B*H, L+W, D] per row) into
+the other. When the whole window is kept, the present side simply becomes the cache; otherwise
+the kept entries are gathered into the other side with ONE 3-D device copy per contiguous run
+(x = bytes of the kept entries, y = the B*H blocks, z = the rows), not one per layer and head.
+
+Why stride(L) pads each row to a whole number of blocks: TensorRT wants every tensor address
+256-byte aligned, and a 3-D copy needs the row stride to be a multiple of the block pitch, so
+rows are padded with a few empty blocks (at most 1 for fp16 and head_dim 64).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import BackendError
+from .base import BackendContext
+from .cuda import Pitched
+
+ALIGN = 256
+
+
+class DeviceKV:
+    """Two sides of `rows` x [blocks, capacity, entry bytes]; memory is a CudaMemory (or a test double)."""
+
+    def __init__(self, memory, rows: int, blocks: int, capacity: int, entry: int):
+        self.memory, self.rows, self.blocks, self.capacity, self.entry = memory, rows, blocks, capacity, entry
+        worst_unit = ALIGN // math.gcd(ALIGN, entry)  # stride(L)'s padding unit divides this for every L
+        self.side_bytes = rows * _round_up(blocks, worst_unit) * capacity * entry
+        self.bases = [memory.alloc(self.side_bytes) for _ in range(2)]
+
+    def ysize(self, length: int) -> int:
+        """Blocks per row, padded so that a row of `length` entries is a multiple of 256 bytes."""
+        if length == 0:
+            return self.blocks
+        return _round_up(self.blocks, ALIGN // math.gcd(ALIGN, length * self.entry))
+
+    def stride(self, length: int) -> int:
+        return self.ysize(length) * length * self.entry
+
+    def addresses(self, side: int, length: int) -> list[int]:
+        """Each row's address on `side` for a cache of `length` entries (what the graph binds)."""
+        base, stride = self.bases[side], self.stride(length)
+        return [base + r * stride for r in range(self.rows)]
+
+    def gather(self, side: int, length: int, runs: list[tuple[int, int]]) -> int:
+        """Copy entries [a, b) of each run, in order, from `side` (length entries) to the other side,
+        densely; returns the new length. One device copy per run."""
+        src = Pitched(self.bases[side], 0, length * self.entry, self.ysize(length))
+        new = sum(b - a for a, b in runs)
+        dst_base, dst_pitch, dst_ysize = self.bases[side ^ 1], new * self.entry, self.ysize(new)
+        x = 0
+        for a, b in runs:
+            self.memory.copy_3d(
+                Pitched(dst_base, x * self.entry, dst_pitch, dst_ysize), Pitched(src.base, a * self.entry, src.pitch, src.ysize),
+                width=(b - a) * self.entry, height=self.blocks, depth=self.rows,
+            )
+            x += b - a
+        return new
+
+    def read(self, side: int, length: int, row: int) -> np.ndarray:
+        """One row's [blocks, length, entry] bytes, copied to the host (for tests and tools)."""
+        return self.memory.download(self.addresses(side, length)[row], self.blocks * length * self.entry)
+
+    def free(self) -> None:
+        for base in self.bases:
+            self.memory.free(base)
+        self.bases = [0, 0]
+
+
+def _round_up(value: int, unit: int) -> int:
+    return -(-value // unit) * unit
+
+
+def kept_runs(past: int, window: int, rows: list[int]) -> list[tuple[int, int]]:
+    """The cache entries to keep after verifying a tree window: the past, then window `rows`
+    (ascending, distinct), as maximal contiguous [start, stop) runs."""
+    rows = list(rows)
+    if any(not 0 <= r < window for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
+        raise BackendError(f"commit_rows({rows}) needs ascending, distinct rows of the last window of {window}")
+    runs = [(0, past)] if past else []
+    for position in (past + r for r in rows):
+        if runs and runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], position + 1)
+        else:
+            runs.append((position, position + 1))
+    return runs
+
+
+class DeviceKVContext(BackendContext):
+    """commit / commit_rows / trim / kv on a DeviceKV; the backend's forward() binds
+    `self._kv.addresses(self._current, past)` as the past and the other side as the present, then
+    flips `self._current`, so after a pass the current side holds length + pending entries."""
+
+    _kv: DeviceKV
+    _current: int
+    kv_dtype: np.dtype
+
+    def commit(self, n: int) -> None:
+        if not 0 <= n <= self.pending:
+            raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
+        old, self.pending = self.length + self.pending, 0
+        self._keep(old, [(0, self.length + n)])
+
+    def commit_rows(self, rows: list[int]) -> None:
+        runs = kept_runs(self.length, self.pending, rows)
+        old, self.pending = self.length + self.pending, 0
+        self._keep(old, runs)
+
+    def trim(self, length: int) -> None:
+        if self.pending:
+            raise BackendError("trim() while a window is pending; commit(n) it first")
+        if not 0 <= length <= self.length:
+            raise BackendError(f"trim({length}) is outside the committed cache of {self.length} entries")
+        self._keep(self.length, [(0, length)] if length else [])
+
+    def _keep(self, old: int, runs: list[tuple[int, int]]) -> None:
+        self._check_open()
+        if runs == [(0, old)] or (old == 0 and not runs):
+            self.length = old  # nothing dropped: the current side already is the cache
+            return
+        self.length = self._kv.gather(self._current, old, runs)
+        self._current ^= 1
+        self._after_copy()
+
+    def _after_copy(self) -> None:
+        """Hook: order the copy before the next pass (onnxruntime runs on its own stream)."""
+
+    def _check_open(self) -> None:
+        if getattr(self, "_kv", None) is None:
+            raise BackendError("this context was closed; open a new one with backend.context(capacity)")
+
+    def kv(self, layer: int, kind: str = "key") -> np.ndarray:
+        """The committed cache of one layer, [B, H, length, D], copied from the device (tests and tools)."""
+        self._check_open()
+        raw = self._kv.read(self._current, self.length, 2 * layer + (kind == "value"))
+        heads, head_dim = self._kv.blocks // self.batch, self._kv.entry // self.kv_dtype.itemsize
+        return raw.view(self.kv_dtype).reshape(self.batch, heads, self.length, head_dim)
+
+    def close(self) -> None:
+        if getattr(self, "_kv", None) is not None:
+            self._kv.free()
+            self._kv = None
+        super().close()
