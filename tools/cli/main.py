@@ -39,10 +39,12 @@ def cli():
 
 
 def _add_commands() -> None:
-    from . import bench, export, generate
+    from . import bench, build, export, generate, serve
 
     cli.add_command(export.export_command)
+    cli.add_command(build.build_command)
     cli.add_command(generate.generate_command)
+    cli.add_command(serve.serve_command)
     cli.add_command(bench.bench_command)
 
 

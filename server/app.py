@@ -1,0 +1,341 @@
+"""create_app(generator, settings): the FastAPI app of `jacobi-rt serve` (needs the [serve] extra).
+
+OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (the artifact's chat template applied)
+and `GET /v1/models`, plus `GET /health` and Prometheus' `GET /metrics`. It is built only on the
+public Generator API (`Generator.start`: text pieces, then the GenerationResult), so it is also
+the reference for embedding the runtime in a service of your own:
+
+    stream = generator.start(messages=[...], max_new_tokens=64)   # checks and tokenizes now
+    for piece in stream: ...                                      # on a worker thread
+    stream.result.stats.tokens_per_pass                           # after the last piece
+    stream.close()                                                # stops early, frees the KV buffers
+
+Errors are OpenAI error objects ({"error": {"message", "type", "param", "code"}}): 400 bad input
+(invalid JSON, wrong types, prompt or prompt + max_tokens over the context, sampling asked for),
+401 missing or wrong API key, 404 unknown model or route, 413 body too large, 429 with Retry-After
+when every worker is busy and the queue is full, 503 while shutting down, 504 on timeout (a
+stream that times out sends an error event, then [DONE]). A client that disconnects stops its
+generation and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from jacobi_rt.runtime.errors import InputError
+from jacobi_rt.runtime.generator import Generator, TextStream
+
+from .errors import APIError, from_input_error, internal_error, timeout_error
+from .metrics import Metrics, MetricsMiddleware
+from .pool import GenerationTimeout, Job, PoolClosed, QueueFull, WorkerPool
+from .replies import DONE, Reply, sse
+from .schemas import GenerationCall, parse_chat, parse_completion
+from .settings import ServerSettings
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+@dataclass
+class Server:
+    """What the routes share: the generator, the settings, the worker pool and the metrics."""
+
+    generator: Generator
+    settings: ServerSettings
+    pool: WorkerPool
+    metrics: Metrics
+    created: int
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.settings.model_id:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.settings.model_id!r} "
+                                "(see GET /v1/models)", "model", "model_not_found")
+
+    def start(self, call: GenerationCall) -> TextStream:
+        """Check the request against the model (tokenizing the prompt) and prepare its generation."""
+        context = self.generator.manifest.max_context
+        default = context if call.messages is not None else self.settings.completion_max_tokens
+        try:
+            stream = self.generator.start(call.prompt, max_new_tokens=call.max_tokens or default,
+                                          strategy=call.strategy or self.settings.default_strategy, window=call.window,
+                                          stop=call.stop or None, messages=call.messages)
+        except InputError as exc:
+            raise from_input_error(exc, call.prompt_param) from None
+        if call.max_tokens and stream.prompt_tokens + call.max_tokens > context:
+            stream.close()
+            raise APIError(400, f"this model's context holds {context} tokens (prompt + output); the prompt has "
+                                f"{stream.prompt_tokens} tokens, so max_tokens can be at most {context - stream.prompt_tokens}, "
+                                f"not {call.max_tokens}", "max_tokens", "context_length_exceeded")
+        return stream
+
+    def submit(self, stream: TextStream) -> Job:
+        job = Job(stream, asyncio.get_running_loop())
+        try:
+            self.pool.submit(job)
+        except QueueFull:
+            stream.close()
+            seconds = self.settings.retry_after_seconds
+            raise APIError(429, f"the server is busy ({self.pool.workers} running, {self.pool.queue_size} queued); "
+                                f"retry in {seconds} s", None, "queue_full", {"Retry-After": str(seconds)}) from None
+        except PoolClosed:
+            stream.close()
+            raise APIError(503, "the server is shutting down", None, "shutting_down") from None
+        return job
+
+
+@dataclass
+class Run:
+    """One admitted generation with its deadline and timings; end() cancels it (if still going) and records it."""
+
+    server: Server
+    job: Job
+    arrived: float  # time.monotonic()
+    first_piece: float | None = None
+
+    @property
+    def deadline(self) -> float:
+        return self.arrived + self.server.settings.request_timeout
+
+    async def pieces(self) -> AsyncIterator[str]:
+        async for piece in self.job.pieces(self.deadline):
+            if self.first_piece is None:
+                self.first_piece = time.monotonic()
+            yield piece
+
+    def end(self, outcome: str) -> None:
+        self.job.cancel()  # a no-op when the job finished
+        started = self.job.started_at
+        self.server.metrics.observe_generation(
+            outcome,
+            stats=self.job.result.stats if outcome == "finished" else None,
+            first_token=None if self.first_piece is None else self.first_piece - self.arrived,
+            queue_wait=None if started is None else started - self.arrived,
+        )
+
+
+def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
+    """The ASGI app serving `generator` as the model `settings.model_id`."""
+    server = Server(generator, settings, WorkerPool(settings.workers, settings.queue_size), Metrics(), int(time.time()))
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(server.pool.shutdown)  # after uvicorn's grace period: cancel what is left
+
+    app = FastAPI(title="jacobi-rt", summary="OpenAI-compatible server for Jacobi decoding", lifespan=lifespan)
+    app.state.server = server
+    app.add_middleware(MetricsMiddleware, metrics=server.metrics)
+    _add_error_handlers(app)
+    app.include_router(_api_routes(server))
+    app.include_router(_service_routes(server))
+    return app
+
+
+# -- routes -------------------------------------------------------------------------------------
+
+def _api_routes(server: Server) -> APIRouter:
+    router = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(server.settings.api_key))])
+
+    @router.post("/completions", summary="Continue a prompt (OpenAI completions)")
+    async def completions(request: Request):
+        return await _generate(server, request, parse_completion, chat=False)
+
+    @router.post("/chat/completions", summary="Answer chat messages (OpenAI chat completions)")
+    async def chat_completions(request: Request):
+        return await _generate(server, request, parse_chat, chat=True)
+
+    @router.get("/models", summary="The served model")
+    async def models():
+        return {"object": "list", "data": [_model_card(server)]}
+
+    @router.get("/models/{model:path}", summary="One model")
+    async def model(model: str):
+        server.check_model(model)
+        return _model_card(server)
+
+    return router
+
+
+def _service_routes(server: Server) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health", summary="Liveness and load")
+    async def health():
+        pool = server.pool
+        body = {"status": "ok", "model": server.settings.model_id, "running": pool.running, "queued": pool.queued}
+        return JSONResponse(body)
+
+    @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    async def metrics():
+        pool = server.pool
+        text = server.metrics.render(pool.running, pool.queued, pool.workers, pool.queue_size)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    return router
+
+
+def _model_card(server: Server) -> dict:
+    manifest = server.generator.manifest
+    return {"id": server.settings.model_id, "object": "model", "created": server.created, "owned_by": "jacobi-rt",
+            "jacobi": {"family": manifest.architecture.family, "max_context": manifest.max_context,
+                       "dtype": manifest.dtype, "quantization": manifest.quantization,
+                       "draft": server.generator.draft is not None, "default_strategy": server.settings.default_strategy}}
+
+
+def _api_key_check(key: str | None) -> Callable:
+    def check(request: Request) -> None:
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "a valid API key is required: send 'Authorization: Bearer KEY' "
+                                "(the openai client: OpenAI(api_key=KEY))", None, "invalid_api_key",
+                           {"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+# -- one generation -----------------------------------------------------------------------------
+
+async def _generate(server: Server, request: Request, parse: Callable[[Any], GenerationCall], chat: bool):
+    arrived = time.monotonic()
+    call = parse(await _read_json(request, server.settings.max_body_bytes))
+    server.check_model(call.model)
+    stream = await asyncio.to_thread(server.start, call)  # tokenizing a long prompt would block the loop
+    run = Run(server, server.submit(stream), arrived)
+    reply = Reply(server.settings.model_id, chat)
+    if call.stream:
+        return StreamingResponse(_sse_events(run, reply, call.include_usage), media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        return JSONResponse(await _whole(run, reply, request))
+    except ClientGone:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+
+async def _whole(run: Run, reply: Reply, request: Request) -> dict:
+    async def drain() -> None:
+        async for _ in run.pieces():
+            pass
+
+    outcome = "failed"
+    try:
+        await _unless_disconnected(request, drain())
+        outcome = "finished"
+        return reply.whole(run.job.result)
+    except GenerationTimeout:
+        outcome = "timeout"
+        raise timeout_error(run.server.settings.request_timeout) from None
+    except (ClientGone, asyncio.CancelledError):
+        outcome = "cancelled"
+        raise
+    except Exception as exc:
+        raise internal_error(exc) from exc
+    finally:
+        run.end(outcome)
+
+
+async def _sse_events(run: Run, reply: Reply, include_usage: bool) -> AsyncIterator[bytes]:
+    """The stream; when the client disconnects, Starlette cancels it and end() stops the generation."""
+    outcome = "failed"
+    try:
+        for chunk in reply.opening():
+            yield sse(chunk)
+        async for piece in run.pieces():
+            yield sse(reply.piece(piece))
+        outcome = "finished"
+        yield sse(reply.closing(run.job.result))
+        if include_usage:
+            yield sse(reply.usage_chunk(run.job.result))
+    except GenerationTimeout:
+        outcome = "timeout"
+        yield sse(timeout_error(run.server.settings.request_timeout).body())
+    except (asyncio.CancelledError, GeneratorExit):
+        outcome = "cancelled"
+        raise
+    except Exception as exc:
+        yield sse(internal_error(exc).body())
+    finally:
+        run.end(outcome)
+    yield DONE
+
+
+async def _unless_disconnected(request: Request, work: Awaitable) -> None:
+    """Await `work`; raise ClientGone (and cancel it) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone = watch.done() and not task.done()
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if gone:
+        raise ClientGone
+    task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read, so receive() waits for that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the body is not valid JSON ({exc}); send a JSON object with Content-Type: application/json",
+                       None, "invalid_json") from None
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than this server's limit of {limit} bytes", None, "body_too_large")
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+def _add_error_handlers(app: FastAPI) -> None:
+    def respond(error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), error.status, headers=error.headers)
+
+    async def api_error(request, exc: APIError):
+        return respond(exc)
+
+    async def http_error(request, exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+        return respond(APIError(exc.status_code, message, None, code, dict(exc.headers or {})))
+
+    async def validation_error(request, exc: RequestValidationError):
+        return respond(APIError(400, str(exc.errors()[:1]), None, "invalid_value"))
+
+    async def unexpected(request, exc: Exception):
+        return respond(internal_error(exc))
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, unexpected)

@@ -1,0 +1,147 @@
+"""WorkerPool: generations on a bounded set of threads behind a bounded queue. Job: one generation,
+run on a worker thread, whose text pieces reach the event loop through an asyncio queue.
+
+Cancelling a Job (the client left, the request timed out, the server shuts down) is cooperative:
+a queued job is dropped at once; a running one stops before its next piece, which closes the
+TextStream and so releases its backend context (KV buffers). A pass already inside onnxruntime
+finishes first, so a slot is freed within one target pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import AsyncIterator
+
+from jacobi_rt.runtime.generator import GenerationResult, TextStream
+
+PIECE, DONE, FAILED = "piece", "done", "failed"
+
+
+class QueueFull(Exception):
+    """Every worker is busy and the queue is full (the app answers 429)."""
+
+
+class PoolClosed(Exception):
+    """The server is shutting down (the app answers 503)."""
+
+
+class GenerationTimeout(Exception):
+    """The request's deadline passed before its last piece."""
+
+
+class Job:
+    def __init__(self, stream: TextStream, loop: asyncio.AbstractEventLoop):
+        self.stream = stream
+        self.loop = loop
+        self.result: GenerationResult | None = None  # set when pieces() ends normally
+        self.future: Future | None = None
+        self.started_at: float | None = None  # time.monotonic() when a worker took it
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._cancelled = threading.Event()
+
+    # -- the worker thread ------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Iterate the stream, sending each piece to the event loop; stop early when cancelled."""
+        self.started_at = time.monotonic()
+        try:
+            if self._cancelled.is_set():
+                return
+            for piece in self.stream:
+                self._emit(PIECE, piece)
+                if self._cancelled.is_set():
+                    return
+            self._emit(DONE, self.stream.result)
+        except Exception as exc:  # reported to the request, never lost in the worker
+            self._emit(FAILED, exc)
+        finally:
+            self.stream.close()  # frees the backend context when stopped early; a no-op after the end
+
+    def _emit(self, kind: str, value) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._events.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self._cancelled.set()
+
+    # -- the event loop ---------------------------------------------------------------------
+
+    async def pieces(self, deadline: float) -> AsyncIterator[str]:
+        """Text pieces until the end (then `result` is set); GenerationTimeout after `deadline` (time.monotonic)."""
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise asyncio.TimeoutError
+                kind, value = await asyncio.wait_for(self._events.get(), remaining)
+            except asyncio.TimeoutError:
+                raise GenerationTimeout from None
+            if kind == PIECE:
+                yield value
+            elif kind == DONE:
+                self.result = value
+                return
+            else:
+                raise value
+
+    def cancel(self) -> None:
+        """Stop this job (any thread): dropped if queued, stopped before its next piece if running."""
+        self._cancelled.set()
+        if self.future is not None:
+            self.future.cancel()
+
+
+class WorkerPool:
+    """`workers` generations at once; up to `queue_size` more wait; beyond that submit() raises QueueFull."""
+
+    def __init__(self, workers: int, queue_size: int):
+        self.workers = workers
+        self.queue_size = queue_size
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="jacobi-rt-worker")
+        self._lock = threading.Lock()
+        self._jobs: set[Job] = set()  # admitted: queued or running
+        self._running = 0
+        self._closed = False
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._jobs) - self._running
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._closed:
+                raise PoolClosed
+            if len(self._jobs) >= self.workers + self.queue_size:
+                raise QueueFull
+            self._jobs.add(job)
+        job.future = self._executor.submit(self._work, job)
+        job.future.add_done_callback(lambda _: self._release(job))  # runs on completion and on cancel
+
+    def shutdown(self) -> None:
+        """Refuse new jobs, cancel the admitted ones, wait for the workers to stop."""
+        with self._lock:
+            self._closed = True
+            jobs = list(self._jobs)
+        for job in jobs:
+            job.cancel()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _work(self, job: Job) -> None:
+        with self._lock:
+            self._running += 1
+        try:
+            job.run()
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def _release(self, job: Job) -> None:
+        with self._lock:
+            self._jobs.discard(job)

@@ -1,0 +1,37 @@
+"""ServerSettings: everything `jacobi-rt serve` can be told, as one record with checked limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jacobi_rt.runtime.errors import InputError
+from jacobi_rt.runtime.generator import STRATEGIES
+
+SERVE_HINT = "pip install 'jacobi-rt[serve]'"
+
+
+@dataclass
+class ServerSettings:
+    model_id: str  # the name clients pass as "model" (and /v1/models lists)
+    workers: int = 1  # generations running at once, each on its own thread and KV buffers (CPU: one uses every core)
+    queue_size: int = 32  # requests waiting for a worker; beyond workers + queue_size: 429
+    request_timeout: float = 300.0  # seconds from arrival (queue wait included) to the last token
+    max_body_bytes: int = 1 << 20  # larger bodies get 413
+    api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer KEY"
+    default_strategy: str = "auto"  # when a request names none in its "jacobi" field
+    completion_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default); chat: the rest of the context
+    retry_after_seconds: int = 1  # the Retry-After header of a 429
+    shutdown_grace: float = 30.0  # seconds in-flight requests get to finish on shutdown before they are cancelled
+
+    def __post_init__(self) -> None:
+        if not self.model_id:
+            raise InputError("the served model needs a name (model_id)")
+        for name in ("workers", "max_body_bytes", "completion_max_tokens", "retry_after_seconds"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.queue_size < 0:
+            raise InputError(f"queue_size must be 0 or more, not {self.queue_size}")
+        if self.request_timeout <= 0 or self.shutdown_grace < 0:
+            raise InputError("request_timeout must be positive and shutdown_grace not negative")
+        if self.default_strategy not in STRATEGIES:
+            raise InputError(f"default_strategy must be one of {', '.join(STRATEGIES)}, not {self.default_strategy!r}")

@@ -1,0 +1,98 @@
+"""`jacobi-rt serve`: an OpenAI-compatible HTTP server for one artifact (FastAPI + uvicorn, no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+STRATEGIES = ["auto", "greedy", "jacobi", "lookahead", "speculative"]
+
+
+@click.command("serve")
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--draft", "-d", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A draft artifact (`jacobi-rt export MODEL --role draft`) with the same vocabulary, for speculative/auto.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. 127.0.0.1 serves this machine only; 0.0.0.0 serves the network (set --api-key).")
+@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8000, show_default=True, help="TCP port.")
+@click.option("--model-name", default=None, help="The model id clients send as \"model\". Default: the artifact folder's name.")
+@click.option("--api-key", envvar="JACOBI_RT_API_KEY", show_envvar=True, default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1/* (else 401). /health and /metrics stay open.")
+@click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True,
+              help="Decoding strategy when a request names none (its \"jacobi\": {\"strategy\": ...} field). "
+                   "Every strategy gives greedy's output; they differ only in speed.")
+@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Generations running at once (each on its own thread and KV buffers). On a CPU one generation "
+                   "already uses every core; more workers share them (see --threads): more tokens/s in total, "
+                   "slower streams.")
+@click.option("--queue", "queue_size", type=click.IntRange(0), default=32, show_default=True,
+              help="Requests that may wait for a worker; beyond that the server answers 429 with Retry-After.")
+@click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="Seconds a request may take, queueing included; then 504 (a stream gets an error event).")
+@click.option("--max-body", "max_body_bytes", type=click.IntRange(1), default=1 << 20, show_default=True,
+              help="Largest request body in bytes; larger ones get 413.")
+@click.option("--shutdown-grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="On Ctrl-C/SIGTERM, seconds in-flight requests get to finish before they are cancelled.")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda", "tensorrt"]), default="auto", show_default=True,
+              help="auto: onnxruntime on CUDA when onnxruntime-gpu and a GPU are present, else CPU. "
+                   "tensorrt: the artifact's engine from `jacobi-rt build`.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="onnxruntime CPU threads per generation. Default: the physical cores shared among the workers "
+                   "(more oversubscribes the CPU: on 2 cores at 4 clients, 2 workers x 2 threads served 39 tokens/s, "
+                   "x 1 thread 49, 1 worker x 2 threads 44).")
+@click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
+def serve_command(artifact, draft, host, port, model_name, api_key, strategy, workers, queue_size, request_timeout,
+                  max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level):
+    """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
+
+    \b
+    Endpoints:
+      POST /v1/completions        prompt -> text ("stream": true for server-sent events)
+      POST /v1/chat/completions   messages -> reply (the artifact's chat template applied)
+      GET  /v1/models             the served model (its id: --model-name)
+      GET  /health, GET /metrics  liveness; Prometheus metrics
+    Output is greedy decoding: temperature must be 0 or left out. jacobi-rt's own knobs go in
+    a "jacobi" field ({"strategy": "jacobi", "window": 8}); responses carry the decoding stats
+    (tokens per pass, passes) in a "jacobi" field too.
+
+    \b
+    Examples:
+      jacobi-rt serve build/smollm2-135m --port 8000
+      curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
+    \b
+      from openai import OpenAI
+      client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+      client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}])
+
+    Needs the serve extra: pip install 'jacobi-rt[serve]'.
+    """
+    from jacobi_rt.runtime.errors import require
+
+    hint = "pip install 'jacobi-rt[serve]'"
+    require("fastapi", hint)
+    require("uvicorn", hint)
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.server.run import serve
+    from jacobi_rt.server.settings import ServerSettings
+
+    settings = ServerSettings(
+        model_id=model_name or Path(artifact).resolve().name,
+        workers=workers,
+        queue_size=queue_size,
+        request_timeout=request_timeout,
+        max_body_bytes=max_body_bytes,
+        api_key=api_key or None,
+        default_strategy=strategy,
+        shutdown_grace=shutdown_grace,
+    )
+    if threads is None and backend not in ("cuda", "tensorrt"):
+        from jacobi_rt.runtime.backends.onnxrt import physical_cores
+
+        threads = max(1, physical_cores() // workers)
+    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify)
+    click.echo(f"serving {artifact} as model {settings.model_id!r} on http://{host}:{port}/v1 "
+               f"({workers} workers x {threads or 'default'} threads, queue {queue_size}{', API key required' if api_key else ''})", err=True)
+    serve(generator, settings, host=host, port=port, log_level=log_level)
