@@ -30,6 +30,7 @@ from .proposers import Proposer
 from .tree import Tree, Verdict
 
 PREFILL_CHUNK = 256
+CATCHUP = 8  # more pending tokens than this are fed as a catch-up before the proposal's own pass
 
 
 def check_draft(target: Manifest, draft: Manifest, target_name: str | None = None, draft_name: str | None = None) -> None:
@@ -222,9 +223,8 @@ class DraftProposer(Proposer):
         """K greedy draft tokens after the committed sequence; leaves the KV of the first K-1 cached."""
         began, passes = time.perf_counter(), 0
         pending = self.tokens[self.ctx.length :]
-        while len(pending) > self.prefill_chunk:  # a long catch-up after the draft sat out many passes
-            self._forward(pending[: self.prefill_chunk], keep=self.prefill_chunk)
-            pending, passes = pending[self.prefill_chunk :], passes + 1
+        if len(pending) > CATCHUP:  # the prompt, or what the target committed while the draft sat out
+            pending, passes = self._catch_up(pending), passes + 1
         guesses = self.jacobi_guesses[: k - 1]
         window = [*pending, *guesses]
         tick = time.perf_counter()
@@ -247,6 +247,15 @@ class DraftProposer(Proposer):
         if narrow:
             self.length.observe_draft(sum(narrow) / len(narrow))
         return chain
+
+    def _catch_up(self, pending: list[int]) -> list[int]:
+        """Feed all but the last pending token (in prefill chunks); returns [last]."""
+        began = time.perf_counter()
+        for at in range(0, len(pending) - 1, self.prefill_chunk):
+            chunk = pending[at : min(at + self.prefill_chunk, len(pending) - 1)]
+            self._forward(chunk, keep=len(chunk))
+        self.catchup_seconds += time.perf_counter() - began
+        return pending[-1:]
 
     def _forward(self, window: list[int], keep: int | None) -> list[int]:
         out = self.ctx.forward(np.array([window], dtype=np.int64))

@@ -20,9 +20,13 @@ from .tree import Tree, Verdict, leaf_paths
 
 class Proposer(ABC):
     stats: dict  # counters merged into the generation's statistics
+    # Seconds propose() spent feeding tokens the proposer had not seen yet (a draft's prefill, or its
+    # catch-up after sitting out): paid once, not per pass, so `auto` leaves it out of per-pass rates.
+    catchup_seconds: float = 0.0
 
     def __init__(self) -> None:
         self.stats = {}
+        self.catchup_seconds = 0.0
 
     @abstractmethod
     def start(self, prompt: list[int], first: int) -> None:
@@ -219,7 +223,7 @@ class ArmHistory:
 class AutoProposer(Proposer):
     """Several proposers as arms of a bandit: each pass goes to the arm with the most committed
     tokens per second of measured wall time (its own cost included: a draft's passes, a wider
-    target pass). Each arm first gets `warmup` passes; an arm on trial sends at most
+    target pass; not an arm's one-time catch-up, such as a draft's prefill). Each arm first gets `warmup` passes; an arm on trial sends at most
     `probe_budget` guesses, so trying a slow draft stays cheap; a losing arm is probed again after
     `probe_every` passes, and the wait doubles each time the probe does not make it the best
     (probing a draft costs a catch-up pass over everything it skipped). Totals decay slowly, so
@@ -243,7 +247,7 @@ class AutoProposer(Proposer):
         self.wait: dict[str, int] = {}
         self.passes = 0
         self.current = next(iter(arms))
-        self.began = 0.0
+        self.began = self.catchup_before = 0.0
         self.stats = {"passes_by_arm": {name: 0 for name in arms}}
 
     def start(self, prompt: list[int], first: int) -> None:
@@ -281,6 +285,7 @@ class AutoProposer(Proposer):
     def propose(self, budget: int) -> list[list[int]]:
         self.began = time.perf_counter()
         self.current = self.choose()
+        self.catchup_before = self.arms[self.current].catchup_seconds
         self.stats["passes_by_arm"][self.current] += 1
         if self.current != max(self.arms, key=self.rate):
             budget = min(budget, self.probe_budget)
@@ -297,12 +302,13 @@ class AutoProposer(Proposer):
         name = self.current
         self.tried[name] += 1
         self.tokens[name] = self.tokens[name] * self.decay + len(verdict.committed)
-        self.seconds[name] = self.seconds[name] * self.decay + (time.perf_counter() - self.began)
+        catchup = self.arms[name].catchup_seconds - self.catchup_before
+        self.seconds[name] = self.seconds[name] * self.decay + (time.perf_counter() - self.began - catchup)
         if name == max(self.arms, key=self.rate):
             self.wait[name] = self.probe_every
 
     def close(self) -> None:
-        if self.history and self.tried:
+        if self.history and self.passes >= self.probe_every:  # a few passes of a short answer prove nothing
             tried = [name for name, count in self.tried.items() if count >= self.warmup]
             if len(tried) > 1:
                 self.history.record(tried, max(tried, key=self.rate))

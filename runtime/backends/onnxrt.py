@@ -69,6 +69,9 @@ class OrtBackend(Backend):
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
+        # Threads spin within a run but not after it: a spinning target pool stole the cores from the
+        # draft's pass that follows (2 cores: speculative 30.6 -> 57.6 tokens/s; greedy unchanged).
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
         try:
             self.session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)

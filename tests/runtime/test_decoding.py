@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from text_helpers import clean_substring
 
@@ -227,7 +229,7 @@ def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing
     assert all(b == 0 for b, who in zip(bad.asked, chosen) if who != "bad")  # idle arms are asked for nothing
 
 
-def _auto_call(auto, passes=12) -> list[str]:
+def _auto_call(auto, passes=20) -> list[str]:
     from jacobi_rt.runtime.tree import build_tree
 
     auto.start([0], 0)
@@ -257,6 +259,9 @@ def test_auto_history_benches_a_losing_arm_for_doubling_calls_and_a_win_resets_i
     for _ in range(3):
         assert "bad" in _auto_call(AutoProposer({"good": bad, "bad": Scripted([1, 2, 3])}, warmup=2, history=history))
     assert history.records["bad"].losses == 0
+    # a short answer (fewer passes than probe_every) is no fair trial: nothing is recorded
+    _auto_call(AutoProposer({"good": good, "bad": bad}, warmup=2, probe_every=16, history=history), passes=10)
+    assert history.records["bad"].losses == 0 and history.records["bad"].sit_out == 0
 
 
 def test_auto_with_a_history_equals_greedy_and_reports_what_sat_out(artifact):
@@ -274,3 +279,30 @@ def test_auto_with_a_history_equals_greedy_and_reports_what_sat_out(artifact):
         if benched:
             assert result.stats.proposer["passes_by_arm"]["draft"] == 0
             assert result.stats.proposer["arms"]["draft"]["draft_passes"] == 0
+
+
+class CatchingUp(Scripted):
+    """A right-guessing arm whose first proposal first spends `seconds` catching up (a draft's prefill)."""
+
+    def __init__(self, guess, seconds):
+        super().__init__(guess)
+        self.seconds = seconds
+
+    def propose(self, budget):
+        if budget and self.seconds:
+            began = time.perf_counter()
+            time.sleep(self.seconds)
+            self.catchup_seconds += time.perf_counter() - began
+            self.seconds = 0
+        return super().propose(budget)
+
+
+def test_auto_leaves_an_arms_one_time_catch_up_out_of_its_rate():
+    from jacobi_rt.runtime.proposers import AutoProposer
+
+    late = CatchingUp([1, 2, 3], 0.2)
+    auto = AutoProposer({"first": Scripted([1, 2, 3]), "late": late}, warmup=2)
+    _auto_call(auto, passes=6)
+    assert late.catchup_seconds >= 0.2
+    # counted, the 0.2 s would make "late" thousands of times slower than "first" (passes take microseconds)
+    assert auto.rate("late") > 0.2 * auto.rate("first")
