@@ -14,7 +14,7 @@ from .backends.base import Backend
 from .decoding import Progress, decode
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
-from .proposers import ArmHistory, AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer
+from .proposers import ArmHistory, AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer, UnionProposer
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -317,8 +317,9 @@ class Generator:
 
         if strategy == "speculative":
             return DraftProposer(self.draft, capacity)
-        arms = {"lookahead": LookaheadProposer(), "draft": DraftProposer(self.draft, capacity)}
-        return AutoProposer(arms, history=self.arm_history)
+        # the draft's chain plus one prompt-lookup/n-gram branch when it pays: copies stay cheap
+        drafting = UnionProposer({"draft": DraftProposer(self.draft, capacity), "lookahead": LookaheadProposer(branches=1)})
+        return AutoProposer({"lookahead": LookaheadProposer(), "draft": drafting}, history=self.arm_history)
 
 
 def _stats(request: Request, progress: Progress, new_tokens: int, started: float, session: float, proposer: dict) -> Stats:

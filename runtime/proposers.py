@@ -177,6 +177,48 @@ def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> l
     return out
 
 
+class UnionProposer(Proposer):
+    """Several proposers' guesses verified in one pass: the first part's branches, then the next
+    part's within the budget left, and so on (e.g. a draft's chain plus a prompt-lookup copy).
+    Every part sees every verdict. Order matters for timing: a part that times the target pass
+    from its propose() (lookahead) must come after one whose propose() runs a model (a draft).
+    """
+
+    def __init__(self, parts: dict[str, Proposer]) -> None:
+        super().__init__()
+        self.parts = parts
+        self.stats = {name: part.stats for name, part in parts.items()}
+
+    @property
+    def catchup_seconds(self) -> float:
+        return sum(part.catchup_seconds for part in self.parts.values())
+
+    @catchup_seconds.setter
+    def catchup_seconds(self, value: float) -> None:  # the base class's initial 0.0; parts keep their own
+        pass
+
+    def start(self, prompt: list[int], first: int) -> None:
+        for part in self.parts.values():
+            part.start(prompt, first)
+        self.stats = {name: part.stats for name, part in self.parts.items()}  # parts may replace theirs
+
+    def propose(self, budget: int) -> list[list[int]]:
+        branches: list[list[int]] = []
+        for part in self.parts.values():
+            proposed = part.propose(budget)
+            budget -= sum(len(branch) for branch in proposed)
+            branches += proposed
+        return branches
+
+    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+        for part in self.parts.values():
+            part.update(tree, predictions, verdict)
+
+    def close(self) -> None:
+        for part in self.parts.values():
+            part.close()
+
+
 @dataclass
 class ArmRecord:
     losses: int = 0  # consecutive calls in which the arm was tried and was not the best

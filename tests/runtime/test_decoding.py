@@ -278,7 +278,7 @@ def test_auto_with_a_history_equals_greedy_and_reports_what_sat_out(artifact):
         assert (result.stats.proposer["sat_out"] == ["draft"]) == benched
         if benched:
             assert result.stats.proposer["passes_by_arm"]["draft"] == 0
-            assert result.stats.proposer["arms"]["draft"]["draft_passes"] == 0
+            assert result.stats.proposer["arms"]["draft"]["draft"]["draft_passes"] == 0
 
 
 class CatchingUp(Scripted):
@@ -306,3 +306,33 @@ def test_auto_leaves_an_arms_one_time_catch_up_out_of_its_rate():
     assert late.catchup_seconds >= 0.2
     # counted, the 0.2 s would make "late" thousands of times slower than "first" (passes take microseconds)
     assert auto.rate("late") > 0.2 * auto.rate("first")
+
+
+def test_union_proposer_sends_every_parts_branches_within_the_budget_and_updates_them_all():
+    from jacobi_rt.runtime.proposers import UnionProposer
+    from jacobi_rt.runtime.tree import build_tree
+
+    first, second = Scripted([1, 2, 3]), Scripted([1, 5, 6, 7])
+    union = UnionProposer({"first": first, "second": second})
+    union.start([0], 0)
+    branches = union.propose(5)
+    assert branches == [[1, 2, 3], [1, 5]] and second.asked == [2]  # the second part gets what is left
+    tree = build_tree(0, branches)
+    predictions = [1, 5, 9, 9, 6]  # the second branch is right: 1, 5, then 6
+    verdict = tree.accept([predictions[i] for i in range(len(tree.tokens))])
+    union.update(tree, predictions, verdict)
+    assert verdict.committed[:2] == [1, 5]
+    assert set(union.stats) == {"first", "second"}
+
+
+def test_auto_with_a_draft_and_lookahead_in_one_arm_equals_greedy_on_every_family(artifact):
+    from jacobi_rt.runtime import Generator
+
+    for family in ("llama", "qwen2", "gpt2"):
+        gen = Generator.load(artifact(family), draft=artifact(f"{family}-draft1"), verify=False)
+        for prompt in ([5, 17, 42, 8, 99, 23, 5, 17, 42, 8], "The quick brown fox jumps over the lazy dog. The quick"):
+            expected = gen.generate(prompt, max_new_tokens=40, strategy="greedy").ids
+            for _ in range(3):
+                result = gen.generate(prompt, max_new_tokens=40, strategy="auto")
+                assert result.ids == expected, (family, prompt)
+                assert set(result.stats.proposer["arms"]["draft"]) == {"draft", "lookahead"}

@@ -375,7 +375,7 @@ def test_generator_speculative_and_auto_with_a_draft_equal_greedy(artifact):
         for strategy in ("speculative", "auto"):
             result = gen.generate(prompt, max_new_tokens=40, strategy=strategy)
             assert result.ids == greedy.ids, (prompt, strategy)
-            stats = result.stats.proposer if strategy == "speculative" else result.stats.proposer["arms"]["draft"]
+            stats = result.stats.proposer if strategy == "speculative" else result.stats.proposer["arms"]["draft"]["draft"]
             benched = strategy == "auto" and result.stats.proposer["sat_out"] == ["draft"]  # lost an earlier call
             assert (stats["draft_passes"] == 0) if benched else (stats["draft_passes"] >= 1)
 
