@@ -66,6 +66,7 @@ def export(
         raise JacobiError(f"--quantize must be int8 or int4, not {quantize!r}")
     if role not in ("target", "draft"):
         raise JacobiError(f"--role must be target or draft, not {role!r}")
+    _check_limits(source, max_context, keep_layers)
 
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -159,6 +160,15 @@ def _export_into(folder: Path, source, options: tuple, step, check_progress) -> 
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         },
     )
+
+
+def _check_limits(source, max_context: int | None, keep_layers: int | None) -> None:
+    """--max-context and --keep-layers against what the config says, before the weights load
+    (the checks after loading, on the model itself, stay authoritative)."""
+    if max_context is not None and source.max_positions and not 1 <= max_context <= source.max_positions:
+        raise JacobiError(f"--max-context must be between 1 and the model's {source.max_positions} positions, not {max_context}")
+    if keep_layers is not None and source.num_layers and not 1 <= keep_layers <= source.num_layers:
+        raise JacobiError(f"--keep-layers must be between 1 and the model's {source.num_layers} layers, not {keep_layers}")
 
 
 def keep_first_layers(model, n: int) -> None:

