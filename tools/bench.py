@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import statistics
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
