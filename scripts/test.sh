@@ -2,8 +2,8 @@
 # Set up from scratch and run every test, as CI does:
 #  1. the export environment (torch, transformers, onnx, onnxruntime) runs the whole suite,
 #     the real SmolLM2-135M export included, and exports the test artifacts;
-#  2. a second, torch-free environment (`pip install ".[cpu]"` only) runs the runtime and engine
-#     tests against those artifacts, proving the runtime needs no PyTorch.
+#  2. a second, torch-free environment (`pip install ".[cpu,serve]"` only) runs the runtime,
+#     engine and server tests against those artifacts, proving they need no PyTorch.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -22,5 +22,5 @@ echo "== runtime suite (torch-free environment)"
 lean="$here/.venv-runtime"
 python3 -m venv "$lean"
 "$lean/bin/python" -m pip install -q --upgrade pip
-"$lean/bin/python" -m pip install -q "$here[cpu]" pytest
-JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime tests/engines "$@"
+"$lean/bin/python" -m pip install -q "$here[cpu,serve]" pytest httpx openai
+JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime tests/engines tests/server "$@"
