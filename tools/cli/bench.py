@@ -22,14 +22,17 @@ def _names(text: str) -> list[str]:
               help="A draft artifact: adds the 'speculative' strategy's model (and auto uses it).")
 @click.option("--prompts", type=click.Path(exists=True, dir_okay=False), default=None,
               help="JSONL prompts ({\"id\", \"category\", \"prompt\", \"chat\"}). Default: the bundled 30.")
+@click.option("--also", "also", type=click.Path(exists=True, file_okay=False), multiple=True,
+              help="Another artifact of the same model (e.g. its GGUF-weights export) to run side by side: its "
+                   "strategies appear as NAME/STRATEGY, compared with its own greedy and with ARTIFACT's. Repeatable.")
 @click.option("--strategies", default=DEFAULT_STRATEGIES, show_default=True,
               help="Comma-separated jacobi-rt strategies; greedy is always run (it is the reference).")
 @click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Widest pass; default: the runtime's.")
 @click.option("--peers", default="", show_default=True,
-              help="Comma-separated peers: hf, hf-lookup, ortgenai, ortgenai-ngram, ortgenai-int4, ortgenai-int4-ngram.")
+              help="Comma-separated peers: hf, hf-lookup, ortgenai, ortgenai-ngram, ortgenai-int4, ortgenai-int4-ngram, llamacpp, llamacpp-lookup.")
 @click.option("--peer-models", type=click.Path(file_okay=False), default="build", show_default=True,
               help="Folder with ortgenai-fp32/ and ortgenai-int4/ (python -m jacobi_rt.tools.peers prepare --out DIR).")
-@click.option("--hf-model", default=None, help="Source model for the hf peers (HF folder or .gguf). Default: the embedded SmolLM2 GGUF.")
+@click.option("--hf-model", default=None, help="Source model for the hf peers (HF folder or .gguf) and the llamacpp peers (.gguf). Default: the embedded SmolLM2 GGUF.")
 @click.option("--max-new-tokens", "-n", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first N prompts.")
@@ -37,7 +40,7 @@ def _names(text: str) -> list[str]:
 @click.option("--out", type=click.Path(file_okay=False), default="build/bench", show_default=True,
               help="Where bench.json and the PNG plots go.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
-def bench_command(artifact, draft, prompts, strategies, window, peers, peer_models, hf_model, max_new_tokens, repeats,
+def bench_command(artifact, draft, also, prompts, strategies, window, peers, peer_models, hf_model, max_new_tokens, repeats,
                   limit, threads, out, no_plots):
     """Benchmark ARTIFACT's strategies (and peers) on the same prompts, interleaved.
 
@@ -72,6 +75,11 @@ def bench_command(artifact, draft, prompts, strategies, window, peers, peer_mode
     generator = bench.load_generator(artifact, draft=draft, threads=threads)
     engine = f"jacobi-rt:{Path(artifact).name}"
     configs = [bench.StrategyConfig(generator, s, None if s == "greedy" else window, s, engine, "greedy") for s in names]
+    for other in also:  # same strategies on another artifact; the draft belongs to ARTIFACT, so no speculative here
+        label = Path(other).name
+        extra = bench.load_generator(other, threads=threads)
+        configs += [bench.StrategyConfig(extra, s, None if s == "greedy" else window, f"{label}/{s}", f"jacobi-rt:{label}",
+                                         f"{label}/greedy") for s in names if s != "speculative"]
     ctx = peer_registry.PeerContext(Path(artifact), Path(peer_models), threads, hf_model, tuple(generator.manifest.tokens.eos_ids))
     peer_configs, skipped = peer_registry.load_peers(_names(peers), ctx)
     for line in skipped:
@@ -87,7 +95,8 @@ def bench_command(artifact, draft, prompts, strategies, window, peers, peer_mode
 
         records = bench.run_bench(configs, prompt_set, ids, max_new_tokens, repeats, progress=step)
 
-    bench.mark_identity(records, logit_gap=lambda pid, prefix: bench.greedy_logit_gap(generator, ids[pid], prefix))
+    own = {c.name: c.baseline for c in configs if c.engine.startswith("jacobi-rt:") and c.engine != engine and c.baseline != c.name}
+    bench.mark_identity(records, logit_gap=lambda pid, prefix: bench.greedy_logit_gap(generator, ids[pid], prefix), references=own)
     summary = bench.summarise(records, {c.name: c.baseline for c in configs})
     meta = {
         "jacobi_rt_version": __version__, "artifact": str(artifact), "draft": draft,
