@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Callable
 
 from jacobi_rt import __version__
-from jacobi_rt.runtime.errors import JacobiError
+from jacobi_rt.runtime.errors import OptionError
 from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens, sha256_file
 from jacobi_rt.runtime.spec import FORMAT_VERSION, MANIFEST_NAME
 
 from . import sources
+from .options import ExportOptions, check_keep_layers, check_max_context
 from .quantize import quantize_weights
 
-DTYPES = {"fp32": "float32", "fp16": "float16"}
 GRAPH_FILE = "model.onnx"
 # Natural text for the quantized graph's agreement: random windows give flat, tie-prone logits.
 SAMPLE_TEXT = (
@@ -41,32 +41,25 @@ Step = Callable[[str], None]
 def export(
     model: str,
     out: str | Path,
-    dtype: str = "fp32",
-    quantize: str | None = None,
-    max_context: int | None = None,
-    opset: int = 18,
-    role: str = "target",
-    keep_layers: int | None = None,
+    options: ExportOptions | None = None,
+    *,
     overwrite: bool = False,
     step: Step = lambda message: None,
     check_progress: Callable[[int], Callable[[], None]] | None = None,
 ) -> Manifest:
     """Export MODEL (HF folder, .gguf, or built-in name) to the artifact folder OUT; return its manifest.
 
-    keep_layers: export only the first N decoder layers (with the final norm and LM head): a
-    cheap draft made from the target itself, sharing its vocabulary.
+    overwrite: replace OUT if it is an existing artifact. step: called with a line per stage.
+    check_progress(n): returns a callable ticked once per checked shape (a progress bar).
+    Invalid options raise OptionError naming the ExportOptions field.
     """
     started = time.time()
+    options = options or ExportOptions()
     out = Path(out).expanduser().resolve()
     _check_destination(out, overwrite)
     source = sources.resolve(model)
-    if dtype not in DTYPES:
-        raise JacobiError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    if quantize not in (None, "int8", "int4"):
-        raise JacobiError(f"--quantize must be int8 or int4, not {quantize!r}")
-    if role not in ("target", "draft"):
-        raise JacobiError(f"--role must be target or draft, not {role!r}")
-    _check_limits(source, max_context, keep_layers)
+    options.validate()
+    _check_limits(source, options)
 
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -75,9 +68,8 @@ def export(
         staging.mkdir(parents=True)
     except OSError as exc:
         _remove_empty(created)
-        raise JacobiError(f"cannot write to {out.parent} ({exc.strerror}); choose an --out in a writable folder") from exc
+        raise OptionError(f"cannot write to {out.parent} ({exc.strerror}); choose an `out` in a writable folder", "out") from exc
     try:
-        options = (DTYPES[dtype], quantize, max_context, opset, role, keep_layers)
         manifest = _export_into(staging, source, options, step, check_progress)
         manifest.created["export_seconds"] = round(time.time() - started, 1)
         manifest.created["peak_rss_mb"] = _peak_rss_mb()
@@ -91,14 +83,14 @@ def export(
     return manifest
 
 
-def _export_into(folder: Path, source, options: tuple, step, check_progress) -> Manifest:
+def _export_into(folder: Path, source, options: ExportOptions, step, check_progress) -> Manifest:
     import torch
 
     from .check import SHAPES, check_against_onnx, check_against_torch
     from .trace import export_onnx, probe
 
     step(f"loading {source.name} ({source.model_type})")
-    dtype, quantize, max_context, opset, role, keep_layers = options
+    dtype, quantize, opset, keep_layers = options.torch_dtype, options.quantize, options.opset, options.keep_layers
     model, tokenizer = sources.load(source, dtype)
     if keep_layers is not None:
         step(f"keeping the first {keep_layers} decoder layers")
@@ -106,10 +98,8 @@ def _export_into(folder: Path, source, options: tuple, step, check_progress) -> 
     shape = probe(model)
     # The window graph's explicit mask replaces a sliding-window mask, so stay inside the window.
     limit = min(shape.max_positions, getattr(model.config, "sliding_window", None) or shape.max_positions)
-    if max_context is None:
-        max_context = limit
-    if not 1 <= max_context <= limit:
-        raise JacobiError(f"--max-context must be between 1 and the model's {limit} positions, not {max_context}")
+    max_context = limit if options.max_context is None else options.max_context
+    check_max_context(max_context, limit)
 
     step(f"tracing the window graph ({shape.num_layers} layers, opset {opset})")
     graph = folder / GRAPH_FILE
@@ -142,7 +132,7 @@ def _export_into(folder: Path, source, options: tuple, step, check_progress) -> 
         source_info["kept_layers"] = keep_layers
     return Manifest(
         format_version=FORMAT_VERSION,
-        role=role,
+        role=options.role,
         source=source_info,
         architecture=Architecture(family=source.model_type, **asdict(shape)),
         tokens=Tokens(bos_id=tokenizer.bos_token_id, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id),
@@ -162,21 +152,20 @@ def _export_into(folder: Path, source, options: tuple, step, check_progress) -> 
     )
 
 
-def _check_limits(source, max_context: int | None, keep_layers: int | None) -> None:
-    """--max-context and --keep-layers against what the config says, before the weights load
+def _check_limits(source, options: ExportOptions) -> None:
+    """max_context and keep_layers against what the config says, before the weights load
     (the checks after loading, on the model itself, stay authoritative)."""
-    if max_context is not None and source.max_positions and not 1 <= max_context <= source.max_positions:
-        raise JacobiError(f"--max-context must be between 1 and the model's {source.max_positions} positions, not {max_context}")
-    if keep_layers is not None and source.num_layers and not 1 <= keep_layers <= source.num_layers:
-        raise JacobiError(f"--keep-layers must be between 1 and the model's {source.num_layers} layers, not {keep_layers}")
+    if options.max_context is not None and source.max_positions:
+        check_max_context(options.max_context, source.max_positions)
+    if options.keep_layers is not None and source.num_layers:
+        check_keep_layers(options.keep_layers, source.num_layers)
 
 
 def keep_first_layers(model, n: int) -> None:
     """Truncate the decoder to its first n layers, in place (config included)."""
     inner = getattr(model, "model", None) or getattr(model, "transformer")
     layers = getattr(inner, "layers", None) or getattr(inner, "h")
-    if not 1 <= n <= len(layers):
-        raise JacobiError(f"--keep-layers must be between 1 and the model's {len(layers)} layers, not {n}")
+    check_keep_layers(n, len(layers))
     del layers[n:]
     model.config.num_hidden_layers = n
     if isinstance(getattr(model.config, "layer_types", None), list):
@@ -192,9 +181,9 @@ def _progress(factory):
 def _check_destination(out: Path, overwrite: bool) -> None:
     if out.exists():
         if not overwrite:
-            raise JacobiError(f"{out} already exists; pass --overwrite to replace it, or choose another --out")
+            raise OptionError(f"{out} already exists; pass `overwrite` to replace it, or choose another `out`", "overwrite", "out")
         if not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_NAME).is_file()):
-            raise JacobiError(f"{out} exists and is not a jacobi-rt artifact; refusing to overwrite it, choose another --out")
+            raise OptionError(f"{out} exists and is not a jacobi-rt artifact; refusing to overwrite it, choose another `out`", "out")
 
 
 def _remove_empty(folders: list[Path]) -> None:

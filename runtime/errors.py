@@ -21,6 +21,22 @@ class InputError(JacobiError, ValueError):
     """A request the runtime cannot serve: empty prompt, ids out of vocabulary, bad limits."""
 
 
+class OptionError(InputError):
+    """An option passed to a library call is invalid. The message names the parameter in
+    backquotes (`max_context`); a front end names it its own way with `naming` (`--max-context`)."""
+
+    def __init__(self, message: str, *parameters: str):
+        super().__init__(message)
+        self.parameters = parameters
+
+    def naming(self, rename) -> str:
+        """The message with each `parameter` replaced by rename(parameter)."""
+        text = str(self)
+        for parameter in self.parameters:
+            text = text.replace(f"`{parameter}`", rename(parameter))
+        return text
+
+
 class ContextLimitError(InputError):
     """The prompt (plus what must be generated) does not fit in the model's context."""
 

@@ -26,7 +26,7 @@ SMOLLM2 = "smollm2-135m"
 
 def export_family(family: str, out: Path) -> Path:
     """Tiny random `family` model -> artifact folder `out` (replaced if present)."""
-    from jacobi_rt.exporter import export
+    from jacobi_rt.exporter import ExportOptions, export
 
     with tempfile.TemporaryDirectory(prefix=f"tiny-{family}-") as source:
         tiny_models.make_tiny_model(family, Path(source) / family)
@@ -37,7 +37,7 @@ def export_family(family: str, out: Path) -> Path:
 def export_draft(family: str, out: Path, other_vocab: bool = False) -> Path:
     """A 1-layer draft of the tiny `family` model (same weights, so partly agreeing guesses);
     with `other_vocab`, trained with another tokenizer: a draft the runtime must refuse."""
-    from jacobi_rt.exporter import export
+    from jacobi_rt.exporter import ExportOptions, export
 
     with tempfile.TemporaryDirectory(prefix=f"tiny-{family}-") as source:
         model = tiny_models.make_tiny_model(family, Path(source) / family)
@@ -45,12 +45,12 @@ def export_draft(family: str, out: Path, other_vocab: bool = False) -> Path:
             for path in [*model.glob("tokenizer*"), *model.glob("chat_template*")]:
                 path.unlink()
             tiny_models.other_tokenizer().save_pretrained(model)
-        export(str(model), out, role="draft", keep_layers=1, overwrite=True)
+        export(str(model), out, ExportOptions(role="draft", keep_layers=1), overwrite=True)
     return out
 
 
 def export_smollm2(out: Path) -> Path:
-    from jacobi_rt.exporter import export
+    from jacobi_rt.exporter import ExportOptions, export
 
     export(SMOLLM2, out, overwrite=True)
     return out
@@ -64,11 +64,11 @@ SMOLLM2_DRAFTS = {
 
 
 def export_smollm2_drafts(outdir: Path) -> None:
-    from jacobi_rt.exporter import export
+    from jacobi_rt.exporter import ExportOptions, export
 
     for name, options in SMOLLM2_DRAFTS.items():
         print(f"exporting {name} -> {outdir / name}", flush=True)
-        export(SMOLLM2, outdir / name, overwrite=True, **options)
+        export(SMOLLM2, outdir / name, ExportOptions(**options), overwrite=True)
 
 
 def main(argv: list[str] | None = None) -> None:

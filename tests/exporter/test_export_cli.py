@@ -80,6 +80,13 @@ def test_existing_destination(invoke, tiny_model, tmp_path):
     assert_one_line_error(invoke("export", tiny_model("llama"), "--out", tmp_path / "a"), "already exists", "--overwrite")
 
 
+def test_library_parameters_are_named_as_flags(invoke, tiny_model, tmp_path):
+    """export() names `max_context`; the command says --max-context (limits checked from config.json)."""
+    line = assert_one_line_error(invoke("export", tiny_model("llama"), "--out", tmp_path / "a", "--max-context", "10000"), "--max-context", "256")
+    assert "`" not in line and "max_context" not in line
+    assert listing(tmp_path) == set()
+
+
 def test_overwrite_of_a_non_artifact(invoke, tiny_model, tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "notes.txt").write_text("keep")

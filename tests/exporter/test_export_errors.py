@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jacobi_rt.runtime.errors import ExportCheckError, JacobiError, ModelSourceError
+from jacobi_rt.runtime.errors import ExportCheckError, JacobiError, ModelSourceError, OptionError
 
 from export_helpers import leftovers, listing, sha256
 
@@ -26,14 +26,14 @@ def smollm2_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
-def export_fails(model, out: Path, error=JacobiError, **kwargs) -> str:
-    """Run export, expect `error`; assert nothing new beside `out`; return the message."""
-    from jacobi_rt.exporter import export
+def export_fails(model, out: Path, error=JacobiError, overwrite: bool = False, **options) -> str:
+    """Run export with ExportOptions(**options), expect `error`; assert nothing new beside `out`; return the message."""
+    from jacobi_rt.exporter import ExportOptions, export
 
     parent = out.parent
     before = listing(parent) if parent.is_dir() else None
     with pytest.raises(error) as info:
-        export(str(model), out, **kwargs)
+        export(str(model), out, ExportOptions(**options), overwrite=overwrite)
     if before is not None:
         assert listing(parent) == before, f"export left {listing(parent) - before} in {parent}"
         assert leftovers(parent, out.name) == []
@@ -141,19 +141,21 @@ def test_builtin_with_its_file_missing(monkeypatch, out):
 
 
 @pytest.mark.parametrize("option,value,words", [
-    ("dtype", "bf16", ["--dtype", "fp32", "fp16"]),
-    ("quantize", "int3", ["--quantize", "int8", "int4"]),
-    ("role", "judge", ["--role", "target", "draft"]),
+    ("dtype", "bf16", ["`dtype`", "fp32", "fp16"]),
+    ("quantize", "int3", ["`quantize`", "int8", "int4"]),
+    ("role", "judge", ["`role`", "target", "draft"]),
+    ("weights", "int2", ["`weights`", "float", "gguf"]),
 ])
 def test_bad_option_values(tiny_model, out, option, value, words):
-    message = export_fails(tiny_model("llama"), out, JacobiError, **{option: value})
-    assert all(w in message for w in words) and value in message
+    """The library names its parameters, not the CLI's flags (the CLI translates)."""
+    message = export_fails(tiny_model("llama"), out, OptionError, **{option: value})
+    assert all(w in message for w in words) and value in message and "--" not in message
 
 
 @pytest.mark.parametrize("max_context", [0, 10_000])
 def test_max_context_out_of_range(tiny_model, out, max_context):
     message = export_fails(tiny_model("llama"), out, JacobiError, max_context=max_context)
-    assert "--max-context" in message and "256" in message
+    assert "`max_context`" in message and "256" in message
     assert not out.exists()
 
 
@@ -165,17 +167,17 @@ def test_limits_are_checked_before_loading_weights(tiny_model, tmp_path, out, op
     for weights in folder.glob("*.safetensors"):
         weights.write_bytes(b"not safetensors")
     message = export_fails(folder, out, JacobiError, **option)
-    flag = "--max-context" if "max_context" in option else "--keep-layers"
-    assert flag in message and ("256" in message or "layers" in message)
+    parameter = "`max_context`" if "max_context" in option else "`keep_layers`"
+    assert parameter in message and ("256" in message or "layers" in message)
     assert not out.exists()
 
 
 def test_failed_export_removes_the_parent_folders_it_created(tiny_model, tmp_path):
     before = listing(tmp_path)
     with pytest.raises(JacobiError):
-        from jacobi_rt.exporter import export
+        from jacobi_rt.exporter import ExportOptions, export
 
-        export(str(tiny_model("llama")), tmp_path / "new" / "sub" / "artifact", max_context=0)
+        export(str(tiny_model("llama")), tmp_path / "new" / "sub" / "artifact", ExportOptions(max_context=0))
     assert listing(tmp_path) == before
 
 
@@ -186,7 +188,7 @@ def test_destination_exists_without_overwrite(tiny_model, out):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     message = export_fails(tiny_model("llama"), out, JacobiError)
-    assert "already exists" in message and "--overwrite" in message
+    assert "already exists" in message and "`overwrite`" in message
     assert listing(out) == {"keep.txt"} and (out / "keep.txt").read_text() == "mine"
 
 
@@ -222,7 +224,7 @@ def test_unwritable_destination(tiny_model, parent):
     if not unwritable(out.parent / ".probe"):
         pytest.skip(f"{parent} is writable here")
     message = export_fails(tiny_model("llama"), out, JacobiError)
-    assert "cannot write" in message and "writable" in message and "--out" in message
+    assert "cannot write" in message and "writable" in message and "`out`" in message
     assert not out.exists() and not out.parent.exists()
 
 

@@ -55,9 +55,9 @@ def test_onnxruntime_cpu_runs_fp16_graph(fp16_graph, tiny_model, hf_model, batch
 
 
 def test_export_fp16(tiny_model, tmp_path):
-    from jacobi_rt.exporter import export
+    from jacobi_rt.exporter import ExportOptions, export
 
-    manifest = export(str(tiny_model("llama")), tmp_path / "fp16", dtype="fp16")
+    manifest = export(str(tiny_model("llama")), tmp_path / "fp16", ExportOptions(dtype="fp16"))
     assert manifest.dtype == "float16"
     report = manifest.check["vs_pytorch"]
     assert report["max_logit_diff"] < report["tolerance"] and report["agreement"] == 1.0

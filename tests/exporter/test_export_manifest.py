@@ -109,7 +109,7 @@ def test_tokenizer_file_is_the_models_own(tiny_artifact, family):
 @pytest.fixture(scope="module")
 def other_vocab_draft(tiny_model, tiny_artifact, tmp_path_factory):
     """The tiny llama with another tokenizer (and no chat template), exported as a draft with a shorter max_context."""
-    from jacobi_rt.exporter import export
+    from jacobi_rt.exporter import ExportOptions, export
 
     root = tmp_path_factory.mktemp("other-vocab")
     folder = root / "model"
@@ -117,7 +117,7 @@ def other_vocab_draft(tiny_model, tiny_artifact, tmp_path_factory):
     for p in [*folder.glob("tokenizer*"), *folder.glob("chat_template*")]:
         p.unlink()
     other_tokenizer().save_pretrained(folder)
-    return export(str(folder), root / "artifact", role="draft", max_context=100), root / "artifact"
+    return export(str(folder), root / "artifact", ExportOptions(role="draft", max_context=100)), root / "artifact"
 
 
 def test_vocab_sha256_differs_for_another_vocabulary(other_vocab_draft, tiny_artifact):

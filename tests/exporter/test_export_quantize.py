@@ -29,11 +29,11 @@ CASES = [("llama", "int8"), ("llama", "int4"), ("llama-mha-tied", "int4")]
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{f}-{k}" for f, k in CASES])
 def quantized(request, tiny_model, tmp_path_factory):
-    from jacobi_rt.exporter import export
+    from jacobi_rt.exporter import ExportOptions, export
 
     family, kind = request.param
     out = tmp_path_factory.mktemp("quantized") / f"{family}-{kind}"
-    return Quantized(family, kind, out, export(str(tiny_model(family)), out, quantize=kind))
+    return Quantized(family, kind, out, export(str(tiny_model(family)), out, ExportOptions(quantize=kind)))
 
 
 def weight_matmuls(graph) -> list[str]:

@@ -32,8 +32,12 @@ def export_command(model, out, dtype, quantize, max_context, opset, role, keep_l
     require("torch", 'pip install torch==2.13.0 && pip install "jacobi-rt[export,cpu]"')
     from tqdm import tqdm
 
-    from jacobi_rt.exporter import export
+    from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.runtime.errors import JacobiError, OptionError
 
+    options = ExportOptions(
+        dtype=dtype, quantize=quantize, max_context=max_context, opset=opset, role=role, keep_layers=keep_layers
+    )
     started = time.time()
 
     def step(message: str) -> None:
@@ -43,7 +47,10 @@ def export_command(model, out, dtype, quantize, max_context, opset, role, keep_l
         bar = tqdm(total=total, desc="  check", unit="shape", leave=False)
         return lambda: bar.update(1)
 
-    manifest = export(model, out, dtype, quantize, max_context, opset, role, keep_layers, overwrite, step, check_bar)
+    try:
+        manifest = export(model, out, options, overwrite=overwrite, step=step, check_progress=check_bar)
+    except OptionError as exc:  # the library names its parameters; here they are flags
+        raise JacobiError(exc.naming(lambda parameter: "--" + parameter.replace("_", "-"))) from exc
     report = manifest.check["vs_pytorch"]
     click.echo(
         f"export check: max |logit diff| {report['max_logit_diff']:.2e}, greedy ids agree on "
