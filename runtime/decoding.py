@@ -1,7 +1,10 @@
 """The decoding loop: prefill, then propose -> one target pass -> accept -> commit, until a stop.
 
 Greedy decoding is the same loop with a window of one token and no guesses. Every committed
-token is the target's own greedy prediction, so the output equals greedy decoding.
+token is the target's own greedy prediction, so the output equals greedy decoding. With a
+sampler (runtime.sampling), each node's prediction is the token sampled from its logits given
+its own prefix (the committed tokens and its ancestors in the window) at its absolute position:
+a function of the prefix only, so every strategy commits what one-token sampling would.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 
 from .backends.base import BackendContext
 from .proposers import Proposer
+from .sampling import Sampler
 from .tree import build_tree
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -29,28 +33,62 @@ class Progress:
     finish_reason: str = ""  # "eos", "length" (max_new_tokens), "context" (max_context); "stop" is set by the caller
 
 
-def prefill(ctx: BackendContext, prompt: list[int], chunk: int) -> int:
+def prefill(ctx: BackendContext, prompt: list[int], chunk: int, sampler: Sampler | None = None) -> int:
     """Run the prompt through the graph in chunks, keep all its KV; return the first new token."""
     for start in range(0, len(prompt), chunk):
         piece = prompt[start : start + chunk]
-        out = ctx.forward(np.array([piece], dtype=np.int64))
+        last_chunk = start + chunk >= len(prompt)
+        out = ctx.forward(np.array([piece], dtype=np.int64), want_logits=_sampling(sampler) and last_chunk)
         ctx.commit(len(piece))
-    return int(out.greedy_ids[0, -1])
+    if not _sampling(sampler):
+        return int(out.greedy_ids[0, -1])
+    token = sampler.sample(out.logits[0, -1], prompt, len(prompt))
+    sampler.record(out.logits[0, -1], token)
+    return token
 
 
-def step(ctx: BackendContext, last: int, proposer: Proposer, budget: int) -> list[int]:
-    """One target pass over `last` and the proposer's guesses (a chain or a tree); returns the committed tokens."""
+def step(ctx: BackendContext, last: int, proposer: Proposer, budget: int, sampler: Sampler | None = None,
+         history: list[int] | None = None) -> list[int]:
+    """One target pass over `last` and the proposer's guesses (a chain or a tree); returns the committed tokens.
+
+    history: with a sampler, the committed sequence (prompt, then every new token, `last` included).
+    """
     tree = build_tree(last, proposer.propose(budget), max_nodes=budget + 1)
     positions = ctx.length + np.asarray(tree.positions, dtype=np.int64)
-    out = ctx.forward(np.array([tree.tokens], dtype=np.int64), positions[None], tree.window_mask[None])
-    predictions = out.greedy_ids[0].tolist()
-    verdict = tree.accept(predictions)  # the walk down the target's own predictions: greedy's tokens
+    out = ctx.forward(np.array([tree.tokens], dtype=np.int64), positions[None], tree.window_mask[None],
+                      want_logits=_sampling(sampler))
+    if _sampling(sampler):
+        predictions = sampled_predictions(sampler, out.logits[0], tree.tokens, tree.parents, history)
+    else:
+        predictions = out.greedy_ids[0].tolist()
+    verdict = tree.accept(predictions)  # the walk down the target's own predictions: what one token a pass emits
+    if _sampling(sampler):
+        for row, token in zip(verdict.keep, verdict.committed):
+            sampler.record(out.logits[0, row], token)
     if verdict.contiguous:
         ctx.commit(len(verdict.keep))  # KV of last + accepted guesses; committed[-1] has no KV yet
     else:
         ctx.commit_rows(verdict.keep)  # an accepted side branch: gather its KV rows into place
     proposer.update(tree, predictions, verdict)
     return verdict.committed
+
+
+def sampled_predictions(sampler: Sampler, logits: np.ndarray, tokens: list[int], parents: list[int],
+                        history: list[int]) -> list[int]:
+    """The token sampled at each window node: node i's prefix is the history and its ancestors' tokens
+    below the root plus its own, its position len(history) + depth (the root is history[-1])."""
+    paths: list[list[int]] = []
+    predictions = []
+    for node, parent in enumerate(parents):
+        path = [] if parent < 0 else [*paths[parent], tokens[node]]
+        paths.append(path)
+        prefix = history + path
+        predictions.append(sampler.sample(logits[node], prefix, len(prefix)))
+    return predictions
+
+
+def _sampling(sampler: Sampler | None) -> bool:
+    return sampler is not None and not sampler.greedy
 
 
 def decode(
@@ -63,22 +101,27 @@ def decode(
     eos_ids: set[int],
     prefill_chunk: int,
     progress: Progress,
+    sampler: Sampler | None = None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens pass by pass; stops after EOS (included), max_new_tokens or the context limit.
 
     window: a window size, or a policy (runtime.windows) that picks each pass's window.
+    sampler: sample each token (runtime.sampling); None or a greedy sampler: the in-graph greedy ids.
     """
     policy = FixedWindow(window) if isinstance(window, int) else window
     started = time.perf_counter()
-    last = prefill(ctx, prompt, prefill_chunk)
+    last = prefill(ctx, prompt, prefill_chunk, sampler)
     progress.prefill_passes = -(-len(prompt) // prefill_chunk)
     progress.prefill_seconds = time.perf_counter() - started
+    proposer.use_sampler(sampler if _sampling(sampler) else None)
     proposer.start(prompt, last)
+    history = [*prompt, last] if _sampling(sampler) else None
     new = [last]
     produced = 1
     while True:
         cut = next((i for i, t in enumerate(new) if t in eos_ids), None)
         if cut is not None:
+            progress.accepted -= len(new) - cut - 1  # the pass committed tokens after the EOS; they are dropped
             yield new[: cut + 1]
             progress.finish_reason = "eos"
             return
@@ -93,7 +136,9 @@ def decode(
             return
         w = min(policy.next(), max_new_tokens - produced, room)
         began = time.perf_counter()
-        new = step(ctx, last, proposer, w - 1)
+        new = step(ctx, last, proposer, w - 1, sampler, history)
+        if history is not None:
+            history += new
         policy.observe(w, len(new), time.perf_counter() - began)
         last = new[-1]
         produced += len(new)

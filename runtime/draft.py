@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .acceptance import PassCosts, matched_prefix
-from .backends.base import Backend
+from .backends.base import PREFILL_CHUNK, Backend
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
 from .proposers import Proposer
 from .tree import Tree, Verdict
 
-PREFILL_CHUNK = 256
 CATCHUP = 8  # more pending tokens than this are fed as a catch-up before the proposal's own pass
 
 
@@ -170,10 +169,19 @@ class DraftProposer(Proposer):
         self.chain: list[int] = []  # the guesses sent in the pass being verified
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
         self.usable = True  # False when the prompt does not fit the draft's context
+        self.sampler = None  # with sampling, the draft samples its chain (use_sampler)
         self._sent_at = 0.0
         self.stats = _zero_stats()
 
     # -- the Proposer interface -------------------------------------------------------------
+
+    def use_sampler(self, sampler) -> None:
+        """Sample the chain like the target: coupled (the target's noise g[t], so close models agree
+        far more often) or independent (a seed of its own), as the request's coupled_draft says."""
+        if sampler is None or sampler.params.coupled_draft:
+            self.sampler = sampler
+        else:
+            self.sampler = sampler.independent()
 
     def start(self, prompt: list[int], first: int) -> None:
         self.stats = _zero_stats()
@@ -228,7 +236,7 @@ class DraftProposer(Proposer):
         guesses = self.jacobi_guesses[: k - 1]
         window = [*pending, *guesses]
         tick = time.perf_counter()
-        ids = self._forward(window, keep=None)
+        ids = self._forward(window, keep=None, first=len(pending) - 1, sequence=self.tokens)
         passes += 1
         # ids[len(pending) - 1] is the draft's token after the last committed one; each Jacobi
         # guess that equals the draft's own token there lets the next position's id stand too.
@@ -240,7 +248,7 @@ class DraftProposer(Proposer):
         narrow = [time.perf_counter() - tick] if len(window) <= 2 else []  # the cost estimate: 1-2 token passes
         while len(chain) < k:
             tick = time.perf_counter()
-            chain.append(self._forward([chain[-1]], keep=1)[0])
+            chain.append(self._forward([chain[-1]], keep=1, first=0, sequence=[*self.tokens, *chain])[0])
             narrow.append(time.perf_counter() - tick)
             passes += 1
         self._count(passes, time.perf_counter() - began)
@@ -257,11 +265,19 @@ class DraftProposer(Proposer):
         self.catchup_seconds += time.perf_counter() - began
         return pending[-1:]
 
-    def _forward(self, window: list[int], keep: int | None) -> list[int]:
-        out = self.ctx.forward(np.array([window], dtype=np.int64))
+    def _forward(self, window: list[int], keep: int | None, first: int | None = None, sequence: list[int] = ()) -> list[int]:
+        """The draft's token after each window row: its greedy ids, or with a sampler, from row
+        `first` on, the token sampled from its logits (sequence: what precedes the window and more)."""
+        sampling = self.sampler is not None and first is not None
+        before = list(sequence[: self.ctx.length]) if sampling else []
+        out = self.ctx.forward(np.array([window], dtype=np.int64), want_logits=sampling)
         if keep is not None:
             self.ctx.commit(keep)
-        return out.greedy_ids[0].tolist()
+        ids = out.greedy_ids[0].tolist()
+        for row in range(first, len(window)) if sampling else ():
+            prefix = before + window[: row + 1]
+            ids[row] = self.sampler.sample(out.logits[0, row], prefix, len(prefix))
+        return ids
 
     def _count(self, passes: int, seconds: float) -> None:
         self.stats["draft_passes"] += passes

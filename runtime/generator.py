@@ -10,10 +10,11 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .backends.base import Backend
+from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
 from .decoding import Progress, decode
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
+from .sampling import Sampler, SamplingParams, TokenLogprob, draw_seed
 from .proposers import ArmHistory, AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer, UnionProposer
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
@@ -22,7 +23,7 @@ STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
 DEFAULT_WINDOW = 8  # the adaptive policy's Jacobi arm when no window is given
 DEFAULT_GUESS_WINDOW = 16  # lookahead/speculative/auto: the widest pass; the proposers send only what pays
 MAX_WINDOW = 64
-PREFILL_CHUNK = 256
+DEFAULT_JACOBI_TAIL = False  # speculative: the plain draft chain (tools/bench.py speculative-chain vs -tail; README)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Stats:
     overhead_share: float  # (wall - session) / wall: Python, bookkeeping, tokenizer
     decode_tokens_per_second: float  # new tokens / (wall - prefill)
     proposer: dict  # the proposer's counters: guesses proposed and accepted (by source), draft passes and time
+    seed: int | None = None  # the sampling seed (drawn when none was given); None when decoding greedily
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,9 +54,13 @@ class GenerationResult:
     ids: list[int]  # the new tokens (an EOS that ended generation included; a stop string's last token included)
     text: str  # the new text, special tokens skipped, cut before a stop string
     stats: Stats
+    logprobs: list[TokenLogprob] | None = None  # one per id when the request asked for logprobs
 
     def to_dict(self) -> dict:
-        return {"ids": self.ids, "text": self.text, "stats": self.stats.to_dict()}
+        out = {"ids": self.ids, "text": self.text, "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [asdict(lp) for lp in self.logprobs]
+        return out
 
 
 @dataclass
@@ -65,6 +71,8 @@ class Request:
     window: int
     adaptive: bool
     stop: list[str]
+    jacobi_tail: bool  # speculative: the target's predictions past a rejected guess seed the draft's next pass
+    sampling: SamplingParams = SamplingParams()
 
 
 class TextStream:
@@ -72,7 +80,8 @@ class TextStream:
 
     `result` is None until the pieces are exhausted, then the GenerationResult. close() stops
     early (from the thread that iterates, between pieces): the backend context is released and
-    `result` stays None."""
+    `result` stays None. Iterating skips empty pieces; steps() does not, so a caller that must
+    stop early (a cancelled request, a deadline) gets control after every decoding pass."""
 
     def __init__(self, run: typing.Generator[str, None, GenerationResult], prompt_tokens: int):
         self._run = run
@@ -83,14 +92,21 @@ class TextStream:
         return self
 
     def __next__(self) -> str:
+        for piece in self.steps():
+            if piece:
+                return piece
+        raise StopIteration
+
+    def steps(self) -> Iterator[str]:
+        """One piece per committed token, "" included (text held back for a stop string, special
+        tokens): at least one per decoding pass, whatever the text."""
         while True:
             try:
                 piece = next(self._run)
             except StopIteration as done:
-                self.result = done.value
-                raise StopIteration from None
-            if piece:
-                return piece
+                self.result = self.result or done.value  # an exhausted generator stops again with None
+                return
+            yield piece
 
     def close(self) -> None:
         self._run.close()
@@ -107,6 +123,13 @@ class Generator:
         self.prefill_chunk = prefill_chunk
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
         self.arm_history = ArmHistory()  # `auto` remembers across calls which arms lost
+
+    @property
+    def limits(self) -> BackendLimits:
+        """The backend's context, prefill chunk and widest pass (a TensorRT engine's profiles may allow
+        less than the manifest); the prefill chunk is also capped by this Generator's prefill_chunk."""
+        limits = self.backend.limits
+        return BackendLimits(limits.max_context, min(self.prefill_chunk, limits.prefill_chunk), limits.max_window)
 
     @classmethod
     def load(
@@ -164,6 +187,8 @@ class Generator:
         stop: str | Sequence[str] | None = None,
         messages: list[dict] | None = None,
         chat: bool = False,
+        jacobi_tail: bool | None = None,
+        **sampling,
     ) -> GenerationResult:
         """Generate up to max_new_tokens after `prompt` (text or token ids), or after chat `messages`.
 
@@ -171,10 +196,18 @@ class Generator:
         window=None it adapts each pass's window between 1 and 8 to the measured speed); "lookahead"
         (prompt lookup, an n-gram pool and the Jacobi trajectory, each guess sent only when its
         measured acceptance pays for the wider pass); "speculative" (the draft model); "auto" (the
-        default: lookahead, plus the draft when one is loaded). `window` caps the widest pass. The
-        result equals greedy decoding token for token, whatever the strategy and window.
+        default: lookahead, plus the draft when one is loaded). `window` caps the widest pass.
+        jacobi_tail (speculative, and auto's draft arm): the target's predictions past the first
+        rejected guess seed the draft's next window (speculative Jacobi decoding); None: the
+        default, DEFAULT_JACOBI_TAIL. The result equals greedy decoding token for token, whatever
+        the strategy and options.
+
+        sampling: SamplingParams' fields (runtime.sampling): temperature (0, the default, is greedy),
+        top_k, top_p, min_p, seed (drawn when left out: Stats.seed), repetition_penalty,
+        frequency_penalty, presence_penalty, logprobs=N (the result's `logprobs`: each token's and
+        the N most likely). For a seed, every strategy and window gives the same tokens.
         """
-        pieces = self._run(self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop))
+        pieces = self._run(self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling))
         while True:
             try:
                 next(pieces)
@@ -190,9 +223,11 @@ class Generator:
         stop: str | Sequence[str] | None = None,
         messages: list[dict] | None = None,
         chat: bool = False,
+        jacobi_tail: bool | None = None,
+        **sampling,
     ) -> Iterator[str]:
         """Like generate(), yielding text pieces as tokens are committed; they join to generate()'s text."""
-        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop)
+        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling)
         return (piece for piece in self._run(request) if piece)
 
     def start(
@@ -204,16 +239,18 @@ class Generator:
         stop: str | Sequence[str] | None = None,
         messages: list[dict] | None = None,
         chat: bool = False,
+        jacobi_tail: bool | None = None,
+        **sampling,
     ) -> "TextStream":
         """Like stream(), but the returned TextStream also holds the GenerationResult (`.result`) once
         exhausted, and `close()` ends the generation early, freeing its KV buffers. The request is
         checked (and the prompt tokenized) now; nothing runs until the first piece is asked for."""
-        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop)
+        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling)
         return TextStream(self._run(request), len(request.prompt_ids))
 
     # -- request checking -------------------------------------------------------------------
 
-    def _request(self, prompt, messages, chat, max_new_tokens, strategy, window, stop) -> Request:
+    def _request(self, prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling) -> Request:
         if strategy not in STRATEGIES:
             raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
         if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -225,7 +262,19 @@ class Generator:
             window=self._window(strategy, window),
             adaptive=strategy == "jacobi" and window is None,
             stop=_stop_strings(stop),
+            jacobi_tail=self._jacobi_tail(strategy, jacobi_tail),
+            sampling=_sampling_params(sampling),
         )
+
+    def _jacobi_tail(self, strategy: str, jacobi_tail) -> bool:
+        if jacobi_tail is None:
+            return DEFAULT_JACOBI_TAIL
+        if not isinstance(jacobi_tail, (bool, np.bool_)):
+            raise InputError(f"jacobi_tail must be true or false, not {jacobi_tail!r}")
+        if strategy not in ("speculative", "auto") or self.draft is None:
+            raise InputError("jacobi_tail is an option of the draft model's chain: use strategy 'speculative' "
+                             "(or 'auto') with a draft model, or leave jacobi_tail out")
+        return bool(jacobi_tail)
 
     def _prompt_ids(self, prompt, messages, chat) -> list[int]:
         if messages is not None:
@@ -245,11 +294,12 @@ class Generator:
             ids = _check_ids(prompt, self.manifest.architecture.vocab_size)
         if not ids:
             raise InputError("the prompt encodes to no tokens; pass some text or token ids")
-        limit = self.manifest.max_context
+        limit = self.limits.max_context
         if len(ids) >= limit:
+            where = "this artifact's context" if limit == self.manifest.max_context else f"the {self.backend.name} engine's context"
             raise ContextLimitError(
-                f"the prompt has {len(ids)} tokens, but this artifact's context holds {limit} (prompt + output); "
-                "shorten the prompt, or re-export with a larger --max-context if the model allows it"
+                f"the prompt has {len(ids)} tokens, but {where} holds {limit} (prompt + output); shorten the prompt, "
+                "or re-export (or rebuild the engine) with a larger max_context if the model allows it"
             )
         return ids
 
@@ -263,10 +313,11 @@ class Generator:
         if strategy == "speculative" and self.draft is None:
             raise InputError("strategy 'speculative' needs a draft model: Generator.load(target, draft=DRAFT_DIR) "
                              "(export one with `jacobi-rt export MODEL --role draft`)")
-        default = DEFAULT_WINDOW if strategy == "jacobi" else DEFAULT_GUESS_WINDOW
+        widest = min(MAX_WINDOW, self.limits.max_window)
+        default = min(DEFAULT_WINDOW if strategy == "jacobi" else DEFAULT_GUESS_WINDOW, widest)
         window = default if window is None else int(window)
-        if not 1 <= window <= MAX_WINDOW:
-            raise InputError(f"window must be between 1 and {MAX_WINDOW} tokens, not {window}")
+        if not 1 <= window <= widest:
+            raise InputError(f"window must be between 1 and {widest} tokens on this backend ({self.backend.name}), not {window}")
         return window
 
     # -- the run ----------------------------------------------------------------------------
@@ -276,16 +327,19 @@ class Generator:
         started = time.perf_counter()
         progress = Progress()
         prompt = request.prompt_ids
-        capacity = min(self.manifest.max_context, len(prompt) + request.max_new_tokens)
-        proposer = self._proposer(request.strategy, capacity)
+        limits = self.limits
+        capacity = min(limits.max_context, len(prompt) + request.max_new_tokens)
         eos = set(self.manifest.tokens.eos_ids)
         ids: list[int] = []
         text = _StopText(request.stop)
         detok = Detokenizer(self.tokenizer)
-        with self.backend.context(capacity) as ctx, proposer:
+        sampler = Sampler(request.sampling, len(prompt))
+        # The target's context first: a proposer's own cache (a draft's) is opened only once it exists,
+        # and closed by the `with` if anything after it fails.
+        with self.backend.context(capacity) as ctx, self._proposer(request, capacity) as proposer:
             policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
             tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
-                            self.manifest.max_context, eos, self.prefill_chunk, progress)
+                            limits.max_context, eos, limits.prefill_chunk, progress, sampler)
             for batch in tokens:
                 for token in batch:
                     ids.append(token)
@@ -304,9 +358,13 @@ class Generator:
                     progress.finish_reason = "stop"
             yield text.finish()
             session = ctx.session_seconds
-        return GenerationResult(ids, text.text, _stats(request, progress, len(ids), started, session, proposer.stats))
+        stats = _stats(request, progress, len(ids), started, session, proposer.stats)
+        stats.seed = None if sampler.greedy else sampler.params.seed
+        logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
+        return GenerationResult(ids, text.text, stats, logprobs)
 
-    def _proposer(self, strategy: str, capacity: int) -> Proposer:
+    def _proposer(self, request: Request, capacity: int) -> Proposer:
+        strategy = request.strategy
         if strategy == "greedy":
             return NoProposer()
         if strategy == "jacobi":
@@ -315,10 +373,14 @@ class Generator:
             return LookaheadProposer()
         from .draft import DraftProposer
 
+        def draft() -> DraftProposer:
+            chunk = min(self.prefill_chunk, self.draft.limits.prefill_chunk)
+            return DraftProposer(self.draft, capacity, jacobi=request.jacobi_tail, prefill_chunk=chunk)
+
         if strategy == "speculative":
-            return DraftProposer(self.draft, capacity)
+            return draft()
         # the draft's chain plus one prompt-lookup/n-gram branch when it pays: copies stay cheap
-        drafting = UnionProposer({"draft": DraftProposer(self.draft, capacity), "lookahead": LookaheadProposer(branches=1)})
+        drafting = UnionProposer({"draft": draft(), "lookahead": LookaheadProposer(branches=1)})
         return AutoProposer({"lookahead": LookaheadProposer(), "draft": drafting}, history=self.arm_history)
 
 
@@ -342,6 +404,15 @@ def _stats(request: Request, progress: Progress, new_tokens: int, started: float
         decode_tokens_per_second=round(max(new_tokens - 1, 0) / decode_seconds, 2),
         proposer=dict(proposer),
     )
+
+
+def _sampling_params(sampling: dict) -> SamplingParams:
+    fields = SamplingParams.__dataclass_fields__
+    unknown = sorted(set(sampling) - set(fields))
+    if unknown:
+        raise InputError(f"unknown argument(s) {', '.join(unknown)}; the sampling arguments are {', '.join(fields)}")
+    params = SamplingParams(**sampling)
+    return params if params.greedy or params.seed is not None else params.with_seed(draw_seed())
 
 
 def _check_ids(prompt, vocab: int) -> list[int]:

@@ -40,6 +40,10 @@ class Proposer(ABC):
     def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
         """The target saw `tree`, predicted `predictions` (one per node), and committed verdict.committed."""
 
+    def use_sampler(self, sampler) -> None:
+        """How the target chooses tokens (runtime.sampling.Sampler; None: greedy). Called before start();
+        a proposer that runs a model (a draft) samples its guesses the same way."""
+
     def close(self) -> None:
         """Release what the proposer holds (a draft model's KV cache)."""
 
@@ -197,6 +201,10 @@ class UnionProposer(Proposer):
     def catchup_seconds(self, value: float) -> None:  # the base class's initial 0.0; parts keep their own
         pass
 
+    def use_sampler(self, sampler) -> None:
+        for part in self.parts.values():
+            part.use_sampler(sampler)
+
     def start(self, prompt: list[int], first: int) -> None:
         for part in self.parts.values():
             part.start(prompt, first)
@@ -291,6 +299,10 @@ class AutoProposer(Proposer):
         self.current = next(iter(arms))
         self.began = self.catchup_before = 0.0
         self.stats = {"passes_by_arm": {name: 0 for name in arms}}
+
+    def use_sampler(self, sampler) -> None:
+        for arm in self.all_arms.values():
+            arm.use_sampler(sampler)
 
     def start(self, prompt: list[int], first: int) -> None:
         names = list(self.all_arms)
