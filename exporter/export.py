@@ -20,7 +20,7 @@ from typing import Callable
 from jacobi_rt import __version__
 from jacobi_rt.runtime.errors import OptionError
 from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens, sha256_file
-from jacobi_rt.runtime.spec import FORMAT_VERSION, MANIFEST_NAME
+from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTABLE
 
 from . import sources
 from .options import ExportOptions, check_keep_layers, check_max_context
@@ -109,6 +109,12 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
     report = check_against_torch(model, shape, graph, dtype, _progress(check_progress))
     check = {"vs_pytorch": report.to_dict()}
+    graphs = {PORTABLE: GRAPH_FILE}
+    if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
+        from .inplace import add_inplace_graph
+
+        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, dtype, opset, step, _progress(check_progress))
+        graphs.update(extra)
 
     if quantize:
         step(f"quantizing weights to {quantize}")
@@ -121,8 +127,8 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
             p.unlink()
         for p in folder.glob(f"model.{quantize}.onnx*"):
             p.rename(folder / p.name.replace(f"model.{quantize}.onnx", GRAPH_FILE))
-
-    graphs = {"portable": GRAPH_FILE}
+        for name in set(graphs.values()) - {GRAPH_FILE}:  # every other graph file gets the same pass
+            _quantize_in_place(folder / name, quantize)
     step("saving the tokenizer")
     tokenizer_info = _save_tokenizer(tokenizer, folder)
     eos_ids = _eos_ids(model, tokenizer)
@@ -150,6 +156,15 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         },
     )
+
+
+def _quantize_in_place(graph: Path, quantize: str) -> None:
+    staged = graph.with_name(f".quantized-{graph.name}")
+    quantize_weights(graph, staged, quantize)
+    for p in graph.parent.glob(graph.name + "*"):
+        p.unlink()
+    for p in graph.parent.glob(staged.name + "*"):
+        p.rename(graph.parent / p.name.replace(staged.name, graph.name))
 
 
 def _check_limits(source, options: ExportOptions) -> None:

@@ -26,6 +26,7 @@ class ExportOptions:
     opset: int = 18
     role: str = "target"  # target | draft
     keep_layers: int | None = None  # export only the first N decoder layers: a draft cut from the target
+    inplace: bool = True  # also the in-place graph (onnxruntime's GroupQueryAttention, CPU) when the family maps
 
     def validate(self) -> None:
         """Refuse values no model accepts (limits that depend on the model are checked later)."""

@@ -12,6 +12,12 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "jacobi.json"
 
 BATCH, WINDOW, PAST, TOTAL = "batch", "window", "past", "total"
+CAPACITY = "capacity"  # the in-place variant's fixed cache length
+
+# Graph variants (the manifest's `graphs` maps variant -> file). PORTABLE: the past is concatenated
+# into a new present every pass (any runtime, TensorRT). INPLACE: a fixed-capacity cache written in
+# place by onnxruntime's GroupQueryAttention, a length per row (exporter/inplace.py).
+PORTABLE, INPLACE = "portable", "inplace"
 
 
 @dataclass(frozen=True)
@@ -21,43 +27,48 @@ class Tensor:
     axes: tuple[str, ...]  # symbolic names; fixed sizes are written as digits ("kv_heads" etc. are per-model)
 
 
-def kv_inputs(num_layers: int) -> list[Tensor]:
+def kv_inputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
+    length = CAPACITY if variant == INPLACE else PAST
     out = []
     for i in range(num_layers):
         for kind in ("key", "value"):
-            out.append(Tensor(f"past_key_values.{i}.{kind}", "model", (BATCH, "kv_heads", PAST, "head_dim")))
+            out.append(Tensor(f"past_key_values.{i}.{kind}", "model", (BATCH, "kv_heads", length, "head_dim")))
     return out
 
 
-def kv_outputs(num_layers: int) -> list[Tensor]:
+def kv_outputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
+    length = CAPACITY if variant == INPLACE else TOTAL  # in place: the same buffer as the past
     out = []
     for i in range(num_layers):
         for kind in ("key", "value"):
-            out.append(Tensor(f"present.{i}.{kind}", "model", (BATCH, "kv_heads", TOTAL, "head_dim")))
+            out.append(Tensor(f"present.{i}.{kind}", "model", (BATCH, "kv_heads", length, "head_dim")))
     return out
 
 
-def graph_inputs(num_layers: int) -> list[Tensor]:
+def graph_inputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
+    # INPLACE: total = max(cache_lengths) + window; attention_mask covers the cached prefixes
+    lengths = [Tensor("cache_lengths", "int64", (BATCH,))] if variant == INPLACE else []
     return [
         Tensor("input_ids", "int64", (BATCH, WINDOW)),
         Tensor("position_ids", "int64", (BATCH, WINDOW)),
         Tensor("attention_mask", "int64", (BATCH, TOTAL)),
         Tensor("window_mask", "bool", (BATCH, WINDOW, WINDOW)),
-        *kv_inputs(num_layers),
+        *lengths,
+        *kv_inputs(num_layers, variant),
     ]
 
 
-def graph_outputs(num_layers: int) -> list[Tensor]:
+def graph_outputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
     return [
         Tensor("logits", "float32", (BATCH, WINDOW, "vocab")),
         Tensor("greedy_ids", "int64", (BATCH, WINDOW)),
-        *kv_outputs(num_layers),
+        *kv_outputs(num_layers, variant),
     ]
 
 
-def input_names(num_layers: int) -> list[str]:
-    return [t.name for t in graph_inputs(num_layers)]
+def input_names(num_layers: int, variant: str = PORTABLE) -> list[str]:
+    return [t.name for t in graph_inputs(num_layers, variant)]
 
 
-def output_names(num_layers: int) -> list[str]:
-    return [t.name for t in graph_outputs(num_layers)]
+def output_names(num_layers: int, variant: str = PORTABLE) -> list[str]:
+    return [t.name for t in graph_outputs(num_layers, variant)]

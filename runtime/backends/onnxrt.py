@@ -21,10 +21,11 @@ import numpy as np
 
 from ..errors import BackendError, require
 from ..manifest import Manifest
-from ..spec import kv_inputs, kv_outputs
+from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendContext, StepOutput
 from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext
+from .inplace import OrtInplaceContext
 
 ORT_HINT = 'pip install "jacobi-rt[cpu]" (or "jacobi-rt[gpu]" for CUDA)'
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -57,13 +58,16 @@ def cuda_available(ort) -> bool:
 class OrtBackend(Backend):
     """One InferenceSession per artifact; `context()` gives each generation its own KV buffers."""
 
-    def __init__(self, folder: str | Path, manifest: Manifest, device: str = "auto", threads: int | None = None):
+    def __init__(self, folder: str | Path, manifest: Manifest, device: str = "auto", threads: int | None = None, graph: str = "auto"):
+        """graph: "auto" (the in-place graph on the CPU when the artifact has one, else the portable
+        graph), "portable" or "inplace"."""
         ort = require("onnxruntime", ORT_HINT)
         self.manifest = manifest
         self.device = _pick_device(ort, device)
+        self.graph = _pick_graph(manifest, graph, self.device)
         self.name = f"onnxruntime-{self.device}"
         self.threads = threads or physical_cores()
-        graph = Path(folder) / manifest.graphs.get("onnxruntime", manifest.graphs["portable"])
+        graph = Path(folder) / manifest.graphs[self.graph]
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -82,16 +86,34 @@ class OrtBackend(Backend):
     def _check_graph(self) -> None:
         layers = self.manifest.architecture.num_layers
         names = {i.name for i in self.session.get_inputs()}
-        expected = {"input_ids", "position_ids", "attention_mask", "window_mask", *(t.name for t in kv_inputs(layers))}
+        expected = set(input_names(layers, self.graph))
         if names != expected:
             raise BackendError(
-                f"the graph's inputs do not match the window-graph contract for {layers} layers "
+                f"the {self.graph} graph's inputs do not match the window-graph contract for {layers} layers "
                 f"(unexpected: {sorted(names - expected)[:4]}, missing: {sorted(expected - names)[:4]}); re-export the artifact"
             )
 
     def context(self, capacity: int, batch: int = 1) -> "OrtContext":
         capacity = max(1, min(capacity, self.manifest.max_context))
+        if self.graph == INPLACE:
+            return OrtInplaceContext(self, capacity, batch)
         return (OrtDeviceContext if self.device == "cuda" else OrtContext)(self, capacity, batch)
+
+
+def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
+    """The in-place graph on the CPU when the artifact has it; CUDA keeps the portable graph (DeviceKV)."""
+    if graph not in ("auto", PORTABLE, INPLACE):
+        raise BackendError(f"graph must be auto, {PORTABLE} or {INPLACE}, not {graph!r}")
+    has_inplace = INPLACE in manifest.graphs
+    if graph == "auto":
+        return INPLACE if has_inplace and device == "cpu" else PORTABLE
+    if graph == INPLACE and not has_inplace:
+        skipped = (manifest.check.get(INPLACE) or {}).get("skipped")
+        why = f" ({skipped})" if skipped else "; re-export it with this jacobi-rt to add it"
+        raise BackendError(f"this artifact has no in-place graph{why}; use the portable graph")
+    if graph == INPLACE and device != "cpu":
+        raise BackendError("the in-place graph runs on the CPU provider only for now; use --graph portable (or auto) on CUDA")
+    return graph
 
 
 def _pick_device(ort, device: str) -> str:

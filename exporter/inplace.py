@@ -1,0 +1,208 @@
+"""The in-place window graph: a fixed-capacity KV cache that onnxruntime updates where the window lands.
+
+Inputs (runtime/spec.py `inplace_inputs`): `input_ids`, `position_ids` [B, W]; `attention_mask`
+[B, T] (1 = attend to that cached position; T = max(length) + W, so its shape carries T);
+`window_mask` [B, W, W]; `cache_lengths` [B] int64, each row's committed entries; and
+`past_key_values.{i}.key/value` [B, kv_heads, capacity, head_dim]. Outputs: `logits`,
+`greedy_ids`, and `present.{i}.key/value` of the past's shape, which the runtime binds to the
+same buffers as the past (exporter/gqa.py: the contrib op then writes in place).
+
+The model's own forward runs with no cache object: its attention (registered with
+transformers' AttentionInterface) receives the window's new keys and values after the model's
+rotary, q/k norms or biases, and hands them to `jacobi::gqa` with the layer's past buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from jacobi_rt.runtime import spec
+
+from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
+from .gqa import TRANSLATION
+
+NAME = "jacobi_inplace"
+GRAPH_FILE = "model-inplace.onnx"
+
+
+@dataclass
+class InplaceWindow:
+    """What every layer's attention needs for one pass, handed through the model's kwargs."""
+
+    past: tuple  # key0, value0, key1, value1, ...: [B, Hkv, C, D]
+    seqlens_k: torch.Tensor  # [B] int32: length + W - 1
+    total_len: torch.Tensor  # [] int32: T
+    presents: dict = field(default_factory=dict)  # layer -> (key, value)
+
+
+def inplace_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, jacobi_window=None, **kwargs):
+    # query: [B, H, W, D]; key, value: [B, Hkv, W, D] (the window only: the model was given no cache)
+    batch, heads, window, dim = query.shape
+    kv_heads = key.shape[1]
+    layer = module.layer_idx
+    state: InplaceWindow = jacobi_window
+    flat = lambda t: t.transpose(1, 2).reshape(batch, window, -1)  # noqa: E731  [B, W, heads*D]
+    out, present_key, present_value = torch.ops.jacobi.gqa(
+        flat(query), flat(key), flat(value), state.past[2 * layer], state.past[2 * layer + 1],
+        state.seqlens_k, state.total_len, attention_mask, heads, kv_heads, float(scaling if scaling is not None else dim**-0.5),
+    )
+    state.presents[layer] = (present_key, present_value)
+    return out.view(batch, window, heads, dim), None
+
+
+def window_bias(attention_mask, window_mask, lengths, dtype) -> torch.Tensor:
+    """[B, T] int64, [B, W, W] bool, [B] int64 -> [B, 1, W, T] additive bias over absolute cache positions.
+
+    Row b's prefix is [0, length_b) (masked by attention_mask), its window [length_b, length_b + W)
+    (masked by window_mask); anything after is blocked.
+    """
+    window, total = window_mask.shape[-1], attention_mask.shape[-1]
+    rel = torch.arange(total)[None, :] - lengths[:, None]  # [B, T]: column - length_b
+    in_window = (rel >= 0) & (rel < window)
+    index = rel.clamp(0, window - 1)[:, None, :].expand(-1, window, -1)  # [B, W, T]
+    inside = torch.gather(window_mask, 2, index) & in_window[:, None, :]
+    prefix = ((rel < 0) & attention_mask.bool())[:, None, :]  # [B, 1, T]
+    allowed = (inside | prefix)[:, None]  # [B, 1, W, T]
+    return torch.where(allowed, torch.zeros((), dtype=dtype), torch.tensor(torch.finfo(dtype).min, dtype=dtype))
+
+
+class InplaceWindowModel(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, num_layers: int):
+        super().__init__()
+        self.model = model
+        self.num_layers = num_layers
+
+    def forward(self, input_ids, position_ids, attention_mask, window_mask, cache_lengths, *past):
+        dtype = past[0].dtype
+        window, total = input_ids.shape[1], attention_mask.shape[1]
+        state = InplaceWindow(
+            past=past,
+            seqlens_k=(cache_lengths + window - 1).to(torch.int32),
+            total_len=torch.full((), total, dtype=torch.int32),
+        )
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=window_bias(attention_mask, window_mask, cache_lengths, dtype),
+            use_cache=False,
+            jacobi_window=state,
+        )
+        logits = out.logits.float()  # [B, W, vocab]
+        present = [t for i in range(self.num_layers) for t in state.presents[i]]
+        return (logits, logits.argmax(dim=-1), *present)
+
+
+@contextlib.contextmanager
+def inplace_attention_for(model):
+    """Switch `model` to the in-place attention for the duration of a trace; restore eager on exit."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, inplace_attention)
+    model.set_attn_implementation(NAME)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation("eager")
+
+
+def unsupported(shape) -> str | None:
+    """Why GroupQueryAttention cannot serve this model (None when it can)."""
+    if shape.num_heads % shape.kv_heads:
+        return f"{shape.num_heads} query heads are not a multiple of {shape.kv_heads} KV heads"
+    if shape.head_dim % 8:
+        return f"head_dim {shape.head_dim} is not a multiple of 8 (GroupQueryAttention's requirement)"
+    return None
+
+
+def sample_inputs(shape, dtype, batch=2, window=3, lengths=(1, 4), capacity=11) -> tuple:
+    """Tracing inputs; batch, window, total (= 7) and capacity all differ so no axis is confused."""
+    total = max(lengths) + window
+    kv = torch.randn(batch, shape.kv_heads, capacity, shape.head_dim, dtype=dtype)
+    return (
+        torch.randint(0, shape.vocab_size, (batch, window)),
+        torch.tensor(lengths)[:, None] + torch.arange(window),
+        torch.ones(batch, total, dtype=torch.long),
+        torch.tril(torch.ones(window, window, dtype=torch.bool)).repeat(batch, 1, 1),
+        torch.tensor(lengths, dtype=torch.long),
+        *[kv.clone() for _ in range(2 * shape.num_layers)],
+    )
+
+
+def export_inplace_onnx(model, shape, path: Path, opset: int) -> None:
+    """torch.onnx.export (dynamo) of the in-place window graph, then the contract's axis names."""
+    from torch.export import Dim
+
+    from .trace import TWO_GB, _weights_bytes
+
+    dtype = next(model.parameters()).dtype
+    wrapper = InplaceWindowModel(model, shape.num_layers).eval()
+    batch, window, capacity = Dim("batch"), Dim("window"), Dim("capacity")
+    dynamic_shapes = {
+        "input_ids": {0: batch, 1: window},
+        "position_ids": {0: batch, 1: window},
+        "attention_mask": {0: batch, 1: Dim.AUTO},  # total = max(length) + window
+        "window_mask": {0: batch, 1: window, 2: window},
+        "cache_lengths": {0: batch},
+        "past": tuple({0: batch, 2: capacity} for _ in range(2 * shape.num_layers)),
+    }
+    with warnings.catch_warnings(), torch.no_grad(), inplace_attention_for(model):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            wrapper,
+            sample_inputs(shape, dtype),
+            dynamo=True,
+            opset_version=opset,
+            dynamic_shapes=dynamic_shapes,
+            custom_translation_table=TRANSLATION,
+            input_names=spec.input_names(shape.num_layers, spec.INPLACE),
+            output_names=spec.output_names(shape.num_layers, spec.INPLACE),
+            verbose=False,
+        )
+    program.save(str(path), external_data=_weights_bytes(model) > TWO_GB)
+    name_inplace_axes(path, shape.num_layers)
+
+
+def name_inplace_axes(path: Path, num_layers: int) -> None:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    wanted = {t.name: t.axes for t in spec.graph_inputs(num_layers, spec.INPLACE) + spec.graph_outputs(num_layers, spec.INPLACE)}
+    for value in list(model.graph.input) + list(model.graph.output):
+        for dim, axis in zip(value.type.tensor_type.shape.dim, wanted[value.name]):
+            if axis in (spec.BATCH, spec.WINDOW, spec.TOTAL, spec.CAPACITY):
+                dim.ClearField("dim_value")
+                dim.dim_param = axis
+    onnx.save(model, str(path))
+
+
+def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None) -> tuple[dict, dict]:
+    """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures), or
+    ({}, {"skipped": why}) when this family cannot map onto GroupQueryAttention (the artifact then
+    has the portable graph only). A graph that traces but disagrees with PyTorch raises."""
+    from jacobi_rt.runtime.errors import JacobiError
+
+    from .inplace_check import CASES, check_inplace_against_torch
+
+    reason = unsupported(shape)
+    path = folder / GRAPH_FILE
+    if reason is None:
+        step(f"tracing the in-place graph (GroupQueryAttention, opset {opset})")
+        try:
+            export_inplace_onnx(model, shape, path, opset)
+        except JacobiError:
+            raise
+        except Exception as exc:  # torch.export / onnxscript raise many types for an architecture they cannot trace
+            reason = f"tracing failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    if reason is not None:
+        for p in folder.glob(GRAPH_FILE + "*"):
+            p.unlink()
+        step(f"no in-place graph for this model: {reason}")
+        return {}, {"skipped": reason}
+    step(f"checking the in-place graph against PyTorch at {len(CASES)} batches")
+    report = check_inplace_against_torch(model, shape, path, dtype, progress)
+    return {spec.INPLACE: GRAPH_FILE}, report.to_dict()

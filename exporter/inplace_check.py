@@ -1,0 +1,93 @@
+"""The in-place graph's export check: onnxruntime against the portable PyTorch window model.
+
+Each case is a batch of rows with their own cached lengths (a real past from a PyTorch forward,
+the buffer's unused tail filled with noise that must never be read), one window per row, and a
+two-branch window mask for windows of 4 and more. Every row is compared with the portable
+window model (the model's own eager attention and cache) run on that row alone, so the check
+covers the contrib op, the bias built in-graph and the per-row lengths at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from jacobi_rt.runtime.errors import ExportCheckError
+
+from .check import TOLERANCE, CheckReport, _compare
+from .window_model import WindowModel, output_cache
+
+# (lengths of the rows, window)
+CASES = [((0,), 1), ((0,), 4), ((9,), 1), ((17,), 8), ((6, 3), 5), ((0, 7), 3), ((33, 20), 16)]
+SLACK = 3  # capacity beyond the longest row: a tail the graph must not read
+
+
+def _row_case(model, shape, length: int, window: int, generator) -> dict:
+    """One row: its past (real), its window, positions and mask (a second branch when window >= 4)."""
+    dtype = next(model.parameters()).dtype
+    ids = torch.randint(0, shape.vocab_size, (1, length + window), generator=generator)
+    if length:
+        with torch.no_grad():
+            out = model(ids[:, :length], use_cache=True)
+        kv = [t for layer in output_cache(out).layers for t in (layer.keys, layer.values)]
+    else:
+        kv = [torch.zeros(1, shape.kv_heads, 0, shape.head_dim, dtype=dtype) for _ in range(2 * shape.num_layers)]
+    mask = torch.tril(torch.ones(window, window, dtype=torch.bool))[None]
+    positions = torch.arange(length, length + window)[None]
+    if window >= 4:  # the second half is an independent branch from the same place
+        half = window // 2
+        mask[:, half:, :half] = False
+        positions[:, half:] = positions[:, : window - half].clone()
+    return {"ids": ids[:, length:], "positions": positions, "mask": mask, "kv": kv, "length": length}
+
+
+def inplace_feeds(rows: list[dict], shape, capacity: int, generator) -> dict:
+    """The in-place graph's inputs for a batch of rows (numpy)."""
+    dtype = rows[0]["kv"][0].dtype
+    window = rows[0]["ids"].shape[1]
+    total = max(r["length"] for r in rows) + window
+    feeds = {
+        "input_ids": torch.cat([r["ids"] for r in rows]),
+        "position_ids": torch.cat([r["positions"] for r in rows]),
+        "attention_mask": torch.ones(len(rows), total, dtype=torch.long),
+        "window_mask": torch.cat([r["mask"] for r in rows]),
+        "cache_lengths": torch.tensor([r["length"] for r in rows]),
+    }
+    for i in range(2 * shape.num_layers):
+        buffer = torch.randn(len(rows), shape.kv_heads, capacity, shape.head_dim, generator=generator).to(dtype) * 100
+        for b, r in enumerate(rows):
+            buffer[b, :, : r["length"]] = r["kv"][i][0]
+        name = f"past_key_values.{i // 2}.{'value' if i % 2 else 'key'}"
+        feeds[name] = buffer
+    return {k: v.numpy() for k, v in feeds.items()}
+
+
+def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None) -> CheckReport:
+    """Compare the in-place ONNX with the portable PyTorch window model row by row; raise if out of tolerance."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    wrapper = WindowModel(model, shape.num_layers).eval()
+    report = CheckReport(tolerance=TOLERANCE[dtype])
+    for seed, (lengths, window) in enumerate(CASES):
+        g = torch.Generator().manual_seed(100 + seed)
+        rows = [_row_case(model, shape, length, window, g) for length in lengths]
+        got = session.run(None, inplace_feeds(rows, shape, max(lengths) + window + SLACK, g))
+        for b, r in enumerate(rows):
+            total = r["length"] + window
+            with torch.no_grad():
+                expected = wrapper(r["ids"], r["positions"], torch.ones(1, total, dtype=torch.long), r["mask"], *r["kv"])
+            expected = [t.float().numpy() for t in expected]
+            mine = [got[0][b : b + 1], got[1][b : b + 1], *(p[b : b + 1, :, :total] for p in got[2:])]
+            _compare(report, expected, mine, (len(rows), window, r["length"]))
+        if progress:
+            progress()
+    if report.max_logit_diff > report.tolerance or report.max_present_diff > report.tolerance \
+            or report.greedy_agree + report.near_ties < report.positions:
+        raise ExportCheckError(
+            f"{onnx_path}: the in-place graph disagrees with PyTorch: max |logit diff| {report.max_logit_diff:.3g}, "
+            f"max |cache diff| {report.max_present_diff:.3g} (tolerance {report.tolerance:g}), greedy ids agree on "
+            f"{report.greedy_agree}/{report.positions} positions ({report.near_ties} near-ties); per row: {report.shapes}. "
+            "This is an exporter bug for this model: please report it"
+        )
+    return report
