@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from jacobi_rt.runtime.errors import InputError
+from jacobi_rt.runtime.backends.base import PREFILL_CHUNK, BackendLimits
+from jacobi_rt.runtime.errors import BackendError, InputError
 from jacobi_rt.runtime.manifest import Manifest
 from jacobi_rt.runtime.spec import BATCH, PAST, TOTAL, WINDOW, graph_inputs
 
 DECODE_WINDOW = 32  # decode kernels are tuned for windows up to this
-PREFILL_WINDOW = 256  # the runtime's prefill chunk (runtime/generator.py PREFILL_CHUNK)
+PREFILL_WINDOW = PREFILL_CHUNK  # the runtime's prefill chunk
 
 
 @dataclass(frozen=True)
@@ -119,3 +120,20 @@ def _check_limits(manifest: Manifest, limits: Limits) -> int:
 def pick_profile(profiles: list[Profile], batch: int, window: int, past: int) -> int | None:
     """Index of the first profile covering this pass, or None."""
     return next((i for i, p in enumerate(profiles) if p.covers(batch, window, past)), None)
+
+
+def serving_limits(profiles: list[Profile], max_context: int, batch: int = 1) -> BackendLimits:
+    """The context, prefill chunk and widest pass an engine with these profiles serves for `batch`.
+
+    Only profiles that start at window 1 and past 0 count: each then covers every window up to its
+    max at every past up to its max, so any pass with window <= the largest max and past + window
+    below the context is covered by one of them (the runtime keeps past + window <= context - 1).
+    """
+    usable = [p for p in profiles if p.batch.covers(batch) and p.window.min <= 1 and p.past.min == 0]
+    if not usable:
+        ranges = "; ".join(p.describe() for p in profiles)
+        raise BackendError(f"no optimization profile of the engine serves batch {batch} from an empty cache ({ranges}); "
+                           "rebuild it with `jacobi-rt build ARTIFACT`")
+    context = min(max_context, min(p.past.max for p in usable) + 1)
+    window = min(max(p.window.max for p in usable), context)
+    return BackendLimits(max_context=context, prefill_chunk=window, max_window=window)

@@ -184,7 +184,7 @@ class DraftProposer(Proposer):
             self.sampler = sampler.independent()
 
     def start(self, prompt: list[int], first: int) -> None:
-        self.stats = _zero_stats()
+        self.stats = {**_zero_stats(), "jacobi_tail": self.jacobi}
         self.tokens, self.chain, self.jacobi_guesses = [*prompt, first], [], []
         self.ctx.trim(0)
         self.usable = len(prompt) + 1 < self.ctx.capacity

@@ -67,12 +67,12 @@ class Server:
 
     def start(self, call: GenerationCall) -> TextStream:
         """Check the request against the model (tokenizing the prompt) and prepare its generation."""
-        context = self.generator.manifest.max_context
+        context = self.generator.limits.max_context  # the backend's: an engine may hold less than the manifest
         default = context if call.messages is not None else self.settings.completion_max_tokens
         try:
             stream = self.generator.start(call.prompt, max_new_tokens=call.max_tokens or default,
                                           strategy=call.strategy or self.settings.default_strategy, window=call.window,
-                                          stop=call.stop or None, messages=call.messages)
+                                          stop=call.stop or None, messages=call.messages, jacobi_tail=call.jacobi_tail)
         except InputError as exc:
             raise from_input_error(exc, call.prompt_param) from None
         if call.max_tokens and stream.prompt_tokens + call.max_tokens > context:
@@ -189,9 +189,9 @@ def _service_routes(server: Server) -> APIRouter:
 
 
 def _model_card(server: Server) -> dict:
-    manifest = server.generator.manifest
+    manifest, limits = server.generator.manifest, server.generator.limits
     return {"id": server.settings.model_id, "object": "model", "created": server.created, "owned_by": "jacobi-rt",
-            "jacobi": {"family": manifest.architecture.family, "max_context": manifest.max_context,
+            "jacobi": {"family": manifest.architecture.family, "max_context": limits.max_context, "max_window": limits.max_window,
                        "dtype": manifest.dtype, "quantization": manifest.quantization,
                        "draft": server.generator.draft is not None, "default_strategy": server.settings.default_strategy}}
 

@@ -26,6 +26,7 @@ class JacobiOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     strategy: Literal[STRATEGIES] | None = None  # type: ignore[valid-type]
     window: StrictInt | None = None
+    jacobi_tail: StrictBool | None = None  # speculative: target predictions seed the draft's next window
 
 
 class StreamOptions(BaseModel):
@@ -90,6 +91,7 @@ class GenerationCall:
     stop: list[str] = field(default_factory=list)
     strategy: str | None = None  # None: the server's default
     window: int | None = None
+    jacobi_tail: bool | None = None  # None: the runtime's default
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
@@ -187,6 +189,7 @@ def _call(request: CommonRequest, prompt, messages, max_tokens) -> GenerationCal
         stop=_checked_stops(stops),
         strategy=options.strategy,
         window=options.window,
+        jacobi_tail=options.jacobi_tail,
         stream=request.stream,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         user=request.user,

@@ -226,15 +226,30 @@ class RecordingBackend:
         return getattr(self._inner, name)
 
 
+# Bench names for a strategy with an option: NAME -> (strategy, Generator.generate() options)
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "speculative-chain": ("speculative", {"jacobi_tail": False}),  # the draft's own chain each pass
+    "speculative-tail": ("speculative", {"jacobi_tail": True}),  # target predictions seed the draft's next window
+}
+
+
+def strategy_of(name: str) -> tuple[str, dict]:
+    """(strategy, generate() options) of a bench strategy name: a strategy, or one of VARIANTS."""
+    return VARIANTS.get(name, (name, {}))
+
+
 class StrategyConfig:
     """A jacobi-rt strategy on a loaded Generator (whose backend is a RecordingBackend)."""
 
-    def __init__(self, generator, strategy: str, window: int | None, name: str, engine: str, baseline: str | None):
+    def __init__(self, generator, strategy: str, window: int | None, name: str, engine: str, baseline: str | None,
+                 options: dict | None = None):
         self.generator, self.strategy, self.window = generator, strategy, window
         self.name, self.engine, self.baseline = name, engine, baseline
+        self.options = options or {}
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
-        result = self.generator.generate(prompt_ids, max_new_tokens=max_new_tokens, strategy=self.strategy, window=self.window)
+        result = self.generator.generate(prompt_ids, max_new_tokens=max_new_tokens, strategy=self.strategy, window=self.window,
+                                         **self.options)
         s = result.stats
         log = getattr(self.generator.backend, "log", None)
         return RunResult(

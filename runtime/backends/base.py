@@ -2,7 +2,7 @@
 
 A `Backend` holds what is loaded once (an onnxruntime session, a TensorRT engine). A
 `BackendContext` is one sequence's state on the device: KV buffers allocated once at `capacity`
-entries, and the bindings. The decoding loop drives a context with three calls:
+entries, and the bindings. The decoding loop drives a context with four calls:
 
     out = ctx.forward(window_ids)   # one pass over `length` cached entries + the window
     ctx.commit(n)                   # keep the KV of the window's first n entries, drop the rest
@@ -10,6 +10,8 @@ entries, and the bindings. The decoding loop drives a context with three calls:
     ctx.trim(length)                # rewind to `length` entries (e.g. a draft model after a rejection)
 
 Only ids, positions and masks go to the device; only greedy ids (and logits when asked) come back.
+`Backend.limits` says what one context can take (a TensorRT engine's optimization profiles may
+allow less than the manifest's max_context); the Generator keeps every pass within them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,18 @@ import numpy as np
 
 from ..errors import BackendError
 from ..manifest import Manifest
+
+
+PREFILL_CHUNK = 256  # prompt tokens per prefill pass, unless a backend's limits allow fewer
+
+
+@dataclass(frozen=True)
+class BackendLimits:
+    """What every pass of one sequence may use on a backend."""
+
+    max_context: int  # KV entries of one sequence: prompt + output
+    prefill_chunk: int  # prompt tokens per prefill pass
+    max_window: int  # tokens in one decoding pass (the last token + guesses)
 
 
 @dataclass
@@ -95,6 +109,12 @@ class Backend(ABC):
 
     name: str
     manifest: Manifest
+
+    @property
+    def limits(self) -> BackendLimits:
+        """The manifest's context, in passes of any width; backends with tighter limits override this."""
+        context = self.manifest.max_context
+        return BackendLimits(context, min(PREFILL_CHUNK, context), context)
 
     @abstractmethod
     def context(self, capacity: int, batch: int = 1) -> BackendContext:

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from jacobi_rt.engines.profiles import Profile, Range, pick_profile
+from jacobi_rt.engines.profiles import Profile, Range, pick_profile, serving_limits
 from jacobi_rt.engines.records import rebuild_hint, select_engine, verify_engine_file
 
 from ..errors import BackendError, MissingDependencyError
 from ..manifest import EngineRecord, Manifest
 from ..spec import input_names, kv_inputs, kv_outputs
-from .base import Backend, StepOutput
+from .base import Backend, BackendLimits, StepOutput
 from .cuda import DEVICE_TO_HOST, HOST_TO_DEVICE, CudaMemory, gpu_facts, load_cudart
 from .device_kv import ALIGN, DeviceKV, DeviceKVContext
 
@@ -116,6 +116,11 @@ class TrtBackend(Backend):
     @property
     def max_window(self) -> int:
         return max(p.window.max for p in self.profiles)
+
+    @property
+    def limits(self) -> BackendLimits:
+        """The engine's profiles bound the context, the prefill chunk and the widest pass (`jacobi-rt build` limits)."""
+        return serving_limits(self.profiles, self.manifest.max_context)
 
     def context(self, capacity: int, batch: int = 1) -> "TrtContext":
         limit = min(self.manifest.max_context, max(p.total.max for p in self.profiles))

@@ -71,6 +71,10 @@ class HostDeviceBackend:
     def __init__(self, backend):
         self.inner, self.manifest, self.name = backend, backend.manifest, "onnxruntime-device-kv-on-host"
 
+    @property
+    def limits(self):
+        return self.inner.limits
+
     def context(self, capacity, batch=1):
         return OrtDeviceContext(self.inner, max(1, min(capacity, self.manifest.max_context)), batch, memory=HostMemory())
 

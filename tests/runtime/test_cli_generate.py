@@ -38,3 +38,16 @@ def test_errors_are_one_line_and_exit_1(artifact, tmp_path):
         result = run(*args)
         assert result.exit_code == 1, result.output
         assert result.output.startswith("error: ") and "Traceback" not in result.output
+
+
+def test_jacobi_tail_option_reaches_the_draft(artifact):
+    folder, draft = artifact("llama"), artifact("llama-draft1")
+    base = [folder, "--draft", draft, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "speculative"]
+    greedy = json.loads(run(folder, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "greedy").stdout)
+    for flag, expected in (("--jacobi-tail", True), ("--no-jacobi-tail", False)):
+        result = run(*base, flag)
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["ids"] == greedy["ids"] and data["stats"]["proposer"]["jacobi_tail"] is expected
+    refused = run(folder, "--prompt", "x", "--strategy", "lookahead", "--jacobi-tail")
+    assert refused.exit_code == 1 and "jacobi_tail" in refused.output

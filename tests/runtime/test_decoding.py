@@ -336,3 +336,25 @@ def test_auto_with_a_draft_and_lookahead_in_one_arm_equals_greedy_on_every_famil
                 result = gen.generate(prompt, max_new_tokens=40, strategy="auto")
                 assert result.ids == expected, (family, prompt)
                 assert set(result.stats.proposer["arms"]["draft"]) == {"draft", "lookahead"}
+
+
+def test_tokens_after_an_eos_are_not_counted_as_accepted(artifact):
+    """A pass that commits past an EOS keeps only the tokens up to it; tokens_per_pass counts what was kept."""
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+    from jacobi_rt.runtime.decoding import Progress, decode
+    from jacobi_rt.runtime.draft import DraftProposer
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    folder = artifact("llama")
+    backend = OrtBackend(folder, load_manifest(folder), "cpu", threads=1)
+    prompt = [5, 17, 33]
+    with backend.context(64) as ctx:
+        free = [t for piece in decode(ctx, prompt, NoProposer(), 1, 40, 64, set(), 16, Progress()) for t in piece]
+    # an EOS in the middle of the first 9-token pass (the target drafts for itself: every guess is right)
+    cut = next(i for i in range(2, 8) if free.index(free[i]) == i)
+    progress = Progress()
+    with backend.context(64) as ctx, DraftProposer(backend, 64, k=8) as proposer:
+        ids = [t for piece in decode(ctx, prompt, proposer, 9, 40, 64, {free[cut]}, 16, progress) for t in piece]
+    assert ids == free[: cut + 1] and progress.finish_reason == "eos"
+    assert progress.target_passes == 1
+    assert progress.accepted == len(ids) - 1  # not the 9 tokens the pass committed

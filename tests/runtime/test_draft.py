@@ -409,3 +409,22 @@ def test_speculative_without_a_draft_is_a_clear_error(artifact):
     with pytest.raises(InputError, match="needs a draft model"):
         gen.generate("The quick", max_new_tokens=4, strategy="speculative")
     assert gen.generate("The quick", max_new_tokens=4, strategy="greedy").ids  # still usable
+
+
+def test_jacobi_tail_is_an_option_of_generate_stream_and_start(artifact):
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.runtime.generator import DEFAULT_JACOBI_TAIL
+
+    gen = Generator.load(artifact("llama"), draft=_export_tiny("llama-draft1", "llama"))
+    prompt = "The quick brown fox"
+    greedy = gen.generate(prompt, max_new_tokens=30, strategy="greedy")
+    for tail in (True, False, None):
+        result = gen.generate(prompt, max_new_tokens=30, strategy="speculative", jacobi_tail=tail)
+        assert result.ids == greedy.ids
+        assert result.stats.proposer["jacobi_tail"] is (DEFAULT_JACOBI_TAIL if tail is None else tail)
+        assert "".join(gen.stream(prompt, max_new_tokens=30, strategy="speculative", jacobi_tail=tail)) == greedy.text
+        stream = gen.start(prompt, max_new_tokens=30, strategy="auto", jacobi_tail=tail)
+        assert "".join(stream) == greedy.text
+    for strategy, tail in (("lookahead", True), ("greedy", False), ("speculative", "yes")):
+        with pytest.raises(InputError, match="jacobi_tail"):
+            gen.generate(prompt, max_new_tokens=4, strategy=strategy, jacobi_tail=tail)

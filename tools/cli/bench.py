@@ -26,7 +26,8 @@ def _names(text: str) -> list[str]:
               help="Another artifact of the same model (e.g. its GGUF-weights export) to run side by side: its "
                    "strategies appear as NAME/STRATEGY, compared with its own greedy and with ARTIFACT's. Repeatable.")
 @click.option("--strategies", default=DEFAULT_STRATEGIES, show_default=True,
-              help="Comma-separated jacobi-rt strategies; greedy is always run (it is the reference).")
+              help="Comma-separated jacobi-rt strategies; greedy is always run (it is the reference). Also "
+                   "speculative-chain and speculative-tail: speculative without and with the Jacobi tail.")
 @click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Widest pass; default: the runtime's.")
 @click.option("--peers", default="", show_default=True,
               help="Comma-separated peers: hf, hf-lookup, ortgenai, ortgenai-ngram, ortgenai-int4, ortgenai-int4-ngram, llamacpp, llamacpp-lookup.")
@@ -63,10 +64,10 @@ def bench_command(artifact, draft, also, prompts, strategies, window, peers, pee
 
     started = time.perf_counter()
     names = ["greedy"] + [s for s in _names(strategies) if s != "greedy"]
-    unknown = [s for s in names if s not in STRATEGIES]
+    unknown = [s for s in names if bench.strategy_of(s)[0] not in STRATEGIES]
     if unknown:
-        raise InputError(f"unknown strategy {unknown[0]!r}; pick from {', '.join(STRATEGIES)}")
-    if "speculative" in names and draft is None:
+        raise InputError(f"unknown strategy {unknown[0]!r}; pick from {', '.join([*STRATEGIES, *bench.VARIANTS])}")
+    if any(bench.strategy_of(s)[0] == "speculative" for s in names) and draft is None:
         raise InputError("strategy 'speculative' needs --draft DIR (a draft artifact)")
     prompt_set = bench.load_prompts(prompts, limit)
     if not prompt_set:
@@ -74,12 +75,13 @@ def bench_command(artifact, draft, also, prompts, strategies, window, peers, pee
 
     generator = bench.load_generator(artifact, draft=draft, threads=threads)
     engine = f"jacobi-rt:{Path(artifact).name}"
-    configs = [bench.StrategyConfig(generator, s, None if s == "greedy" else window, s, engine, "greedy") for s in names]
+    configs = [bench.StrategyConfig(generator, bench.strategy_of(s)[0], None if s == "greedy" else window, s, engine, "greedy",
+                                    bench.strategy_of(s)[1]) for s in names]
     for other in also:  # same strategies on another artifact; the draft belongs to ARTIFACT, so no speculative here
         label = Path(other).name
         extra = bench.load_generator(other, threads=threads)
         configs += [bench.StrategyConfig(extra, s, None if s == "greedy" else window, f"{label}/{s}", f"jacobi-rt:{label}",
-                                         f"{label}/greedy") for s in names if s != "speculative"]
+                                         f"{label}/greedy") for s in names if bench.strategy_of(s)[0] != "speculative"]
     ctx = peer_registry.PeerContext(Path(artifact), Path(peer_models), threads, hf_model, tuple(generator.manifest.tokens.eos_ids))
     peer_configs, skipped = peer_registry.load_peers(_names(peers), ctx)
     for line in skipped:

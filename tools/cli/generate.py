@@ -27,8 +27,11 @@ import click
               help="auto: onnxruntime on CUDA when onnxruntime-gpu and a GPU are present, else CPU. "
                    "tensorrt: the artifact's engine from `jacobi-rt build` (draft too).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for onnxruntime. Default: the physical cores.")
+@click.option("--jacobi-tail/--no-jacobi-tail", default=None,
+              help="speculative (and auto's draft arm): the target's predictions past a rejected guess seed the draft's "
+                   "next window (speculative Jacobi decoding). Default: the runtime's (see the README).")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start; unsafe if files may have changed).")
-def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, no_verify):
+def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, jacobi_tail, no_verify):
     """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
 
     The output is token-for-token the model's greedy output, whichever strategy you pick;
@@ -50,7 +53,8 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
     if stream and as_json:
         raise InputError("--stream and --json do not mix; pick one")
     generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify)
-    options = dict(max_new_tokens=max_new_tokens, strategy=strategy, window=window, stop=list(stop) or None, chat=chat is not None)
+    options = dict(max_new_tokens=max_new_tokens, strategy=strategy, window=window, stop=list(stop) or None, chat=chat is not None,
+                   jacobi_tail=jacobi_tail)
     if stream:
         for piece in generator.stream(text, **options):
             click.echo(piece, nl=False)
