@@ -97,9 +97,8 @@ _M0, _M1 = np.uint64(0xD2E7470EE14C6C93), np.uint64(0xCA5A826395121157)
 _W0, _W1 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBB67AE8584CAA73B)
 _LO32, _32 = np.uint64(0xFFFFFFFF), np.uint64(32)
 _VECTOR_LIMIT = 1024  # fewer tokens than this: Philox on their counters only; more: numpy's C stream
-# every u is in [2**-54, 1 - 2**-54], so every g is within these bounds (used to prune exactly)
+# every u is in [2**-54, 1 - 2**-54], so no g exceeds this (used to prune exactly)
 GUMBEL_MAX = -math.log(-math.log1p(-(2.0**-54)))
-GUMBEL_MIN = -math.log(-math.log(2.0**-54))
 
 
 def philox_raw(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
@@ -197,10 +196,12 @@ class Sampler:
 
     def _gumbel_max(self, z: np.ndarray, ids: np.ndarray, position: int) -> int:
         seed = self.params.seed
-        top = ids[np.argmax(z[ids])]
-        bar = z[top] + gumbel(seed, position, np.array([top]))[0]
-        # a token more than (GUMBEL_MAX - its rival's noise) below can never win: draw noise for the rest only
-        ids = ids[z[ids] >= bar - GUMBEL_MAX]
+        if len(ids) > _VECTOR_LIMIT:
+            # a token more than (GUMBEL_MAX - the top token's noise) below the top can never win:
+            # draw noise for the others only (exact; it pays at low temperatures)
+            top = ids[np.argmax(z[ids])]
+            bar = z[top] + gumbel(seed, position, np.array([top]))[0]
+            ids = ids[z[ids] >= bar - GUMBEL_MAX]
         scores = z[ids] + gumbel(seed, position, ids)
         return int(ids[np.argmax(scores)])
 
