@@ -51,3 +51,15 @@ def test_jacobi_tail_option_reaches_the_draft(artifact):
         assert data["ids"] == greedy["ids"] and data["stats"]["proposer"]["jacobi_tail"] is expected
     refused = run(folder, "--prompt", "x", "--strategy", "lookahead", "--jacobi-tail")
     assert refused.exit_code == 1 and "jacobi_tail" in refused.output
+
+
+def test_sampling_options_reach_the_sampler(artifact, generator):
+    folder = artifact("llama")
+    args = [folder, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "jacobi", "--temperature", "0.8",
+            "--top-k", "20", "--top-p", "0.9", "--min-p", "0.01", "--seed", "4", "--repetition-penalty", "1.1"]
+    data = json.loads(run(*args).stdout)
+    expected = generator("llama").generate("The quick brown fox", max_new_tokens=12, strategy="greedy", temperature=0.8,
+                                           top_k=20, top_p=0.9, min_p=0.01, seed=4, repetition_penalty=1.1)
+    assert data["ids"] == expected.ids and data["stats"]["seed"] == 4
+    refused = run(folder, "--prompt", "x", "--temperature", "-1")
+    assert refused.exit_code == 1 and "temperature must be a number >= 0" in refused.output

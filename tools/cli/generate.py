@@ -7,12 +7,14 @@ import sys
 
 import click
 
+from jacobi_rt.runtime.generator import STRATEGIES
+
 
 @click.command("generate")
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
 @click.option("--prompt", "-p", default=None, help="Text to continue. Use '-' to read it from stdin.")
 @click.option("--chat", "-c", default=None, help="A user message, wrapped in the model's chat template (for instruct models).")
-@click.option("--strategy", type=click.Choice(["auto", "greedy", "jacobi", "lookahead", "speculative"]), default="auto", show_default=True,
+@click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True,
               help="How guesses are made (the output is the same): greedy = one token per pass; jacobi = the last pass's "
                    "predictions; lookahead = n-grams from the prompt, the output and the Jacobi trajectories; speculative = "
                    "the --draft model; auto = the best of these, sending guesses only when they pay.")
@@ -27,21 +29,32 @@ import click
               help="auto: onnxruntime on CUDA when onnxruntime-gpu and a GPU are present, else CPU. "
                    "tensorrt: the artifact's engine from `jacobi-rt build` (draft too).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for onnxruntime. Default: the physical cores.")
+@click.option("--graph", type=click.Choice(["auto", "inplace", "portable"]), default="auto", show_default=True,
+              help="onnxruntime graph variant: the in-place KV cache (CPU default when the artifact has it) or the portable one.")
 @click.option("--jacobi-tail/--no-jacobi-tail", default=None,
               help="speculative (and auto's draft arm): the target's predictions past a rejected guess seed the draft's "
                    "next window (speculative Jacobi decoding). Default: the runtime's (see the README).")
+@click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
+              help="0: greedy. Above 0: sample from softmax(logits / T); every strategy gives the same text for a --seed.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Sample from the k most likely tokens only (0: all).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Sample from the smallest set holding this probability (1: all).")
+@click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens less likely than this times the top token (0: none).")
+@click.option("--seed", type=int, default=None, help="Sampling seed (the same seed gives the same text). Default: drawn, and printed with the stats.")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="Divide the logits of tokens already in the prompt or output (1: none).")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start; unsafe if files may have changed).")
-def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, jacobi_tail, no_verify):
+def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, graph, jacobi_tail, temperature,
+                     top_k, top_p, min_p, seed, repetition_penalty, no_verify):
     """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
 
-    The output is token-for-token the model's greedy output, whichever strategy you pick;
-    the strategies differ only in speed. Stats go to stderr (or into --json).
+    The output is token-for-token the model's greedy output (or, with --temperature, the same
+    sample for a --seed), whichever strategy you pick; the strategies differ only in speed. Stats go to stderr (or into --json).
 
     \b
     Examples:
       jacobi-rt generate build/smollm2-135m --chat "Write a haiku about autumn"
       jacobi-rt generate build/smollm2-135m --prompt "def fib(n):" -n 64 --stream
       echo "Once upon a time" | jacobi-rt generate build/smollm2-135m --prompt - --json
+      jacobi-rt generate build/smollm2-135m --chat "Name a color" --temperature 0.7 --top-p 0.9 --seed 1
     """
     from jacobi_rt.runtime import Generator, InputError
 
@@ -52,9 +65,10 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
         text = sys.stdin.read()
     if stream and as_json:
         raise InputError("--stream and --json do not mix; pick one")
-    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify)
+    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify, graph=graph)
     options = dict(max_new_tokens=max_new_tokens, strategy=strategy, window=window, stop=list(stop) or None, chat=chat is not None,
-                   jacobi_tail=jacobi_tail)
+                   jacobi_tail=jacobi_tail, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                   repetition_penalty=repetition_penalty)
     if stream:
         for piece in generator.stream(text, **options):
             click.echo(piece, nl=False)
@@ -69,6 +83,7 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
     s = result.stats
     click.echo(
         f"[{s.new_tokens} tokens, {s.strategy} window {'up to ' if s.adaptive else ''}{s.window}: {s.target_passes} passes, "
-        f"{s.tokens_per_pass:.2f} tokens/pass, {s.decode_tokens_per_second:.1f} tokens/s, finish: {s.finish_reason}]",
+        f"{s.tokens_per_pass:.2f} tokens/pass, {s.decode_tokens_per_second:.1f} tokens/s, finish: {s.finish_reason}"
+        f"{'' if s.seed is None else f', seed {s.seed}'}]",
         err=True,
     )
