@@ -15,6 +15,7 @@ rows are padded with a few empty blocks (at most 1 for fp16 and head_dim 64).
 from __future__ import annotations
 
 import math
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -32,7 +33,13 @@ class DeviceKV:
         self.memory, self.rows, self.blocks, self.capacity, self.entry = memory, rows, blocks, capacity, entry
         worst_unit = ALIGN // math.gcd(ALIGN, entry)  # stride(L)'s padding unit divides this for every L
         self.side_bytes = rows * _round_up(blocks, worst_unit) * capacity * entry
-        self.bases = [memory.alloc(self.side_bytes) for _ in range(2)]
+        self.bases: list[int] = []
+        try:
+            for _ in range(2):
+                self.bases.append(memory.alloc(self.side_bytes))
+        except Exception:
+            self.free()  # the first side, when the second does not fit
+            raise
 
     def ysize(self, length: int) -> int:
         """Blocks per row, padded so that a row of `length` entries is a multiple of 256 bytes."""
@@ -68,9 +75,21 @@ class DeviceKV:
         return self.memory.download(self.addresses(side, length)[row], self.blocks * length * self.entry)
 
     def free(self) -> None:
-        for base in self.bases:
-            self.memory.free(base)
-        self.bases = [0, 0]
+        bases, self.bases = [b for b in self.bases if b], [0, 0]
+        release(lambda base=base: self.memory.free(base) for base in bases)
+
+
+def release(actions: Iterable[Callable[[], None]]) -> None:
+    """Run every release action even when some fail (a failed free must not leak the rest), then
+    raise the first failure."""
+    first = None
+    for action in actions:
+        try:
+            action()
+        except Exception as exc:  # CUDA's errors, and whatever a test double raises
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def _round_up(value: int, unit: int) -> int:
@@ -143,7 +162,6 @@ class DeviceKVContext(BackendContext):
         return raw.view(self.kv_dtype).reshape(self.batch, heads, self.length, head_dim)
 
     def close(self) -> None:
-        if getattr(self, "_kv", None) is not None:
-            self._kv.free()
-            self._kv = None
+        kv, self._kv = getattr(self, "_kv", None), None
+        release([kv.free] if kv is not None else [])
         super().close()

@@ -24,7 +24,7 @@ from ..manifest import Manifest
 from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendContext, StepOutput
 from .cuda import CudaMemory, device_count, load_cudart
-from .device_kv import DeviceKV, DeviceKVContext
+from .device_kv import DeviceKV, DeviceKVContext, release
 from .inplace import OrtInplaceContext
 
 ORT_HINT = 'pip install "jacobi-rt[cpu]" (or "jacobi-rt[gpu]" for CUDA)'
@@ -306,7 +306,11 @@ class OrtDeviceContext(DeviceKVContext, OrtContext):
             cuda = load_cudart()
             self._stream = (cuda, cuda.stream_create())
             self._memory = CudaMemory(cuda, self._stream[1])
-        super().__init__(backend, capacity, batch)
+        try:
+            super().__init__(backend, capacity, batch)
+        except Exception:
+            self.close()  # what was allocated before the failure: a KV side, the stream
+            raise
         self.kv_dtype = np.dtype(self.dtype)
 
     def _allocate(self, rows: int, elements: int) -> None:
@@ -327,8 +331,5 @@ class OrtDeviceContext(DeviceKVContext, OrtContext):
         self._memory.synchronize()
 
     def close(self) -> None:
-        super().close()
-        if self._stream is not None:
-            cuda, stream = self._stream
-            cuda.stream_destroy(stream)
-            self._stream = None
+        stream, self._stream = self._stream, None
+        release([super().close, *([lambda: stream[0].stream_destroy(stream[1])] if stream is not None else [])])

@@ -33,7 +33,7 @@ from ..manifest import EngineRecord, Manifest
 from ..spec import input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendLimits, StepOutput
 from .cuda import DEVICE_TO_HOST, HOST_TO_DEVICE, CudaMemory, gpu_facts, load_cudart
-from .device_kv import ALIGN, DeviceKV, DeviceKVContext
+from .device_kv import ALIGN, DeviceKV, DeviceKVContext, release
 
 TENSORRT_HINT = (
     "pip install \"jacobi-rt[tensorrt]\" on a machine with an NVIDIA GPU (the tensorrt wheels fetch "
@@ -286,13 +286,13 @@ class TrtContext(DeviceKVContext):
             raise BackendError(f"TensorRT refused the device address of {name}")
 
     def close(self) -> None:
-        super().close()  # the KV sides
-        for ptr in self._device:
-            self.cuda.free(ptr)
-        for ptr in self._host:
-            self.cuda.host_free(ptr)
-        self._device, self._host = [], []
-        self.context = None
-        if self.stream:
-            self.cuda.stream_destroy(self.stream)
-            self.stream = 0
+        """Free everything, even when a free fails (then the first failure is raised after the rest)."""
+        device, host, stream = self._device, self._host, self.stream
+        self._device, self._host, self.stream, self.context = [], [], 0, None
+        cuda = self.cuda
+        release([
+            super().close,  # the KV sides
+            *(lambda ptr=ptr: cuda.free(ptr) for ptr in device),
+            *(lambda ptr=ptr: cuda.host_free(ptr) for ptr in host),
+            *([lambda: cuda.stream_destroy(stream)] if stream else []),
+        ])

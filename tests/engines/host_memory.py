@@ -2,6 +2,9 @@
 
 copy_3d follows cudaMemcpy3D's addressing (byte x, row y, slice z at base + x0 + (z*ysize + y)*pitch + x)
 and checks what CUDA would not forgive: every byte inside an allocation, source and destination apart.
+`fail_alloc=n` makes the n-th allocation fail (out of memory), `fail_free` the frees of those
+addresses, so the error paths can be checked to leave nothing allocated (`buffers` empty).
+HostCuda: the Cuda calls TrtContext makes (buffers, pinned memory, streams, copies) on a HostMemory.
 """
 
 from __future__ import annotations
@@ -11,22 +14,31 @@ import ctypes
 import numpy as np
 
 from jacobi_rt.runtime.backends.device_kv import ALIGN
+from jacobi_rt.runtime.errors import BackendError
 
 
 class HostMemory:
     device = "cpu"
 
-    def __init__(self):
+    def __init__(self, fail_alloc: int | None = None):
         self.buffers: dict[int, np.ndarray] = {}
         self.copies = 0
+        self.allocations = 0
+        self.fail_alloc = fail_alloc
+        self.fail_free: set[int] = set()
 
     def alloc(self, nbytes: int) -> int:
+        self.allocations += 1
+        if self.allocations == self.fail_alloc:
+            raise BackendError(f"CUDA error 2 (cudaErrorMemoryAllocation) in cudaMalloc({nbytes} bytes)")
         raw = np.full(nbytes + ALIGN, 0xAB, dtype=np.uint8)  # garbage, as cudaMalloc gives
         ptr = -(-raw.ctypes.data // ALIGN) * ALIGN
         self.buffers[ptr] = (raw, nbytes)
         return ptr
 
     def free(self, ptr: int) -> None:
+        if ptr in self.fail_free:
+            raise BackendError("CUDA error 700 (cudaErrorIllegalAddress) in cudaFree")
         del self.buffers[ptr]
 
     def owner(self, start: int, nbytes: int) -> int:
@@ -64,3 +76,43 @@ class HostMemory:
 
     def synchronize(self) -> None:
         pass
+
+
+class HostCuda:
+    """Cuda's calls (runtime/backends/cuda.py) on a HostMemory: TrtContext's allocations without a GPU."""
+
+    def __init__(self, memory: HostMemory):
+        self.memory = memory
+        self.streams: set[int] = set()
+        self._next_stream = 1
+
+    def malloc(self, nbytes: int) -> int:
+        return self.memory.alloc(nbytes)
+
+    def free(self, ptr: int) -> None:
+        self.memory.free(ptr)
+
+    def host_malloc(self, nbytes: int):
+        ptr = self.memory.alloc(nbytes)
+        return ptr, np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))
+
+    def host_free(self, ptr: int) -> None:
+        self.memory.free(ptr)
+
+    def stream_create(self) -> int:
+        self._next_stream += 1
+        self.streams.add(self._next_stream)
+        return self._next_stream
+
+    def stream_destroy(self, stream: int) -> None:
+        self.streams.remove(stream)
+
+    def stream_synchronize(self, stream: int) -> None:
+        pass
+
+    def copy_async(self, dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
+        if nbytes:
+            ctypes.memmove(dst, src, nbytes)
+
+    def copy_3d_async(self, dst, src, width: int, height: int, depth: int, stream: int) -> None:
+        self.memory.copy_3d(dst, src, width, height, depth)
