@@ -62,14 +62,16 @@ def inplace_feeds(rows: list[dict], shape, capacity: int, generator) -> dict:
     return {k: v.numpy() for k, v in feeds.items()}
 
 
-def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None) -> CheckReport:
-    """Compare the in-place ONNX with the portable PyTorch window model row by row; raise if out of tolerance."""
+def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None, cases=CASES) -> CheckReport:
+    """Compare the in-place ONNX with the portable PyTorch window model row by row; raise if out of tolerance.
+
+    cases: (lengths of the rows, window) per batch."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     wrapper = WindowModel(model, shape.num_layers).eval()
     report = CheckReport(tolerance=TOLERANCE[dtype])
-    for seed, (lengths, window) in enumerate(CASES):
+    for seed, (lengths, window) in enumerate(cases):
         g = torch.Generator().manual_seed(100 + seed)
         rows = [_row_case(model, shape, length, window, g) for length in lengths]
         got = session.run(None, inplace_feeds(rows, shape, max(lengths) + window + SLACK, g))

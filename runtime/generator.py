@@ -140,6 +140,7 @@ class Generator:
         threads: int | None = None,
         verify: bool = True,
         prefill_chunk: int = PREFILL_CHUNK,
+        graph: str = "auto",
     ) -> "Generator":
         """Validate the artifact at `path` (manifest, every file's sha256) and load it.
 
@@ -148,6 +149,8 @@ class Generator:
         (onnxruntime), or "tensorrt" (the artifact's engine from `jacobi-rt build`, checked against
         this GPU and TensorRT version and its sha256; a draft needs its own engine).
         threads: onnxruntime intra-op threads; default the physical cores.
+        graph: onnxruntime's graph variant: "auto" (the in-place cache on the CPU when the artifact has
+        it), "inplace" or "portable" (the target and the draft alike).
         """
         from .backends.onnxrt import OrtBackend
 
@@ -161,7 +164,7 @@ class Generator:
                 from .backends.tensorrt import TrtBackend
 
                 return TrtBackend(folder, manifest, verify=verify)
-            return OrtBackend(folder, manifest, backend, threads)
+            return OrtBackend(folder, manifest, backend, threads, graph)
 
         manifest = load_manifest(path, verify=verify)
         tokenizer = Tokenizer(path, manifest)

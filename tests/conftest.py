@@ -80,16 +80,26 @@ def artifact():
     return get
 
 
+GRAPHS = ("inplace", "portable")  # onnxruntime's graph variants (runtime/spec.py)
+
+
+@pytest.fixture(scope="session", params=GRAPHS)
+def graph(request) -> str:
+    """The graph variant a runtime test runs on: tests that load through `generator` (or take
+    `graph`) run once on the in-place cache and once on the portable graph."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def generator(artifact):
-    """generator(name) -> a loaded Generator, shared by the session (it is thread-safe)."""
+def generator(artifact, graph):
+    """generator(name) -> a loaded Generator on `graph`, shared by the session (it is thread-safe)."""
     from jacobi_rt.runtime import Generator
 
     loaded = {}
 
     def get(name: str):
         if name not in loaded:
-            loaded[name] = Generator.load(artifact(name))
+            loaded[name] = Generator.load(artifact(name), graph=graph)
         return loaded[name]
 
     return get

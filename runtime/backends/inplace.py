@@ -154,7 +154,8 @@ class OrtInplaceContext(BackendContext):
             for b in targets:
                 start = int(self.lengths[b])
                 # [layers*2, H, k, D]: the fancy index reads a copy, so moving down in place is safe
-                self._kv[:, b, :, start : start + len(rows)] = self._kv[:, b, :, start + keep]
+                block = self._kv[:, b]  # a view [layers*2, H, capacity, D]
+                block[:, :, start : start + len(rows)] = block[:, :, start + keep]
         for b in targets:
             self.lengths[b] += len(rows)
         self.pending = 0

@@ -174,7 +174,7 @@ class BranchOracle(Proposer):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, family):
+def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, family, graph):
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from jacobi_rt.runtime.decoding import Progress, decode
     from jacobi_rt.runtime.manifest import load_manifest
@@ -182,7 +182,7 @@ def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, f
     path = artifact(family)
     manifest = load_manifest(path)
     prompt = [5, 17, 42, 8, 99, 23]
-    with OrtBackend(path, manifest, "cpu", 1) as backend:
+    with OrtBackend(path, manifest, "cpu", 1, graph=graph) as backend:
         def run(proposer, window):
             with backend.context(64) as ctx:
                 return [t for batch in decode(ctx, prompt, proposer, window, 40, 64, set(), 256, Progress()) for t in batch]

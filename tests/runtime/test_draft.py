@@ -61,9 +61,9 @@ def _export_tiny(name: str, family: str, retokenize: bool = False) -> Path:
 
 
 @pytest.fixture(scope="session")
-def backend(artifact):
-    """backend(name) -> an OrtBackend (1 thread) of a tiny family, a tiny draft ("<family>-draft1"),
-    or a real artifact folder path; loaded once per session."""
+def backend(artifact, graph):
+    """backend(name) -> an OrtBackend (1 thread, on `graph`) of a tiny family, a tiny draft
+    ("<family>-draft1"), or a real artifact folder path; loaded once per session."""
     loaded: dict[str, OrtBackend] = {}
 
     def get(name: str) -> OrtBackend:
@@ -74,7 +74,9 @@ def backend(artifact):
                 folder = Path(name)
             else:
                 folder = artifact(name)
-            loaded[name] = OrtBackend(folder, load_manifest(folder, verify=False), "cpu", threads=1)
+            manifest = load_manifest(folder, verify=False)
+            variant = graph if graph in manifest.graphs else "portable"  # a real draft exported before the in-place graph
+            loaded[name] = OrtBackend(folder, manifest, "cpu", threads=1, graph=variant)
         return loaded[name]
 
     return get

@@ -13,6 +13,12 @@ from jacobi_rt.server.run import BackgroundServer  # noqa: E402
 from jacobi_rt.server.settings import ServerSettings  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def graph() -> str:
+    """The server tests run on the default graph only (the runtime tests cover both variants)."""
+    return "inplace"
+
+
 @pytest.fixture
 def start_server(generator):
     """start_server(family="llama", **settings) -> a started BackgroundServer, stopped after the test."""

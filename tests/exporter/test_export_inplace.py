@@ -1,0 +1,86 @@
+"""The in-place graph (GroupQueryAttention over a fixed-capacity cache) against PyTorch, every tiny family."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def test_the_artifact_has_both_graphs_and_the_inplace_check(exported):
+    manifest = exported.manifest
+    assert manifest.graphs == {"portable": "model.onnx", "inplace": "model-inplace.onnx"}
+    assert "model-inplace.onnx" in manifest.files
+    check = manifest.check["inplace"]
+    assert check["agreement"] == 1.0
+    assert check["max_logit_diff"] <= check["tolerance"]
+    assert {s["past"] for s in check["shapes"] if s["batch"] == 2} >= {6, 3}  # rows of different lengths were checked
+
+
+def test_one_group_query_attention_per_layer_and_the_contract_axes(exported):
+    import onnx
+
+    model = onnx.load(str(exported.artifact / "model-inplace.onnx"), load_external_data=False)
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    assert len(gqa) == exported.manifest.architecture.num_layers
+    axes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
+    arch = exported.manifest.architecture
+    assert axes["cache_lengths"] == ["batch"]
+    assert axes["attention_mask"] == ["batch", "total"]
+    assert axes["past_key_values.0.key"] == ["batch", arch.kv_heads, "capacity", arch.head_dim]
+    outputs = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.output}
+    assert outputs["present.0.value"] == ["batch", arch.kv_heads, "capacity", arch.head_dim]
+
+
+def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytorch(exported, hf_model):
+    from jacobi_rt.exporter.inplace_check import check_inplace_against_torch
+    from jacobi_rt.exporter.trace import probe
+
+    model = hf_model(exported.model_dir)
+    model.set_attn_implementation("eager")
+    # two rows (lengths 11 and 4) per window, a two-branch mask from window 4 on; plus an empty row beside a long one
+    cases = [((11, 4), w) for w in range(1, 17)] + [((0, 9), 6)]
+    report = check_inplace_against_torch(model, probe(model), exported.artifact / "model-inplace.onnx", "float32", cases=cases)
+    assert report.positions == sum(len(lengths) * w for lengths, w in cases)
+    assert report.greedy_agree == report.positions
+    assert report.max_logit_diff < 1e-4 and report.max_present_diff < 1e-4
+
+
+def test_the_custom_ops_eager_body_is_the_portable_attention(exported, hf_model):
+    """The in-place window model in PyTorch (jacobi::gqa's eager body) against the portable one."""
+    import torch
+
+    from jacobi_rt.exporter.inplace import InplaceWindowModel, inplace_attention_for
+    from jacobi_rt.exporter.inplace_check import _row_case, inplace_feeds
+    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.window_model import WindowModel
+
+    model = hf_model(exported.model_dir)
+    model.set_attn_implementation("eager")
+    shape = probe(model)
+    g = torch.Generator().manual_seed(3)
+    rows = [_row_case(model, shape, length, 6, g) for length in (7, 2)]
+    feeds = {k: torch.from_numpy(v) for k, v in inplace_feeds(rows, shape, 20, g).items()}
+    with torch.no_grad(), inplace_attention_for(model):
+        got = InplaceWindowModel(model, shape.num_layers)(*feeds.values())
+    for b, r in enumerate(rows):
+        with torch.no_grad():
+            want = WindowModel(model, shape.num_layers)(r["ids"], r["positions"], torch.ones(1, r["length"] + 6, dtype=torch.long), r["mask"], *r["kv"])
+        np.testing.assert_allclose(got[0][b : b + 1].numpy(), want[0].numpy(), atol=1e-4)
+        np.testing.assert_allclose(got[2][b : b + 1, :, : r["length"] + 6].numpy(), want[2].numpy(), atol=1e-5)
+
+
+def test_a_family_gqa_cannot_serve_falls_back_to_the_portable_graph():
+    from jacobi_rt.exporter.inplace import unsupported
+    from jacobi_rt.exporter.trace import ModelShape
+
+    odd = ModelShape(num_layers=2, num_heads=4, kv_heads=2, head_dim=12, hidden_size=48, vocab_size=10, max_positions=8)
+    assert "multiple of 8" in unsupported(odd)
+    assert unsupported(ModelShape(2, 4, 2, 16, 64, 10, 8)) is None
+
+
+def test_export_can_leave_the_inplace_graph_out(tiny_model, tmp_path):
+    from jacobi_rt.exporter import ExportOptions, export
+
+    manifest = export(str(tiny_model("llama")), tmp_path / "llama", ExportOptions(inplace=False))
+    assert manifest.graphs == {"portable": "model.onnx"}
+    assert not (tmp_path / "llama" / "model-inplace.onnx").exists()
