@@ -115,19 +115,26 @@ def read_manifest(folder: str | Path) -> Manifest:
             f"{path} has format_version {version!r}, but this jacobi-rt reads format {FORMAT_VERSION}; "
             "re-export the model with this version of jacobi-rt (or install the version that wrote it)"
         )
+    from .manifest_checks import check_fields, check_names
+
+    check_fields(data, path)
     try:
-        return Manifest.from_dict(data)
+        manifest = Manifest.from_dict(data)
     except (TypeError, KeyError) as exc:
         raise ArtifactError(f"{path} is missing or has unexpected fields ({exc}); re-export the artifact") from exc
+    check_names(manifest, path)
+    return manifest
 
 
 def verify_files(folder: str | Path, manifest: Manifest, names: list[str] | None = None) -> None:
     """Check that every recorded file (or just `names`) exists and has its recorded sha256."""
+    from .manifest_checks import check_inside
+
     folder = Path(folder)
     for name, expected in manifest.files.items():
         if names is not None and name not in names:
             continue
-        path = folder / name
+        path = check_inside(folder, name)
         if not path.is_file():
             raise ArtifactError(f"{path} is missing from the artifact; re-export it with `jacobi-rt export --overwrite`")
         if sha256_file(path) != expected:
