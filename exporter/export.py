@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -23,6 +24,7 @@ from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens, sha256_fi
 from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTABLE
 
 from . import sources
+from .destination import recover_interrupted
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .quantize import quantize_weights
 
@@ -194,6 +196,8 @@ def _progress(factory):
 
 
 def _check_destination(out: Path, overwrite: bool) -> None:
+    for note in recover_interrupted(out):  # a kill between --overwrite's two renames strands the old artifact
+        warnings.warn(note, stacklevel=3)
     if out.exists():
         if not overwrite:
             raise OptionError(f"{out} already exists; pass `overwrite` to replace it, or choose another `out`", "overwrite", "out")
