@@ -1,4 +1,4 @@
-"""OrtBackend: the resident KV cache (forward / commit / trim) matches full-sequence passes."""
+"""OrtBackend on the portable graph: the resident KV cache (forward / commit / trim) matches full-sequence passes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jacobi_rt.runtime.manifest import load_manifest
 @pytest.fixture(scope="module")
 def backend(artifact):
     folder = artifact("llama")
-    return OrtBackend(folder, load_manifest(folder), device="cpu", threads=1)
+    return OrtBackend(folder, load_manifest(folder), device="cpu", threads=1, graph="portable")  # test_inplace.py: the other
 
 
 def full_pass(backend, seq):
