@@ -32,7 +32,7 @@ from .records import add_engine, engine_file
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8")
 QUANTIZED = ("fp8", "int8")  # need QuantizeLinear/DequantizeLinear nodes in the ONNX
 MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}
-POLYGRAPHY_HINT = 'pip install "jacobi-rt[tensorrt]" (polygraphy drives the TensorRT build)'
+POLYGRAPHY_HINT = 'pip install polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]"); it drives the TensorRT build'
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from jacobi_rt.runtime.errors import ExportCheckError
+from jacobi_rt.runtime.errors import ExportCheckError, require
 
 from .trace import ModelShape
 from .window_model import WindowModel, output_cache
@@ -20,6 +20,7 @@ from .window_model import WindowModel, output_cache
 # (batch, window, past)
 SHAPES = [(1, 1, 0), (1, 4, 0), (1, 1, 9), (1, 8, 17), (2, 5, 6), (2, 16, 33)]
 TOLERANCE = {"float32": 2e-3, "float16": 5e-2}
+ORT_HINT = 'pip install ".[cpu]" (or ".[gpu]") from the jacobi-rt checkout: the export check runs the graph in onnxruntime'
 
 
 @dataclass
@@ -69,7 +70,7 @@ def random_case(model, shape: ModelShape, batch: int, window: int, past: int, se
 
 def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progress=None) -> CheckReport:
     """Compare ONNX (onnxruntime, CPU) with the PyTorch window model; raise ExportCheckError if out of tolerance."""
-    import onnxruntime as ort
+    ort = require("onnxruntime", ORT_HINT)
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
@@ -112,7 +113,7 @@ def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape,
     Besides the random windows, `text_ids` (tokenized natural text) is run as one prefill window;
     its agreement (`text_agreement`) is the figure that predicts generation quality.
     """
-    import onnxruntime as ort
+    ort = require("onnxruntime", ORT_HINT)
 
     ref = ort.InferenceSession(str(reference_path), providers=["CPUExecutionProvider"])
     quant = ort.InferenceSession(str(quantized_path), providers=["CPUExecutionProvider"])

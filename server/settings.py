@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.generator import STRATEGIES
 
-SERVE_HINT = "pip install 'jacobi-rt[serve]'"
+SERVE_HINT = 'pip install ".[serve]" from the jacobi-rt checkout'
 
 
 @dataclass

@@ -5,7 +5,7 @@
 #   3. runs the benchmark (greedy vs jacobi vs lookahead vs speculative; TensorRT, onnxruntime CUDA,
 #      and onnxruntime CPU for comparison) and prints its table last.
 #
-# Needs: an NVIDIA GPU and driver; pip install "jacobi-rt[tensorrt,gpu,dev]" (tensorrt and polygraphy,
+# Needs: an NVIDIA GPU and driver; pip install ".[tensorrt,gpu,dev]" from the checkout (tensorrt and polygraphy,
 # onnxruntime-gpu instead of onnxruntime); the test artifacts (`python tests/make_artifacts.py DIR
 # --smollm2`, then JACOBI_RT_TEST_ARTIFACTS=DIR; default build/test-artifacts). Engines are built into
 # JACOBI_RT_ENGINE_DIR (default build/gpu-check) and reused while they match this GPU and TensorRT.
@@ -27,7 +27,7 @@ from jacobi_rt.runtime.backends.cuda import gpu_facts
 
 missing = [m for m in (tensorrt_missing(), ort_cuda_missing()) if m]
 if missing:
-    sys.exit("gpu_check: " + "; ".join(dict.fromkeys(missing)) + ' (pip install "jacobi-rt[tensorrt,gpu,dev]" on a machine with an NVIDIA GPU)')
+    sys.exit("gpu_check: " + "; ".join(dict.fromkeys(missing)) + ' (pip install ".[tensorrt,gpu,dev]" from the jacobi-rt checkout, on a machine with an NVIDIA GPU)')
 import onnxruntime, tensorrt
 gpu = gpu_facts()
 print(f"{gpu.name} (compute {gpu.compute_capability}), TensorRT {tensorrt.__version__}, onnxruntime {onnxruntime.__version__}")

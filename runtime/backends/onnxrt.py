@@ -27,7 +27,7 @@ from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext, release
 from .inplace import OrtInplaceContext
 
-ORT_HINT = 'pip install "jacobi-rt[cpu]" (or "jacobi-rt[gpu]" for CUDA)'
+ORT_HINT = 'pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); from the jacobi-rt checkout: pip install ".[cpu]" or ".[gpu]"'
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -126,7 +126,7 @@ def _pick_device(ort, device: str) -> str:
     if device == "cuda":
         raise BackendError(
             "CUDA was asked for, but onnxruntime has no CUDAExecutionProvider or no CUDA runtime was found; "
-            'install onnxruntime-gpu on a machine with an NVIDIA GPU (pip install "jacobi-rt[gpu]"), or use --backend cpu'
+            'install onnxruntime-gpu on a machine with an NVIDIA GPU (pip install onnxruntime-gpu, or ".[gpu]" from the jacobi-rt checkout), or use --backend cpu'
         )
     return "cpu"
 

@@ -36,7 +36,8 @@ from .cuda import DEVICE_TO_HOST, HOST_TO_DEVICE, CudaMemory, gpu_facts, load_cu
 from .device_kv import ALIGN, DeviceKV, DeviceKVContext, release
 
 TENSORRT_HINT = (
-    "pip install \"jacobi-rt[tensorrt]\" on a machine with an NVIDIA GPU (the tensorrt wheels fetch "
+    "pip install \"tensorrt>=10\" polygraphy (from the jacobi-rt checkout: pip install \".[tensorrt]\") on a machine "
+    "with an NVIDIA GPU (the tensorrt wheels fetch "
     "NVIDIA's libraries from pypi.nvidia.com)"
 )
 CONTRACT_TYPES = {"input_ids": np.int64, "position_ids": np.int64, "attention_mask": np.int64, "window_mask": np.bool_,

@@ -40,7 +40,7 @@ def test_help_lists_the_options():
 
 @needs_no_tensorrt
 def test_missing_tensorrt_is_one_line_with_the_install_command(artifact):
-    one_line_error(run(artifact("llama")), 'tensorrt is not installed (No module named \'tensorrt\'); install it with: pip install "jacobi-rt[tensorrt]"')
+    one_line_error(run(artifact("llama")), 'tensorrt is not installed (No module named \'tensorrt\'); install it with: pip install "tensorrt>=10" polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]")')
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ for folder in (TESTS, HERE):  # tiny_models.py and export_helpers.py, whatever p
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-pytest.importorskip("torch", reason="the exporter tests need the export extras: pip install 'jacobi-rt[export,cpu]'")
-pytest.importorskip("transformers", reason="the exporter tests need the export extras: pip install 'jacobi-rt[export,cpu]'")
-pytest.importorskip("onnxruntime", reason="the exporter tests need onnxruntime: pip install 'jacobi-rt[cpu]'")
+pytest.importorskip("torch", reason="the exporter tests need the export extras: pip install '.[export,cpu]' from the checkout")
+pytest.importorskip("transformers", reason="the exporter tests need the export extras: pip install '.[export,cpu]' from the checkout")
+pytest.importorskip("onnxruntime", reason="the exporter tests need onnxruntime: pip install '.[cpu]' from the checkout")
 
 from tiny_models import FAMILIES, make_tiny_model  # noqa: E402
 

@@ -137,3 +137,11 @@ def test_export_with_overwrite_replaces_an_artifact(invoke, tiny_artifact, tmp_p
     assert manifest.architecture.family == "llama" and manifest.max_context == 64
     assert not (out / "stale.txt").exists()
     assert leftovers(tmp_path, "artifact") == [] and listing(tmp_path) == {"artifact"}
+
+
+def test_without_onnxruntime_the_export_says_what_to_install_before_any_work(invoke, monkeypatch, tmp_path):
+    """`pip install ".[export]"` alone has no onnxruntime: the command refuses at once, naming it."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    result = invoke("export", "no-such-model", "--out", tmp_path / "artifact")
+    assert_one_line_error(result, "`onnxruntime` is not installed", '".[cpu]"')
+    assert list(tmp_path.iterdir()) == []

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the server needs the serve extra: pip install 'jacobi-rt[serve]'")
-pytest.importorskip("uvicorn", reason="the server needs the serve extra: pip install 'jacobi-rt[serve]'")
+pytest.importorskip("fastapi", reason="the server needs the serve extra: pip install '.[serve]' from the checkout")
+pytest.importorskip("uvicorn", reason="the server needs the serve extra: pip install '.[serve]' from the checkout")
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx (the dev extra)")
 
 from jacobi_rt.server.run import BackgroundServer  # noqa: E402

@@ -32,7 +32,7 @@ def build_command(artifact, precision, max_batch, max_context, decode_window, pr
     The engine goes to ARTIFACT/engines/<gpu>-<sm>-<precision>.plan and is recorded in its
     jacobi.json (TensorRT version, GPU, compute capability, precision, profiles, sha256). It runs
     only on GPUs of the same compute capability with the same TensorRT version; the runtime
-    refuses any other and says how to rebuild. Needs an NVIDIA GPU and pip install "jacobi-rt[tensorrt]".
+    refuses any other and says how to rebuild. Needs an NVIDIA GPU and pip install ".[tensorrt]" from the jacobi-rt checkout.
 
     \b
     Examples:

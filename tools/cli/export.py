@@ -25,11 +25,14 @@ def export_command(model, out, dtype, quantize, max_context, opset, role, keep_l
 
     The ONNX graph takes a window of tokens plus the KV cache and returns logits, in-graph greedy
     ids and the new KV cache; it is checked against PyTorch before the folder is written.
-    Needs the export extras: pip install "jacobi-rt[export]".
+    Needs the export extras and onnxruntime (the check runs the graph): from the jacobi-rt checkout,
+    pip install torch==2.13.0 && pip install ".[export,cpu]".
     """
     from jacobi_rt.runtime.errors import require
 
-    require("torch", 'pip install torch==2.13.0 && pip install "jacobi-rt[export,cpu]"')
+    # Both before any work: onnxruntime is needed only by the check, minutes into an export.
+    require("torch", 'pip install torch==2.13.0 && pip install ".[export,cpu]" (from the jacobi-rt checkout)')
+    require("onnxruntime", 'pip install ".[cpu]" (or ".[gpu]") from the jacobi-rt checkout: the export checks its graph with onnxruntime')
     from tqdm import tqdm
 
     from jacobi_rt.exporter import ExportOptions, export

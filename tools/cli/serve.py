@@ -67,11 +67,11 @@ def serve_command(artifact, draft, host, port, model_name, api_key, strategy, wo
       client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
       client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}])
 
-    Needs the serve extra: pip install 'jacobi-rt[serve]'.
+    Needs the serve extra: pip install ".[serve]" from the jacobi-rt checkout.
     """
     from jacobi_rt.runtime.errors import require
 
-    hint = "pip install 'jacobi-rt[serve]'"
+    hint = 'pip install ".[serve]" from the jacobi-rt checkout'
     require("fastapi", hint)
     require("uvicorn", hint)
     from jacobi_rt.runtime import Generator

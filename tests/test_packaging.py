@@ -1,0 +1,52 @@
+"""The wheel a user installs from the checkout: the SPDX license with its LICENSE file, the prompt set as a
+declared data package (no setuptools warning), and the version written once (src/jacobi_rt/__init__.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import jacobi_rt
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> tuple[Path, str]:
+    setuptools = pytest.importorskip("setuptools", reason="building the wheel needs setuptools>=77")
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"building the wheel needs setuptools>=77 (SPDX license strings), found {setuptools.__version__}")
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-v", "-w", str(out)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (path,) = out.glob("jacobi_rt-*.whl")
+    return path, build.stdout + build.stderr
+
+
+def test_the_wheel_carries_the_license(wheel):
+    path, _ = wheel
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        license_text = z.read(next(n for n in names if n.endswith("licenses/LICENSE"))).decode()
+    assert "License-Expression: Apache-2.0" in metadata
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+
+
+def test_the_prompt_set_is_a_declared_package_without_warnings(wheel):
+    path, log = wheel
+    assert "jacobi_rt/tools/data/prompts.jsonl" in zipfile.ZipFile(path).namelist()
+    assert "absent from the `packages` configuration" not in log  # setuptools' data-package warning
+
+
+def test_the_version_is_written_once(wheel):
+    path, _ = wheel
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert path.name.startswith(f"jacobi_rt-{jacobi_rt.__version__}-")
