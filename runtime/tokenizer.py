@@ -36,12 +36,15 @@ class Tokenizer:
         if not self.chat_template:
             raise InputError("this artifact has no chat template; pass a plain prompt instead of chat messages")
         _check_messages(messages)
-        return _compile(self.chat_template).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
-        )
+        template = _compile(self.chat_template)
+        try:
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except InputError:
+            raise
+        except Exception as exc:  # jinja2's errors, or a TypeError from the template's own expressions
+            raise InputError(f"the chat template failed on these messages ({type(exc).__name__}: {exc}); "
+                             "check the roles and contents this model's template expects") from exc
 
 
 def _check_messages(messages) -> None:
@@ -69,7 +72,10 @@ def _compile(source: str):
         env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
-        _TEMPLATES[source] = env.from_string(source)
+        try:
+            _TEMPLATES[source] = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ArtifactError(f"the artifact's chat template does not compile ({exc}); re-export the artifact") from exc
     return _TEMPLATES[source]
 
 

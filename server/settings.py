@@ -22,6 +22,8 @@ class ServerSettings:
     completion_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default); chat: the rest of the context
     retry_after_seconds: int = 1  # the Retry-After header of a 429
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish on shutdown before they are cancelled
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides the address connected to ("*": any; see hosts.py)
+    docs: bool = False  # serve the interactive API docs at /docs (and /openapi.json)
 
     def __post_init__(self) -> None:
         if not self.model_id:

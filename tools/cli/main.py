@@ -2,6 +2,7 @@
 
 Heavy imports (torch, onnxruntime, transformers) happen inside the commands, so `--help` is fast.
 Known errors print one line that says what to do, exit code 1; set JACOBI_RT_DEBUG=1 for the traceback.
+Every option can also come from the environment: JACOBI_RT_<COMMAND>_<OPTION> (click's auto_envvar_prefix).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Group(click.Group):
             sys.exit(1)
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "JACOBI_RT"})
 @click.version_option(__version__, prog_name="jacobi-rt")
 def cli():
     """jacobi-rt: Jacobi and speculative Jacobi decoding, token-identical to greedy.
@@ -35,6 +36,10 @@ def cli():
     Typical use:
       jacobi-rt export smollm2-135m --out build/smollm2-135m
       jacobi-rt generate build/smollm2-135m --prompt "Write a haiku" --strategy jacobi
+
+    Every option can also be set in the environment as JACOBI_RT_<COMMAND>_<OPTION>,
+    e.g. JACOBI_RT_SERVE_PORT=8080 or JACOBI_RT_GENERATE_BACKEND=cpu; a flag given on the
+    command line wins.
     """
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-STRATEGIES = ["auto", "greedy", "jacobi", "lookahead", "speculative"]
+from jacobi_rt.runtime.generator import STRATEGIES
 
 
 @click.command("serve")
@@ -15,7 +15,12 @@ STRATEGIES = ["auto", "greedy", "jacobi", "lookahead", "speculative"]
               help="A draft artifact (`jacobi-rt export MODEL --role draft`) with the same vocabulary, for speculative/auto.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. 127.0.0.1 serves this machine only; 0.0.0.0 serves the network (set --api-key).")
-@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8000, show_default=True, help="TCP port.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="TCP port.")
+@click.option("--allow-host", "allowed_hosts", multiple=True,
+              help="A host name clients use to reach the server (repeatable; '*' for any). Without it, only requests "
+                   "whose Host header is the address they connected to (or localhost on a loopback address) are "
+                   "served: a web page cannot drive the server through DNS rebinding.")
+@click.option("--docs", is_flag=True, help="Serve the interactive API docs at /docs and the schema at /openapi.json.")
 @click.option("--model-name", default=None, help="The model id clients send as \"model\". Default: the artifact folder's name.")
 @click.option("--api-key", envvar="JACOBI_RT_API_KEY", show_envvar=True, default=None,
               help="Require 'Authorization: Bearer KEY' on /v1/* (else 401). /health and /metrics stay open.")
@@ -43,8 +48,8 @@ STRATEGIES = ["auto", "greedy", "jacobi", "lookahead", "speculative"]
                    "x 1 thread 49, 1 worker x 2 threads 44).")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
-def serve_command(artifact, draft, host, port, model_name, api_key, strategy, workers, queue_size, request_timeout,
-                  max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level):
+def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, queue_size,
+                  request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level):
     """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
 
     \b
@@ -87,6 +92,8 @@ def serve_command(artifact, draft, host, port, model_name, api_key, strategy, wo
         api_key=api_key or None,
         default_strategy=strategy,
         shutdown_grace=shutdown_grace,
+        allowed_hosts=tuple(allowed_hosts),
+        docs=docs,
     )
     if threads is None and backend not in ("cuda", "tensorrt"):
         from jacobi_rt.runtime.backends.onnxrt import physical_cores
