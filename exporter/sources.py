@@ -92,7 +92,7 @@ def _gguf(path: Path, kind: str, name: str) -> ModelSource:
     try:
         from gguf import GGUFReader
     except ImportError as exc:
-        raise ModelSourceError("reading .gguf files needs the `gguf` package: pip install gguf (or ".[export]" from the jacobi-rt checkout)") from exc
+        raise ModelSourceError("reading .gguf files needs the `gguf` package: pip install gguf (or '.[export]' from the jacobi-rt checkout)") from exc
     try:
         reader = GGUFReader(str(path))
         field = reader.fields["general.architecture"]
