@@ -230,7 +230,13 @@ class RecordingBackend:
 VARIANTS: dict[str, tuple[str, dict]] = {
     "speculative-chain": ("speculative", {"jacobi_tail": False}),  # the draft's own chain each pass
     "speculative-tail": ("speculative", {"jacobi_tail": True}),  # target predictions seed the draft's next window
+    "speculative-independent": ("speculative", {"coupled_draft": False}),  # sampling: the draft's own noise, not the target's
 }
+
+
+def sampled(name: str, temperature: float) -> str:
+    """The bench name of a configuration sampling at `temperature` ("lookahead@0.7"); 0 keeps the name."""
+    return name if temperature == 0 else f"{name}@{temperature:g}"
 
 
 def strategy_of(name: str) -> tuple[str, dict]:

@@ -18,12 +18,12 @@ STRATEGIES = [("jacobi", {}), ("lookahead", {}), ("speculative", {}), ("speculat
 
 
 @pytest.fixture(scope="module")
-def with_draft(artifact):
+def with_draft(artifact, graph):
     loaded = {}
 
     def get(family: str) -> Generator:
         if family not in loaded:
-            loaded[family] = Generator.load(artifact(family), draft=artifact(f"{family}-draft1"), verify=False)
+            loaded[family] = Generator.load(artifact(family), draft=artifact(f"{family}-draft1"), verify=False, graph=graph)
         return loaded[family]
 
     return get

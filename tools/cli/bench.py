@@ -28,6 +28,11 @@ def _names(text: str) -> list[str]:
 @click.option("--strategies", default=DEFAULT_STRATEGIES, show_default=True,
               help="Comma-separated jacobi-rt strategies; greedy is always run (it is the reference). Also "
                    "speculative-chain and speculative-tail: speculative without and with the Jacobi tail.")
+@click.option("--temperature", "-t", "temperatures", type=click.FloatRange(0), multiple=True,
+              help="Sample at this temperature (repeatable: each strategy runs at each, named STRATEGY@T, and is compared "
+                   "with greedy@T, plain one-token-per-pass sampling with the same seed). Default: 0 (greedy) only. Also "
+                   "speculative-independent: speculative with the draft's own noise instead of the target's (coupled).")
+@click.option("--seed", type=int, default=0, show_default=True, help="The sampling seed of every run.")
 @click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Widest pass; default: the runtime's.")
 @click.option("--peers", default="", show_default=True,
               help="Comma-separated peers: hf, hf-lookup, ortgenai, ortgenai-ngram, ortgenai-int4, ortgenai-int4-ngram, llamacpp, llamacpp-lookup.")
@@ -41,7 +46,7 @@ def _names(text: str) -> list[str]:
 @click.option("--out", type=click.Path(file_okay=False), default="build/bench", show_default=True,
               help="Where bench.json and the PNG plots go.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
-def bench_command(artifact, draft, also, prompts, strategies, window, peers, peer_models, hf_model, max_new_tokens, repeats,
+def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed, window, peers, peer_models, hf_model, max_new_tokens, repeats,
                   limit, threads, out, no_plots):
     """Benchmark ARTIFACT's strategies (and peers) on the same prompts, interleaved.
 
@@ -75,8 +80,10 @@ def bench_command(artifact, draft, also, prompts, strategies, window, peers, pee
 
     generator = bench.load_generator(artifact, draft=draft, threads=threads)
     engine = f"jacobi-rt:{Path(artifact).name}"
-    configs = [bench.StrategyConfig(generator, bench.strategy_of(s)[0], None if s == "greedy" else window, s, engine, "greedy",
-                                    bench.strategy_of(s)[1]) for s in names]
+    configs = [bench.StrategyConfig(generator, bench.strategy_of(s)[0], None if s == "greedy" else window,
+                                    bench.sampled(s, t), engine, bench.sampled("greedy", t),
+                                    {**bench.strategy_of(s)[1], **({"temperature": t, "seed": seed} if t else {})})
+               for t in (temperatures or (0.0,)) for s in names]
     for other in also:  # same strategies on another artifact; the draft belongs to ARTIFACT, so no speculative here
         label = Path(other).name
         extra = bench.load_generator(other, threads=threads)
@@ -97,7 +104,8 @@ def bench_command(artifact, draft, also, prompts, strategies, window, peers, pee
 
         records = bench.run_bench(configs, prompt_set, ids, max_new_tokens, repeats, progress=step)
 
-    own = {c.name: c.baseline for c in configs if c.engine.startswith("jacobi-rt:") and c.engine != engine and c.baseline != c.name}
+    own = {c.name: c.baseline for c in configs if c.engine.startswith("jacobi-rt:") and c.baseline != c.name
+           and (c.engine != engine or c.baseline != "greedy")}  # other artifacts, and sampling against plain sampling
     bench.mark_identity(records, logit_gap=lambda pid, prefix: bench.greedy_logit_gap(generator, ids[pid], prefix), references=own)
     summary = bench.summarise(records, {c.name: c.baseline for c in configs})
     meta = {
