@@ -11,19 +11,21 @@ the reference for embedding the runtime in a service of your own:
     stream.close()                                                # stops early, frees the KV buffers
 
 Errors are OpenAI error objects ({"error": {"message", "type", "param", "code"}}): 400 bad input
-(invalid JSON, wrong types, prompt or prompt + max_tokens over the context, sampling asked for),
-401 missing or wrong API key, 404 unknown model or route, 413 body too large, 429 with Retry-After
-when every worker is busy and the queue is full, 503 while shutting down, 504 on timeout (a
-stream that times out sends an error event, then [DONE]). A client that disconnects stops its
-generation and frees its slot.
+(invalid JSON, wrong types, prompt or prompt + max_tokens over the context, a field jacobi-rt
+cannot honour), 401 missing or wrong API key, 403 a Host header that is not this server's address
+(hosts.py), 404 unknown model or route, 413 body too large, 415 a body that is not
+application/json, 429 with Retry-After when every worker is busy and the queue is full (decided
+before the body is parsed), 500 with only a request id (the details go to the server's log), 503
+while shutting down, 504 on timeout (a stream that times out sends an error event, then [DONE]).
+A client that disconnects stops its generation after the current pass and frees its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -34,11 +36,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 
 from jacobi_rt.runtime.errors import InputError
-from jacobi_rt.runtime.generator import Generator, TextStream
+from jacobi_rt.runtime.generator import Generator
 
+from .bodies import read_json
+from .choices import Choices
 from .errors import APIError, from_input_error, internal_error, timeout_error
+from .hosts import HostCheck
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, MetricsMiddleware
-from .pool import GenerationTimeout, Job, PoolClosed, QueueFull, WorkerPool
+from .pool import GenerationTimeout, Job, PoolClosed, QueueFull, Ticket, WorkerPool
 from .replies import DONE, Reply, sse
 from .schemas import GenerationCall, parse_chat, parse_completion
 from .settings import ServerSettings
@@ -59,20 +65,23 @@ class Server:
     pool: WorkerPool
     metrics: Metrics
     created: int
+    preparing: ThreadPoolExecutor  # chat templates and tokenizing, off the event loop, on a bounded set of threads
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.model_id:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.settings.model_id!r} "
                                 "(see GET /v1/models)", "model", "model_not_found")
 
-    def start(self, call: GenerationCall) -> TextStream:
-        """Check the request against the model (tokenizing the prompt) and prepare its generation."""
+    def start(self, call: GenerationCall) -> Choices:
+        """Check the request against the model (tokenizing the prompt) and prepare its generation (n choices)."""
         context = self.generator.limits.max_context  # the backend's: an engine may hold less than the manifest
         default = context if call.messages is not None else self.settings.completion_max_tokens
         try:
-            stream = self.generator.start(call.prompt, max_new_tokens=call.max_tokens or default,
-                                          strategy=call.strategy or self.settings.default_strategy, window=call.window,
-                                          stop=call.stop or None, messages=call.messages, jacobi_tail=call.jacobi_tail)
+            stream = Choices([self.generator.start(call.prompt, max_new_tokens=call.max_tokens or default,
+                                                   strategy=call.strategy or self.settings.default_strategy, window=call.window,
+                                                   stop=call.stop or None, messages=call.messages, jacobi_tail=call.jacobi_tail,
+                                                   seed=seed, logprobs=call.logprobs, **call.sampling)
+                              for seed in call.seeds])
         except InputError as exc:
             raise from_input_error(exc, call.prompt_param) from None
         if call.max_tokens and stream.prompt_tokens + call.max_tokens > context:
@@ -82,19 +91,29 @@ class Server:
                                 f"not {call.max_tokens}", "max_tokens", "context_length_exceeded")
         return stream
 
-    def submit(self, stream: TextStream) -> Job:
-        job = Job(stream, asyncio.get_running_loop())
+    def admit(self) -> Ticket:
+        """A place in the pool, taken before any work on the request (else 429, or 503 when shutting down)."""
         try:
-            self.pool.submit(job)
+            return self.pool.admit()
         except QueueFull:
-            stream.close()
             seconds = self.settings.retry_after_seconds
             raise APIError(429, f"the server is busy ({self.pool.workers} running, {self.pool.queue_size} queued); "
                                 f"retry in {seconds} s", None, "queue_full", {"Retry-After": str(seconds)}) from None
         except PoolClosed:
+            raise _shutting_down() from None
+
+    def submit(self, stream: Choices, ticket: Ticket, deadline: float) -> Job:
+        job = Job(stream, asyncio.get_running_loop(), deadline)
+        try:
+            self.pool.submit(job, ticket)
+        except PoolClosed:
             stream.close()
-            raise APIError(503, "the server is shutting down", None, "shutting_down") from None
+            raise _shutting_down() from None
         return job
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", None, "shutting_down")
 
 
 @dataclass
@@ -124,21 +143,28 @@ class Run:
             stats=self.job.result.stats if outcome == "finished" else None,
             first_token=None if self.first_piece is None else self.first_piece - self.arrived,
             queue_wait=None if started is None else started - self.arrived,
+            latency=time.monotonic() - self.arrived if outcome == "finished" else None,
         )
 
 
 def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
     """The ASGI app serving `generator` as the model `settings.model_id`."""
-    server = Server(generator, settings, WorkerPool(settings.workers, settings.queue_size), Metrics(), int(time.time()))
+    pool = WorkerPool(settings.workers, settings.queue_size)
+    metrics = Metrics(settings.model_id, lambda: pool.running, lambda: pool.queued, pool.workers, pool.queue_size)
+    server = Server(generator, settings, pool, metrics, int(time.time()),
+                    ThreadPoolExecutor(min(settings.workers, 4), thread_name_prefix="jacobi-rt-prepare"))
 
     @asynccontextmanager
     async def lifespan(app):
         yield
         await asyncio.to_thread(server.pool.shutdown)  # after uvicorn's grace period: cancel what is left
+        server.preparing.shutdown(cancel_futures=True)
 
-    app = FastAPI(title="jacobi-rt", summary="OpenAI-compatible server for Jacobi decoding", lifespan=lifespan)
+    docs = dict(docs_url="/docs", redoc_url=None) if settings.docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="jacobi-rt", summary="OpenAI-compatible server for Jacobi decoding", lifespan=lifespan, **docs)
     app.state.server = server
-    app.add_middleware(MetricsMiddleware, metrics=server.metrics)
+    app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
+    app.add_middleware(MetricsMiddleware, metrics=server.metrics)  # outermost: refused hosts are counted too
     _add_error_handlers(app)
     app.include_router(_api_routes(server))
     app.include_router(_service_routes(server))
@@ -181,9 +207,7 @@ def _service_routes(server: Server) -> APIRouter:
 
     @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def metrics():
-        pool = server.pool
-        text = server.metrics.render(pool.running, pool.queued, pool.workers, pool.queue_size)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        return Response(server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     return router
 
@@ -213,13 +237,20 @@ def _api_key_check(key: str | None) -> Callable:
 
 async def _generate(server: Server, request: Request, parse: Callable[[Any], GenerationCall], chat: bool):
     arrived = time.monotonic()
-    call = parse(await _read_json(request, server.settings.max_body_bytes))
-    server.check_model(call.model)
-    stream = await asyncio.to_thread(server.start, call)  # tokenizing a long prompt would block the loop
-    run = Run(server, server.submit(stream), arrived)
-    reply = Reply(server.settings.model_id, chat)
+    ticket = server.admit()  # a full server refuses before parsing, rendering or tokenizing anything
+    try:
+        call = parse(await read_json(request, server.settings.max_body_bytes))
+        server.check_model(call.model)
+        # tokenizing a long prompt would block the loop
+        stream = await asyncio.get_running_loop().run_in_executor(server.preparing, server.start, call)
+        run = Run(server, server.submit(stream, ticket, arrived + server.settings.request_timeout), arrived)
+    except BaseException:
+        ticket.release()  # a no-op once the job holds it
+        raise
+    reply = Reply(server.settings.model_id, chat, token_text=lambda token: server.generator.tokenizer.decode([token]))
     if call.stream:
-        return StreamingResponse(_sse_events(run, reply, call.include_usage), media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(_sse_events(run, reply, call.include_usage, len(call.seeds)), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
     try:
         return JSONResponse(await _whole(run, reply, request))
     except ClientGone:
@@ -235,7 +266,7 @@ async def _whole(run: Run, reply: Reply, request: Request) -> dict:
     try:
         await _unless_disconnected(request, drain())
         outcome = "finished"
-        return reply.whole(run.job.result)
+        return reply.whole(run.job.stream.results)
     except GenerationTimeout:
         outcome = "timeout"
         raise timeout_error(run.server.settings.request_timeout) from None
@@ -248,18 +279,21 @@ async def _whole(run: Run, reply: Reply, request: Request) -> dict:
         run.end(outcome)
 
 
-async def _sse_events(run: Run, reply: Reply, include_usage: bool) -> AsyncIterator[bytes]:
-    """The stream; when the client disconnects, Starlette cancels it and end() stops the generation."""
+async def _sse_events(run: Run, reply: Reply, include_usage: bool, n: int) -> AsyncIterator[bytes]:
+    """The stream (n choices one after another, chunks labelled by index); when the client
+    disconnects, Starlette cancels it and end() stops the generation."""
     outcome = "failed"
     try:
-        for chunk in reply.opening():
+        for chunk in reply.opening(n):
             yield sse(chunk)
         async for piece in run.pieces():
-            yield sse(reply.piece(piece))
+            yield sse(reply.piece(piece, piece.index))
         outcome = "finished"
-        yield sse(reply.closing(run.job.result))
+        results = run.job.stream.results
+        for index, result in enumerate(results):
+            yield sse(reply.closing(result, index))
         if include_usage:
-            yield sse(reply.usage_chunk(run.job.result))
+            yield sse(reply.usage_chunk(results))
     except GenerationTimeout:
         outcome = "timeout"
         yield sse(timeout_error(run.server.settings.request_timeout).body())
@@ -293,26 +327,6 @@ async def _disconnect(request: Request) -> None:
     """Returns when the client disconnects (the body has been read, so receive() waits for that)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _read_json(request: Request, limit: int) -> Any:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"the body is not valid JSON ({exc}); send a JSON object with Content-Type: application/json",
-                       None, "invalid_json") from None
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than this server's limit of {limit} bytes", None, "body_too_large")
 
 
 # -- errors -------------------------------------------------------------------------------------

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 from jacobi_rt.runtime.errors import ContextLimitError, InputError
 
+LOG = logging.getLogger("jacobi_rt.server")
+
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error",
          503: "server_error", 504: "timeout_error"}
 
 
@@ -41,5 +46,9 @@ def timeout_error(seconds: float) -> APIError:
                          "ask for fewer tokens (max_tokens) or retry when the server is less busy", code="timeout")
 
 
-def internal_error(exc: Exception) -> APIError:
-    return APIError(500, f"the generation failed: {type(exc).__name__}: {exc}", code="internal_error")
+def internal_error(exc: BaseException) -> APIError:
+    """A 500 that names only a request id; the exception (node names, paths) goes to the server's log."""
+    request_id = "req-" + uuid.uuid4().hex[:16]
+    LOG.error("request %s failed", request_id, exc_info=exc)
+    return APIError(500, f"internal server error (request id {request_id}: the server's log has the details)",
+                    code="internal_error", headers={"X-Request-Id": request_id})

@@ -1,10 +1,15 @@
 """WorkerPool: generations on a bounded set of threads behind a bounded queue. Job: one generation,
 run on a worker thread, whose text pieces reach the event loop through an asyncio queue.
 
+A request takes a place (WorkerPool.admit: a Ticket) when it arrives, before its body is parsed
+or its prompt tokenized, so a full server refuses at once (429) and the work done before
+generating is bounded by workers + queue_size; the Ticket passes to its Job, or is released.
+
 Cancelling a Job (the client left, the request timed out, the server shuts down) is cooperative:
-a queued job is dropped at once; a running one stops before its next piece, which closes the
-TextStream and so releases its backend context (KV buffers). A pass already inside onnxruntime
-finishes first, so a slot is freed within one target pass.
+a queued job is dropped at once; a running one stops after its current decoding pass, whatever
+text that pass made (TextStream.steps), which closes the TextStream and so releases its backend
+context (KV buffers). A running job also stops by itself at its deadline. So a slot is freed
+within one target pass.
 """
 
 from __future__ import annotations
@@ -32,10 +37,29 @@ class GenerationTimeout(Exception):
     """The request's deadline passed before its last piece."""
 
 
+class Ticket:
+    """A place in the pool (running or queued), held from a request's arrival; release() is idempotent."""
+
+    def __init__(self, pool: "WorkerPool"):
+        self._pool = pool
+        self._held = True
+
+    def release(self) -> None:
+        with self._pool._lock:
+            self.release_locked()
+
+    def release_locked(self) -> None:
+        """release() with the pool's lock already held."""
+        if self._held:
+            self._held = False
+            self._pool._places -= 1
+
+
 class Job:
-    def __init__(self, stream: TextStream, loop: asyncio.AbstractEventLoop):
+    def __init__(self, stream: TextStream, loop: asyncio.AbstractEventLoop, deadline: float = float("inf")):
         self.stream = stream
         self.loop = loop
+        self.deadline = deadline  # time.monotonic(); the worker stops by itself after it
         self.result: GenerationResult | None = None  # set when pieces() ends normally
         self.future: Future | None = None
         self.started_at: float | None = None  # time.monotonic() when a worker took it
@@ -48,17 +72,21 @@ class Job:
         """Iterate the stream, sending each piece to the event loop; stop early when cancelled."""
         self.started_at = time.monotonic()
         try:
-            if self._cancelled.is_set():
+            if self._stopped():
                 return
-            for piece in self.stream:
-                self._emit(PIECE, piece)
-                if self._cancelled.is_set():
+            for piece in self.stream.steps():  # after every pass, even one whose text is held back or empty
+                if self._stopped():
                     return
+                if piece:
+                    self._emit(PIECE, piece)
             self._emit(DONE, self.stream.result)
         except Exception as exc:  # reported to the request, never lost in the worker
             self._emit(FAILED, exc)
         finally:
             self.stream.close()  # frees the backend context when stopped early; a no-op after the end
+
+    def _stopped(self) -> bool:
+        return self._cancelled.is_set() or time.monotonic() > self.deadline
 
     def _emit(self, kind: str, value) -> None:
         try:
@@ -101,7 +129,8 @@ class WorkerPool:
         self.queue_size = queue_size
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="jacobi-rt-worker")
         self._lock = threading.Lock()
-        self._jobs: set[Job] = set()  # admitted: queued or running
+        self._jobs: set[Job] = set()  # submitted: queued or running
+        self._places = 0  # tickets held: requests being prepared, queued or running
         self._running = 0
         self._closed = False
 
@@ -111,18 +140,34 @@ class WorkerPool:
 
     @property
     def queued(self) -> int:
+        """Requests admitted and not running: being prepared (parsed, tokenized) or waiting for a worker."""
         with self._lock:
-            return len(self._jobs) - self._running
+            return self._places - self._running
 
-    def submit(self, job: Job) -> None:
+    def admit(self) -> Ticket:
+        """A place for one request, or QueueFull (PoolClosed while shutting down); nothing is parsed before this."""
         with self._lock:
             if self._closed:
                 raise PoolClosed
-            if len(self._jobs) >= self.workers + self.queue_size:
+            if self._places >= self.workers + self.queue_size:
                 raise QueueFull
-            self._jobs.add(job)
-        job.future = self._executor.submit(self._work, job)
-        job.future.add_done_callback(lambda _: self._release(job))  # runs on completion and on cancel
+            self._places += 1
+        return Ticket(self)
+
+    def submit(self, job: Job, ticket: Ticket) -> None:
+        """Queue `job` in the place `ticket` holds; the place is released when the job ends or is cancelled."""
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._jobs.add(job)
+        try:
+            if closed:
+                raise RuntimeError("closed")
+            job.future = self._executor.submit(self._work, job, ticket)
+        except RuntimeError:  # shutting down (the executor refuses once shut down)
+            self._release(job, ticket)
+            raise PoolClosed from None
+        job.future.add_done_callback(lambda _: self._release(job, ticket))  # runs on completion and on cancel
 
     def shutdown(self) -> None:
         """Refuse new jobs, cancel the admitted ones, wait for the workers to stop."""
@@ -133,15 +178,17 @@ class WorkerPool:
             job.cancel()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    def _work(self, job: Job) -> None:
+    def _work(self, job: Job, ticket: Ticket) -> None:
         with self._lock:
             self._running += 1
         try:
             job.run()
         finally:
-            with self._lock:
+            with self._lock:  # both at once: /health never sees a finished job as queued
                 self._running -= 1
+                ticket.release_locked()
 
-    def _release(self, job: Job) -> None:
+    def _release(self, job: Job, ticket: Ticket) -> None:
         with self._lock:
             self._jobs.discard(job)
+            ticket.release_locked()

@@ -1,7 +1,8 @@
 """How each endpoint writes its answer: a whole JSON object, or server-sent-event chunks in OpenAI's format.
 
 A stream is: (chat only) a chunk with the assistant's role, one chunk per text piece, a chunk with
-`finish_reason` and the `jacobi` stats, a usage chunk (`choices: []`) when the request set
+`finish_reason` and the `jacobi` stats (per choice when n > 1; it carries the choice's logprobs when
+asked for, since pieces and tokens do not map one to one), a usage chunk (`choices: []`) when the request set
 `stream_options.include_usage`, then `data: [DONE]`. A stream that fails after it began (the
 request timed out, the runtime failed) sends `data: {"error": {...}}` and then `data: [DONE]`.
 """
@@ -12,6 +13,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 from jacobi_rt.runtime.generator import GenerationResult
 
@@ -24,18 +26,22 @@ def sse(data: dict) -> bytes:
     return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
 
 
-def usage(result: GenerationResult) -> dict:
-    s = result.stats
-    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens, "total_tokens": s.prompt_tokens + s.new_tokens}
+def usage(results: list[GenerationResult]) -> dict:
+    prompt, completion = results[0].stats.prompt_tokens, sum(r.stats.new_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def jacobi_stats(result: GenerationResult) -> dict:
-    """jacobi-rt's extension field: how the answer was decoded (the text is greedy's either way)."""
+def jacobi_stats(result: GenerationResult, seeds: list[int | None] | None = None) -> dict:
+    """jacobi-rt's extension field: how the answer was decoded (the text is the same whatever the
+    strategy) and the sampling seed (drawn when the request gave none), to reproduce it."""
     s = result.stats
-    return {"strategy": s.strategy, "window": s.window, "adaptive": s.adaptive, "target_passes": s.target_passes,
-            "tokens_per_pass": s.tokens_per_pass, "prefill_passes": s.prefill_passes,
-            "decode_tokens_per_second": s.decode_tokens_per_second, "wall_seconds": s.wall_seconds,
-            "finish_reason": s.finish_reason}
+    stats = {"strategy": s.strategy, "window": s.window, "adaptive": s.adaptive, "target_passes": s.target_passes,
+             "tokens_per_pass": s.tokens_per_pass, "prefill_passes": s.prefill_passes,
+             "decode_tokens_per_second": s.decode_tokens_per_second, "wall_seconds": s.wall_seconds,
+             "finish_reason": s.finish_reason, "seed": s.seed}
+    if seeds is not None and len(seeds) > 1:
+        stats["seeds"] = seeds  # choice i's seed
+    return stats
 
 
 @dataclass
@@ -44,33 +50,54 @@ class Reply:
 
     model: str
     chat: bool
+    token_text: Callable[[int], str] = str  # a token id's text, for logprobs
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
 
-    def whole(self, result: GenerationResult) -> dict:
-        finish = FINISH_REASONS[result.stats.finish_reason]
+    def whole(self, results: list[GenerationResult]) -> dict:
+        choices = []
+        for index, result in enumerate(results):
+            finish = FINISH_REASONS[result.stats.finish_reason]
+            if self.chat:
+                choice = {"index": index, "message": {"role": "assistant", "content": result.text}}
+            else:
+                choice = {"index": index, "text": result.text}
+            choices.append({**choice, "logprobs": self.logprobs(result), "finish_reason": finish})
+        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": choices,
+                "usage": usage(results), "jacobi": jacobi_stats(results[0], [r.stats.seed for r in results])}
+
+    def logprobs(self, result: GenerationResult) -> dict | None:
+        """OpenAI's logprobs object: chat's {"content": [...]}, or completions' four parallel lists."""
+        if result.logprobs is None:
+            return None
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text}, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": usage(result), "jacobi": jacobi_stats(result)}
+            return {"content": [{**self._token(lp.token, lp.logprob), "top_logprobs": [self._token(i, v) for i, v in lp.top]}
+                                for lp in result.logprobs]}
+        tokens = [self.token_text(lp.token) for lp in result.logprobs]
+        offsets = [sum(map(len, tokens[:i])) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in result.logprobs],
+                "top_logprobs": [{self.token_text(i): v for i, v in lp.top} for lp in result.logprobs],
+                "text_offset": offsets}
 
-    def opening(self) -> list[dict]:
-        return [self._chunk({"role": "assistant", "content": ""}, None)] if self.chat else []
+    def _token(self, token: int, logprob: float) -> dict:
+        text = self.token_text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
-    def piece(self, text: str) -> dict:
-        return self._chunk({"content": text} if self.chat else text, None)
+    def opening(self, n: int = 1) -> list[dict]:
+        return [self._chunk({"role": "assistant", "content": ""}, None, i) for i in range(n)] if self.chat else []
 
-    def closing(self, result: GenerationResult) -> dict:
-        chunk = self._chunk({} if self.chat else "", FINISH_REASONS[result.stats.finish_reason])
+    def piece(self, text: str, index: int = 0) -> dict:
+        return self._chunk({"content": text} if self.chat else text, None, index)
+
+    def closing(self, result: GenerationResult, index: int = 0) -> dict:
+        chunk = self._chunk({} if self.chat else "", FINISH_REASONS[result.stats.finish_reason], index, self.logprobs(result))
         return {**chunk, "jacobi": jacobi_stats(result)}
 
-    def usage_chunk(self, result: GenerationResult) -> dict:
-        return {**self._head(self._chunk_object), "choices": [], "usage": usage(result)}
+    def usage_chunk(self, results: list[GenerationResult]) -> dict:
+        return {**self._head(self._chunk_object), "choices": [], "usage": usage(results)}
 
     @property
     def _chunk_object(self) -> str:
@@ -79,7 +106,7 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def _chunk(self, content, finish: str | None) -> dict:
+    def _chunk(self, content, finish: str | None, index: int = 0, logprobs: dict | None = None) -> dict:
         key = "delta" if self.chat else "text"
-        choice = {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
+        choice = {"index": index, key: content, "logprobs": logprobs, "finish_reason": finish}
         return {**self._head(self._chunk_object), "choices": [choice]}

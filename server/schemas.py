@@ -1,8 +1,11 @@
 """Request bodies: the OpenAI fields jacobi-rt reads, checked with pydantic, turned into a GenerationCall.
 
-Fields that would change the output in ways jacobi-rt cannot honour yet (sampling, n > 1,
-penalties, logprobs, tools) are refused with a 400 that says so, rather than silently ignored;
-other unknown fields are ignored, as OpenAI clients send many.
+Nothing that would change the output is silently ignored: a declared field jacobi-rt cannot honour
+yet (logit_bias, tools, best_of, echo ...) is refused with a 400 that says so, and so is any
+field the models below do not declare (repetition_penalty, response_format schemas, guided_json,
+grammar, functions ...), naming the field. Only the fields in IGNORED_FIELDS, which cannot change
+the output, are accepted and ignored. To support a field: declare it on a model, use it, and take
+it out of NOT_YET_SUPPORTED.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from typing import Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.generator import STRATEGIES
+from jacobi_rt.runtime.sampling import SamplingParams, draw_seed
 
 from .errors import APIError
 
@@ -29,20 +34,38 @@ class JacobiOptions(BaseModel):
     jacobi_tail: StrictBool | None = None  # speculative: target predictions seed the draft's next window
 
 
+MAX_STOPS = 4
+MAX_STOP_CHARS = 256  # text is held back by the longest stop string's length: a long one would hold back every piece
+
+# Undeclared fields accepted and ignored: they cannot change the generated text.
+IGNORED_FIELDS = frozenset({
+    "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",  # bookkeeping
+    "parallel_tool_calls", "tool_choice",  # about tools, which are refused when given
+    "prediction",  # OpenAI's predicted outputs: a latency hint
+})
+# Undeclared fields jacobi-rt knows and does not support yet, with a better message than the generic one.
+NOT_YET_SUPPORTED = {
+    "functions": "functions (and function_call) are not supported: jacobi-rt does not call tools",
+    "function_call": "function_call is not supported: jacobi-rt does not call tools",
+    **{name: f"{name}: constrained decoding is not supported; leave it out"
+       for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "json_schema")},
+}
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore")  # include_obfuscation ...: the stream's shape, not its text
     include_usage: StrictBool = False
 
 
 class CommonRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # undeclared fields: refused or ignored by _refuse_undeclared
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(None, ge=1)
     stop: StrictStr | list[StrictStr] | None = None
     temperature: Number | None = None
     top_p: Number | None = None
     n: StrictInt | None = None
-    seed: StrictInt | None = None  # accepted and unused: greedy decoding is deterministic
+    seed: StrictInt | None = None  # sampling: choice i uses seed + i; none given: drawn and returned in `jacobi`
     user: StrictStr | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -50,6 +73,9 @@ class CommonRequest(BaseModel):
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     logit_bias: dict[str, Number] | None = None
+    top_k: StrictInt | None = None  # vLLM's extras
+    min_p: Number | None = None
+    repetition_penalty: Number | None = None
 
 
 class CompletionRequest(CommonRequest):
@@ -67,7 +93,7 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # undeclared fields: refused unless empty (see _refuse_undeclared)
     role: StrictStr
     content: StrictStr | list[ContentPart] | None = None
 
@@ -76,6 +102,7 @@ class ChatRequest(CommonRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=1)  # the newer name of max_tokens
     logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
@@ -95,6 +122,9 @@ class GenerationCall:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    sampling: dict = field(default_factory=dict)  # Generator's sampling arguments, seed excluded
+    seeds: list[int | None] = field(default_factory=lambda: [None])  # one per choice (n); None: greedy
+    logprobs: int | None = None  # top logprobs per token (0: the chosen token's only); None: no logprobs
 
     @property
     def prompt_param(self) -> str:
@@ -103,17 +133,24 @@ class GenerationCall:
 
 def parse_completion(payload: Any) -> GenerationCall:
     request = _validate(CompletionRequest, payload)
-    _refuse_unsupported(request, echo=False, logprobs=None, best_of=(None, 1), suffix=None)
-    return _call(request, prompt=_single_prompt(request.prompt), messages=None, max_tokens=request.max_tokens)
+    _refuse_undeclared(request)
+    _refuse_unsupported(request, echo=False, best_of=(None, 1), suffix=None)
+    logprobs = _bounded("logprobs", request.logprobs, MAX_COMPLETION_LOGPROBS)
+    return _call(request, prompt=_single_prompt(request.prompt), messages=None, max_tokens=request.max_tokens, logprobs=logprobs)
 
 
 def parse_chat(payload: Any) -> GenerationCall:
     request = _validate(ChatRequest, payload)
-    _refuse_unsupported(request, logprobs=(None, False), tools=(None, []))
+    _refuse_undeclared(request)
+    _refuse_unsupported(request, tools=(None, []))
     if request.response_format not in (None, {"type": "text"}):
         raise APIError(400, "response_format other than {\"type\": \"text\"} is not supported", "response_format", "unsupported_value")
     messages = [{"role": m.role, "content": _text_content(m, i)} for i, m in enumerate(request.messages)]
-    return _call(request, prompt=None, messages=messages, max_tokens=request.max_completion_tokens or request.max_tokens)
+    if request.top_logprobs is not None and not request.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
+    logprobs = _bounded("top_logprobs", request.top_logprobs or 0, MAX_CHAT_LOGPROBS) if request.logprobs else None
+    return _call(request, prompt=None, messages=messages, max_tokens=request.max_completion_tokens or request.max_tokens,
+                 logprobs=logprobs)
 
 
 def _validate(model: type[BaseModel], payload: Any) -> BaseModel:
@@ -134,15 +171,29 @@ _HINTS = {
     "prompt": "the prompt must be a string, a list of token ids, or a list holding one of these",
     "messages": 'messages must be a non-empty list like [{"role": "user", "content": "Hi"}]',
     "stop": "stop must be a string or a list of up to 4 strings",
-    **{name: "a number was expected" for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty")},
+    **{name: "a number was expected" for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                                                  "repetition_penalty")},
+    **{name: "an integer was expected" for name in ("seed", "n", "top_k", "top_logprobs", "logprobs")},
 }
 # pydantic names the union member it tried (`str`, `list[int]`) in an error's location
 _UNION_BRANCH = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
 
 
+def _refuse_undeclared(request: CommonRequest) -> None:
+    for name in request.model_extra or {}:
+        if name not in IGNORED_FIELDS:
+            message = NOT_YET_SUPPORTED.get(name, f"{name}: jacobi-rt does not know this field, and it may change "
+                                                  "the output; leave it out")
+            raise APIError(400, message, name, "unsupported_value")
+    for i, message in enumerate(getattr(request, "messages", None) or []):
+        for name, value in (message.model_extra or {}).items():
+            if value not in (None, "", [], {}) and name not in ("refusal", "annotations"):  # as echoed back by OpenAI
+                raise APIError(400, f"messages.{i}.{name}: not supported (the chat template gets only role and "
+                                    "content); leave it out", f"messages.{i}.{name}", "unsupported_value")
+
+
 def _refuse_unsupported(request: BaseModel, **allowed) -> None:
-    common = dict(temperature=(None, 0), top_p=(None, 1), n=(None, 1), presence_penalty=(None, 0),
-                  frequency_penalty=(None, 0), logit_bias=(None, {}))
+    common = dict(logit_bias=(None, {}))
     for name, ok in {**common, **allowed}.items():
         value = getattr(request, name)
         if value not in (ok if isinstance(ok, tuple) else (ok,)):
@@ -150,11 +201,7 @@ def _refuse_unsupported(request: BaseModel, **allowed) -> None:
                            name, "unsupported_value")
 
 
-_UNSUPPORTED = {
-    "temperature": "temperature must be 0 (or left out): jacobi-rt decodes greedily, token for token; sampling is not supported yet",
-    "top_p": "top_p must be 1 (or left out): jacobi-rt decodes greedily; sampling is not supported yet",
-    "n": "n must be 1: greedy decoding gives one answer per prompt",
-}
+_UNSUPPORTED: dict[str, str] = {}
 
 
 def _single_prompt(prompt: str | list) -> str | list[int]:
@@ -178,7 +225,7 @@ def _text_content(message: ChatMessage, index: int) -> str:
     return "".join(texts)
 
 
-def _call(request: CommonRequest, prompt, messages, max_tokens) -> GenerationCall:
+def _call(request: CommonRequest, prompt, messages, max_tokens, logprobs: int | None) -> GenerationCall:
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     options = request.jacobi or JacobiOptions()
     return GenerationCall(
@@ -193,12 +240,50 @@ def _call(request: CommonRequest, prompt, messages, max_tokens) -> GenerationCal
         stream=request.stream,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         user=request.user,
+        **_sampling(request, logprobs),
     )
 
 
+MAX_N = 16
+MAX_CHAT_LOGPROBS = 20  # OpenAI's limits
+MAX_COMPLETION_LOGPROBS = 5
+
+
+def _bounded(name: str, value: int | None, limit: int) -> int | None:
+    if value is not None and not 0 <= value <= limit:
+        raise APIError(400, f"{name} must be an integer from 0 to {limit}, not {value}", name, "invalid_value")
+    return value
+
+
+def _sampling(request: CommonRequest, logprobs: int | None) -> dict:
+    """The sampling arguments, checked by the runtime's own SamplingParams; n choices get seeds seed, seed + 1, ..."""
+    n = 1 if request.n is None else request.n
+    if not 1 <= n <= MAX_N:
+        raise APIError(400, f"n must be an integer from 1 to {MAX_N}, not {n}", "n", "invalid_value")
+    given = dict(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
+                 repetition_penalty=request.repetition_penalty, frequency_penalty=request.frequency_penalty,
+                 presence_penalty=request.presence_penalty)
+    sampling = {name: value for name, value in given.items() if value is not None}
+    try:
+        params = SamplingParams(**sampling, seed=request.seed, logprobs=logprobs)
+    except InputError as exc:
+        name = str(exc).split(" ", 1)[0]
+        raise APIError(400, str(exc), name, "invalid_value") from None
+    if params.temperature == 0:
+        seeds: list[int | None] = [None] * n  # greedy (penalties or not): nothing to seed
+    else:
+        first = draw_seed() if params.seed is None else params.seed
+        seeds = [(first + i) % 2**64 for i in range(n)]
+    return dict(sampling=sampling, seeds=seeds, logprobs=logprobs)
+
+
 def _checked_stops(stops: Sequence[str]) -> list[str]:
-    if len(stops) > 4:
-        raise APIError(400, f"at most 4 stop sequences, not {len(stops)}", "stop", "invalid_value")
+    if len(stops) > MAX_STOPS:
+        raise APIError(400, f"at most {MAX_STOPS} stop sequences, not {len(stops)}", "stop", "invalid_value")
     if any(not s for s in stops):
         raise APIError(400, "stop sequences must be non-empty strings", "stop", "invalid_value")
+    longest = max(map(len, stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise APIError(400, f"stop sequences may be at most {MAX_STOP_CHARS} characters long, not {longest}",
+                       "stop", "invalid_value")
     return list(stops)

@@ -109,7 +109,7 @@ def test_full_queue_429_and_a_disconnect_frees_the_slot(start_server, generator)
         assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == expected
         wait_until(lambda: metric(c, 'jacobi_rt_generations_total{outcome="cancelled"}') == 1)
         assert metric(c, 'jacobi_rt_generations_total{outcome="finished"}') == 1
-        assert metric(c, "jacobi_rt_completion_tokens_total") == 4  # the cancelled stream's tokens are not counted
+        assert metric(c, 'vllm:generation_tokens_total{model_name="smollm2-135m"}') == 4  # the cancelled stream's tokens are not counted
         health = c.get("/health").json()
         assert health["running"] == 0 and health["queued"] == 0
 
@@ -121,10 +121,49 @@ def test_a_non_streamed_request_whose_client_leaves_is_cancelled(start_server):
     body = json.dumps(counting).encode()
     with httpx.Client(base_url=server.url, timeout=120) as c:
         with socket.create_connection((server.host, server.port)) as leaving:
-            leaving.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            leaving.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             wait_until(lambda: c.get("/health").json()["running"] == 1)
         # the client closed its connection while the server generates
         wait_until(lambda: c.get("/health").json()["running"] == 0, seconds=5)  # far less than 500 tokens take
         assert metric(c, 'jacobi_rt_generations_total{outcome="cancelled"}') == 1
-        assert metric(c, 'jacobi_rt_requests_total{endpoint="completions",code="499"}') == 1
+        assert metric(c, 'jacobi_rt_requests_total{code="499",endpoint="completions"}') == 1
+
+
+@pytest.mark.slow
+def test_a_generation_whose_text_is_all_held_back_is_cancelled_within_a_pass(start_server, monkeypatch):
+    """The issue's reproduction: a 200 KB stop string holds back every piece. Before, the generation
+    ran on to max_tokens after its client left (holding the only worker: 429s for everyone else),
+    because cancellation was looked at only between non-empty pieces. Stop strings are now capped
+    (400), so the cap is lifted here to reach the case; special tokens skipped from the text do the same."""
+    from jacobi_rt.server import schemas
+
+    monkeypatch.setattr(schemas, "MAX_STOP_CHARS", 10**6, raising=False)  # raising=False: also runs where no cap exists
+    server = start_server("smollm2-135m", workers=1, queue_size=0)
+    hello = {"messages": [{"role": "user", "content": "Write the word hello 3000 times, separated by spaces."}],
+             "max_tokens": 1500, "stop": ["x" * 200_000], "jacobi": {"strategy": "greedy"}}
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/chat/completions", json=hello, timeout=httpx.Timeout(120, read=2))
+        wait_until(lambda: c.get("/health").json()["running"] == 0, seconds=5)  # 1500 tokens take far longer
+        wait_until(lambda: metric(c, 'jacobi_rt_generations_total{outcome="cancelled"}') == 1)
+        assert c.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+
+
+@pytest.mark.slow
+def test_a_full_server_refuses_before_reading_the_request(start_server):
+    """429 comes before the body is parsed, the template rendered or the prompt tokenized: even a
+    body that is not JSON gets 429 while the only place is taken (before: 400, after parsing it)."""
+    server = start_server("smollm2-135m", workers=1, queue_size=0)
+    counting = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 500, "stream": True, "jacobi": {"strategy": "greedy"}}
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        with c.stream("POST", "/v1/completions", json=counting) as running:
+            lines = running.iter_lines()
+            next(lines)
+            wait_until(lambda: c.get("/health").json()["running"] == 1)
+            not_json = c.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+            assert not_json.status_code == 429 and not_json.json()["error"]["code"] == "queue_full"
+            huge = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "word " * 50_000}]})
+            assert huge.status_code == 429
+        wait_until(lambda: c.get("/health").json() == {"status": "ok", "model": "smollm2-135m", "running": 0, "queued": 0})
+        assert c.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"}).status_code == 400

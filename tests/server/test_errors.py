@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import socket
+from pathlib import Path
 
 import httpx
 import pytest
+from sse_client import read_events
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 HI = [{"role": "user", "content": "Hi"}]
@@ -28,12 +32,20 @@ BAD = [
     (COMPLETIONS, {"prompt": "hi", "stop": 5}, 400, "stop", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "stream": "yes"}, 400, "stream", "invalid_value"),
-    (COMPLETIONS, {"prompt": "hi", "temperature": 0.7}, 400, "temperature", "unsupported_value"),
+    (COMPLETIONS, {"prompt": "hi", "temperature": -0.5}, 400, "temperature", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "temperature": "hot"}, 400, "temperature", "invalid_value"),
-    (COMPLETIONS, {"prompt": "hi", "top_p": 0.5}, 400, "top_p", "unsupported_value"),
-    (COMPLETIONS, {"prompt": "hi", "n": 2}, 400, "n", "unsupported_value"),
+    (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "top_p": 1.5}, 400, "top_p", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "top_k": -1}, 400, "top_k", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "min_p": 2}, 400, "min_p", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "frequency_penalty": 3}, 400, "frequency_penalty", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "seed": 1.5}, 400, "seed", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "n": 17}, 400, "n", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 1}}, 400, "logit_bias", "unsupported_value"),
     (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo", "unsupported_value"),
-    (COMPLETIONS, {"prompt": "hi", "logprobs": 3}, 400, "logprobs", "unsupported_value"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 6}, 400, "logprobs", "invalid_value"),  # OpenAI's limit: 5
     (COMPLETIONS, {"prompt": "hi", "seed": "x"}, 400, "seed", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "user": 3}, 400, "user", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "jacobi": {"strategy": "beam"}}, 400, "jacobi.strategy", "invalid_value"),
@@ -53,9 +65,21 @@ BAD = [
     (CHAT, {"messages": [{"role": "user", "content": "word " * 400}]}, 400, "messages", "context_length_exceeded"),
     (CHAT, {"messages": HI, "max_tokens": 10**6}, 400, "max_tokens", "context_length_exceeded"),
     (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_value"),
-    (CHAT, {"messages": HI, "logprobs": True}, 400, "logprobs", "unsupported_value"),
-    (CHAT, {"messages": HI, "temperature": 1}, 400, "temperature", "unsupported_value"),
+    (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "invalid_value"),  # limit: 20
+    (CHAT, {"messages": HI, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),  # needs logprobs: true
+    (CHAT, {"messages": HI, "logprobs": 3}, 400, "logprobs", "invalid_value"),  # chat's is a boolean
     (CHAT, {"messages": HI, "model": "other"}, 404, "model", "model_not_found"),
+    # stop strings are capped: a long one holds back every piece (issue 14)
+    (COMPLETIONS, {"prompt": "hi", "stop": "x" * 257}, 400, "stop", "invalid_value"),
+    (CHAT, {"messages": HI, "stop": ["\n", "x" * 200_000]}, 400, "stop", "invalid_value"),
+    # fields that would change the output are refused by name, declared or not
+    (COMPLETIONS, {"prompt": "hi", "best_of": 3}, 400, "best_of", "unsupported_value"),
+    (COMPLETIONS, {"prompt": "hi", "grammar": "root ::= \"a\""}, 400, "grammar", "unsupported_value"),
+    (COMPLETIONS, {"prompt": "hi", "some_new_knob": 1}, 400, "some_new_knob", "unsupported_value"),
+    (CHAT, {"messages": HI, "guided_json": {"type": "object"}}, 400, "guided_json", "unsupported_value"),
+    (CHAT, {"messages": HI, "functions": [{"name": "f"}]}, 400, "functions", "unsupported_value"),
+    (CHAT, {"messages": HI, "response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_value"),
+    (CHAT, {"messages": [{"role": "user", "content": "Hi", "name": "bob"}]}, 400, "messages.0.name", "unsupported_value"),
 ]
 
 
@@ -78,6 +102,92 @@ def test_bad_request(client, path, body, status, param, code):
                     status, param, code)
 
 
+def test_fields_that_cannot_change_the_output_are_ignored(client):
+    ignored = {"metadata": {"app": "x"}, "store": False, "service_tier": "auto", "tool_choice": "none",
+               "parallel_tool_calls": False, "stream_options": {"include_usage": False, "include_obfuscation": True}}
+    echoed = {"role": "assistant", "content": "Hello", "refusal": None, "annotations": [], "tool_calls": []}
+    messages = [{"role": "user", "content": "Hi"}, echoed, {"role": "user", "content": "Again"}]
+    assert client.post(CHAT, json={"messages": messages, "max_tokens": 2, **ignored}).status_code == 200
+    assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 2, **ignored}).status_code == 200
+
+
+@pytest.mark.parametrize("path, body, param", [(COMPLETIONS, {"prompt": "hi \ud800 there"}, "prompt"),
+                                               (CHAT, {"messages": [{"role": "user", "content": "\udfff"}]}, "messages"),
+                                               (CHAT, {"messages": HI, "stop": ["\ud83d"]}, "stop")])
+def test_a_lone_surrogate_is_a_400(client, path, body, param):
+    """Valid JSON ("\\ud800"), but not text: no tokenizer can encode it."""
+    for streamed in (False, True):
+        content = json.dumps({**body, "stream": streamed})  # ASCII: the surrogate travels as its escape
+        error = check_error(client.post(path, content=content, headers={"content-type": "application/json"}), 400, param)
+        assert "surrogate" in error["message"]
+    paired = json.dumps({"prompt": "\U0001F600", "max_tokens": 2})  # an emoji: a valid surrogate pair
+    assert client.post(COMPLETIONS, content=paired, headers={"content-type": "application/json"}).status_code == 200
+
+
+@pytest.mark.parametrize("content", [b"[" * 100_000, b'{"prompt": ' + b"[" * 500 + b"]" * 500 + b"}",
+                                     b'{"prompt": "hi", "jacobi": ' + b'{"a": ' * 200 + b"1" + b"}" * 201])
+def test_deeply_nested_json_is_a_400(client, content):
+    error = check_error(client.post(COMPLETIONS, content=content, headers={"content-type": "application/json"}), 400)
+    assert "nests" in error["message"]
+
+
+def test_a_body_that_is_not_json_is_a_415(client):
+    for headers in ({"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}, {}):
+        response = client.post(COMPLETIONS, content=json.dumps({"prompt": "hi", "max_tokens": 2}), headers=headers)
+        check_error(response, 415, code="unsupported_media_type")
+    ok = client.post(COMPLETIONS, content=json.dumps({"prompt": "hi", "max_tokens": 2}),
+                     headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200
+
+
+def _artifact_copy(source: Path, folder: Path, template: str) -> Path:
+    """`source` with another chat template, its sha256 updated in jacobi.json."""
+    shutil.copytree(source, folder)
+    (folder / "chat_template.jinja").write_text(template)
+    manifest = json.loads((folder / "jacobi.json").read_text())
+    manifest["files"]["chat_template.jinja"] = hashlib.sha256(template.encode()).hexdigest()
+    (folder / "jacobi.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_an_error_inside_the_chat_template_is_a_400(start_server, artifact, tmp_path):
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.server.run import BackgroundServer
+    from jacobi_rt.server.settings import ServerSettings
+
+    template = "{% for m in messages %}{{ m['role'] + 1 }}{% endfor %}"  # str + int: a TypeError inside jinja
+    folder = _artifact_copy(artifact("llama"), tmp_path / "llama", template)
+    with BackgroundServer(Generator.load(folder), ServerSettings(model_id="llama")) as server:
+        response = httpx.post(server.url + CHAT, json={"messages": HI})
+    error = check_error(response, 400, "messages", "invalid_value")
+    assert "chat template" in error["message"]
+
+
+def test_an_internal_error_sends_only_a_request_id_and_logs_the_details(artifact, caplog):
+    from jacobi_rt.runtime import BackendError, Generator
+    from jacobi_rt.server.run import BackgroundServer
+    from jacobi_rt.server.settings import ServerSettings
+
+    generator = Generator.load(artifact("llama"))
+
+    def failing_context(capacity):
+        raise BackendError("node /model/layers.0/attn/MatMul failed reading /srv/secret/model.onnx")
+
+    generator.backend.context = failing_context  # a backend that fails mid-request, as a broken GPU would
+    with BackgroundServer(generator, ServerSettings(model_id="llama")) as server, caplog.at_level("ERROR"):
+        whole = httpx.post(server.url + COMPLETIONS, json={"prompt": "hi", "max_tokens": 2})
+        with httpx.stream("POST", server.url + COMPLETIONS, json={"prompt": "hi", "stream": True}) as response:
+            events, done = read_events(response)
+    error = check_error(whole, 500, code="internal_error")
+    streamed = events[-1]["error"]
+    for message in (error["message"], streamed["message"]):
+        assert "secret" not in message and "MatMul" not in message and "request id req-" in message
+    request_id = whole.headers["x-request-id"]
+    assert request_id in error["message"]
+    logged = [r for r in caplog.records if request_id in r.getMessage()]
+    assert logged and "secret" in str(logged[0].exc_info[1])
+
+
 @pytest.mark.parametrize("content", [b"{bad json", b"", b"\xff\xfe", b"[1, 2]", b"null", b'"text"'])
 def test_body_that_is_not_a_json_object(client, content):
     error = check_error(client.post(COMPLETIONS, content=content, headers={"content-type": "application/json"}), 400)
@@ -90,7 +200,8 @@ def test_body_over_the_limit(start_server):
     with httpx.Client(base_url=server.url) as c:
         check_error(c.post(COMPLETIONS, json=big), 413, code="body_too_large")  # declared by Content-Length
         chunked = (json.dumps(big)[i : i + 1000].encode() for i in range(0, 11_000, 1000))
-        check_error(c.post(COMPLETIONS, content=chunked), 413, code="body_too_large")  # chunked: counted as read
+        check_error(c.post(COMPLETIONS, content=chunked, headers={"content-type": "application/json"}), 413,
+                    code="body_too_large")  # chunked: counted as read
         assert c.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
@@ -108,7 +219,7 @@ def test_the_server_still_serves_after_bad_input(client):
 def test_a_stalled_client_does_not_stall_others(llama_server, client):
     """A client that promises a body and never sends it holds only its own connection."""
     with socket.create_connection((llama_server.host, llama_server.port)) as stalled:
-        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
         assert client.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 3}, timeout=10).status_code == 200
 
 

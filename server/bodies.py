@@ -1,0 +1,93 @@
+"""read_json(request, limit): a request body read as JSON, with every client mistake a 4xx.
+
+415 without Content-Type: application/json (a browser page can send text/plain to a local server
+without a CORS preflight; it cannot send application/json), 413 over the size limit, 400 for
+invalid UTF-8 or JSON, nesting deeper than MAX_DEPTH, or a lone UTF-16 surrogate ("\\ud800": valid
+JSON, but no tokenizer can encode it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fastapi import Request
+
+from .errors import APIError
+
+MAX_DEPTH = 64  # OpenAI request bodies nest a few levels; tools' JSON schemas a dozen
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    _check_content_type(request.headers.get("content-type", ""))
+    body = await _read_body(request, limit)
+    try:
+        text = bytes(body).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"the body is not UTF-8 ({exc})") from None
+    try:
+        payload = json.loads(text)
+    except ValueError as exc:
+        raise _invalid(f"the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise _invalid(f"the JSON nests more than {MAX_DEPTH} levels deep") from None
+    _check_structure(payload, strings=_SURROGATE_ESCAPE.search(text) is not None)
+    return payload
+
+
+def _check_content_type(header: str) -> None:
+    kind = header.split(";", 1)[0].strip().lower()
+    if kind != "application/json":
+        raise APIError(415, f"send the body as JSON with the header Content-Type: application/json (got {kind or 'none'!r})",
+                       None, "unsupported_media_type")
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return body
+
+
+def _check_structure(payload: Any, strings: bool) -> None:
+    """Depth at most MAX_DEPTH; with `strings`, no lone surrogate in any string or key. Iterative: no recursion."""
+    stack = [(payload, 1, None)]  # (value, depth, top-level key)
+    while stack:
+        value, depth, top = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _invalid(f"the JSON nests more than {MAX_DEPTH} levels deep", top)
+        if isinstance(value, dict):
+            items = value.items()
+            if strings:
+                for key in value:
+                    _check_string(key, top or key)
+            stack.extend((v, depth + 1, top or k) for k, v in items if isinstance(v, (dict, list)) or strings)
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1, top) for v in value if isinstance(v, (dict, list)) or strings)
+        elif strings and isinstance(value, str):
+            _check_string(value, top)
+
+
+def _check_string(text: str, top: str | None) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"{top + ': ' if top else ''}a string holds a lone UTF-16 surrogate (such as \\ud800), "
+                            "which is not text; send valid Unicode", top, "invalid_value") from None
+
+
+def _invalid(message: str, param: str | None = None) -> APIError:
+    return APIError(400, f"{message}; send a JSON object with Content-Type: application/json", param, "invalid_json")
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than this server's limit of {limit} bytes", None, "body_too_large")
