@@ -25,6 +25,7 @@ from jacobi_rt.runtime import spec
 
 from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
 from .gqa import TRANSLATION
+from .quiet import torchvision_notices_hidden
 
 NAME = "jacobi_inplace"
 GRAPH_FILE = "model-inplace.onnx"
@@ -150,7 +151,7 @@ def export_inplace_onnx(model, shape, path: Path, opset: int) -> None:
         "cache_lengths": {0: batch},
         "past": tuple({0: batch, 2: capacity} for _ in range(2 * shape.num_layers)),
     }
-    with warnings.catch_warnings(), torch.no_grad(), inplace_attention_for(model):
+    with warnings.catch_warnings(), torch.no_grad(), inplace_attention_for(model), torchvision_notices_hidden():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             wrapper,

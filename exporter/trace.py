@@ -11,6 +11,7 @@ import torch
 from jacobi_rt.runtime import spec
 
 from .attention import grouped_attention_for
+from .quiet import torchvision_notices_hidden
 from .window_model import WindowModel, output_cache
 
 TWO_GB = 2 * 1024**3
@@ -71,7 +72,7 @@ def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> None:
         "window_mask": {0: batch, 1: window, 2: window},
         "past": tuple({0: batch, 2: past} for _ in range(2 * shape.num_layers)),
     }
-    with warnings.catch_warnings(), torch.no_grad(), grouped_attention_for(model):
+    with warnings.catch_warnings(), torch.no_grad(), grouped_attention_for(model), torchvision_notices_hidden():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             wrapper,
