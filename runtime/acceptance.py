@@ -96,7 +96,7 @@ class AcceptanceTracker:
     """Per source and match length, the chance p that the next guessed token is right when the
     previous ones were; sending L guesses then yields 1 + p + p^2 + ... + p^L tokens per pass.
 
-    `suggest_length` picks the L that maximises tokens per unit of pass cost, 0 when no L beats
+    `best_length` picks the L that maximises tokens per unit of pass cost, 0 when no L beats
     a plain greedy pass by `margin`. Every candidate, sent or not, is scored against the tokens
     the pass committed, so a source that is not being sent keeps being measured for free.
     """
@@ -136,10 +136,6 @@ class AcceptanceTracker:
     def observe_pass(self, window: int, seconds: float) -> None:
         self.costs.observe(window, seconds)
 
-    def gain(self, p: float, length: int) -> float:
-        """Expected tokens per unit cost of a pass with `length` guesses, each right with chance p."""
-        return sum(p**i for i in range(length + 1)) / self.cost(length + 1)
-
     def best_length(self, p: float, available: int) -> tuple[int, float]:
         """The number of guesses (0..available) with the best gain, and that gain (greedy: 1.0)."""
         best, best_gain = 0, 1.0
@@ -151,17 +147,3 @@ class AcceptanceTracker:
             if g > best_gain:
                 best, best_gain = length, g
         return (best, best_gain) if best_gain > 1.0 + self.margin else (0, 1.0)
-
-    def suggest_length(self, source: str, match_len: int, available: int) -> int:
-        """How many of `available` guesses from this source to send (0: a plain greedy pass is better)."""
-        return self.best_length(self.rate(source, match_len).p, available)[0]
-
-    def choose(self, candidates: Sequence[Candidate], k: int) -> tuple[Candidate | None, int]:
-        """The candidate and length with the best expected tokens per cost; (None, 0) when none beats greedy."""
-        best: tuple[Candidate | None, int] = (None, 0)
-        best_gain = 1.0
-        for c in candidates:
-            length, g = self.best_length(self.rate(c.source, c.match_len).p, min(k, len(c.tokens)))
-            if length and g > best_gain:
-                best, best_gain = (c, length), g
-        return best

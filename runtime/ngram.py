@@ -6,7 +6,8 @@ proposing costs microseconds, not milliseconds, at a few thousand tokens of cont
     lookup, pool, tracker = PromptLookup(), NgramPool(), AcceptanceTracker()
     lookup.extend(prompt); pool.extend(prompt)
     cands = lookup.lookup(None, k=15) + pool.lookup(lookup.tokens[-2:], k=15)
-    best, length = tracker.choose(cands, k=15)          # length 0: send no guesses (greedy pass)
+    best = cands[0]
+    length, _ = tracker.best_length(tracker.rate(best.source, best.match_len).p, 15)  # 0: a greedy pass
     tree = build_tree(last, [best.tokens[:length]])      # or several candidates at once
     ... one target pass over tree.tokens with tree.positions and tree.window_mask ...
     verdict = tree.accept(predictions)                   # committed tokens == greedy decoding
@@ -93,10 +94,6 @@ class PromptLookup:
                     if len(found) == limit:
                         return found
         return found
-
-    def candidates(self, tail: Sequence[int] | None, k: int, limit: int = 1) -> list[list[int]]:
-        """`lookup` without the bookkeeping: the continuations' tokens."""
-        return [c.tokens for c in self.lookup(tail, k, limit)]
 
     def _continuation(self, start: int, k: int) -> list[int]:
         # Past the sequence's end, keep copying with the same offset: a match that overlaps the
@@ -204,10 +201,6 @@ class NgramPool:
                     if len(found) == limit:
                         return found
         return found
-
-    def candidates(self, last_tokens: Sequence[int], k: int, limit: int = 1) -> list[list[int]]:
-        """`lookup` without the bookkeeping: the continuations' tokens."""
-        return [c.tokens for c in self.lookup(last_tokens, k, limit)]
 
     def _chain(self, context: list[int], entry: list[int], k: int) -> list[int]:
         seq, head = context + entry, len(context)

@@ -14,6 +14,11 @@ from jacobi_rt.runtime.proposers import LookaheadProposer
 from jacobi_rt.runtime.tree import accept_branch, ancestor_mask, build_tree, leaf_paths
 
 
+def continuations(candidates) -> list[list[int]]:
+    """The continuations' tokens of a lookup."""
+    return [c.tokens for c in candidates]
+
+
 def accept(guesses, predictions) -> int:
     """The linear accept rule, written independently of the tree: 1 + the right guesses before the first wrong one."""
     n = 1
@@ -42,7 +47,7 @@ def test_lookup_continues_the_longest_matching_suffix():
 
 def test_lookup_prefers_the_most_recent_occurrence():
     lookup = lookup_of([5, 6, 1, 5, 6, 2, 0, 5, 6])
-    assert lookup.candidates(None, 1, limit=3) == [[2], [1]]
+    assert continuations(lookup.lookup(None, 1, limit=3)) == [[2], [1]]
 
 
 def test_lookup_fills_slots_with_shorter_matches_after_longer_ones():
@@ -53,29 +58,29 @@ def test_lookup_fills_slots_with_shorter_matches_after_longer_ones():
 
 def test_lookup_repeated_text_continues_the_period_past_the_end():
     lookup = lookup_of([7, 8, 9, 7, 8, 9, 7])
-    assert lookup.candidates(None, 7) == [[8, 9, 7, 8, 9, 7, 8]]
-    assert lookup_of([4, 4, 4]).candidates(None, 5) == [[4, 4, 4, 4, 4]]
+    assert continuations(lookup.lookup(None, 7)) == [[8, 9, 7, 8, 9, 7, 8]]
+    assert continuations(lookup_of([4, 4, 4]).lookup(None, 5)) == [[4, 4, 4, 4, 4]]
 
 
 def test_lookup_never_matches_the_suffix_itself():
-    assert lookup_of([1, 2, 3]).candidates(None, 4) == []
-    assert lookup_of([1]).candidates(None, 4) == []
+    assert continuations(lookup_of([1, 2, 3]).lookup(None, 4)) == []
+    assert continuations(lookup_of([1]).lookup(None, 4)) == []
 
 
 def test_lookup_edge_cases():
     lookup = lookup_of([1, 2, 1, 2])
-    assert lookup.candidates(None, 0) == []
-    assert lookup.candidates([], 3) == []
-    assert lookup.candidates(None, 3, limit=0) == []
-    assert PromptLookup().candidates(None, 3) == []
-    assert lookup.candidates([9, 9], 3) == []  # unknown tokens
-    assert lookup.candidates([2, 1], 1) == [[2]]  # an explicit tail
+    assert continuations(lookup.lookup(None, 0)) == []
+    assert continuations(lookup.lookup([], 3)) == []
+    assert continuations(lookup.lookup(None, 3, limit=0)) == []
+    assert continuations(PromptLookup().lookup(None, 3)) == []
+    assert continuations(lookup.lookup([9, 9], 3)) == []  # unknown tokens
+    assert continuations(lookup.lookup([2, 1], 1)) == [[2]]  # an explicit tail
 
 
 def test_lookup_respects_n_min_and_n_max():
     tokens = [1, 2, 3, 9, 3]
-    assert lookup_of(tokens, n_min=2).candidates(None, 1) == []  # only the 1-gram "3" matches
-    assert lookup_of(tokens, n_min=1).candidates(None, 1) == [[9]]
+    assert continuations(lookup_of(tokens, n_min=2).lookup(None, 1)) == []  # only the 1-gram "3" matches
+    assert continuations(lookup_of(tokens, n_min=1).lookup(None, 1)) == [[9]]
     long = [1, 2, 3, 4, 5, 6, 0, 2, 3, 4, 5, 6]
     assert lookup_of(long, n_max=2).lookup(None, 1)[0].match_len == 2
     assert lookup_of(long, n_max=5).lookup(None, 1)[0].match_len == 5
@@ -86,7 +91,7 @@ def test_lookup_respects_n_min_and_n_max():
 def test_lookup_keeps_bounded_distinct_occurrences_per_key():
     lookup = lookup_of([0, 1, 0, 2, 0, 3, 0, 1, 0, 4, 0], occurrences=3)
     assert lookup.index[(0,)] == [5, 7, 9]  # next tokens 3, 1, 4: the oldest "0 -> 1" and "0 -> 2" are gone
-    assert lookup.candidates([0], 1, limit=5) == [[4], [1], [3]]
+    assert continuations(lookup.lookup([0], 1, limit=5)) == [[4], [1], [3]]
 
 
 def test_lookup_indexes_incrementally():
@@ -125,11 +130,11 @@ def test_lookup_matches_a_brute_force_search():
 def test_pool_indexes_committed_text_once_span_tokens_follow():
     pool = NgramPool(span=3)
     pool.extend([1, 2, 3, 4, 5])
-    assert pool.candidates([1, 2], 5) == [[3, 4, 5]]
-    assert pool.candidates([3, 4], 5) == []  # only 1 token follows "3 4" so far
+    assert continuations(pool.lookup([1, 2], 5)) == [[3, 4, 5]]
+    assert continuations(pool.lookup([3, 4], 5)) == []  # only 1 token follows "3 4" so far
     pool.extend([6, 7])
-    assert pool.candidates([3, 4], 5) == [[5, 6, 7]]
-    assert pool.candidates([4], 2) == [[5, 6]]
+    assert continuations(pool.lookup([3, 4], 5)) == [[5, 6, 7]]
+    assert continuations(pool.lookup([4], 2)) == [[5, 6]]
 
 
 def test_pool_extend_in_pieces_equals_extend_at_once():
@@ -183,7 +188,7 @@ def test_pool_observe_harvests_chains_from_the_trajectory():
     assert pool.table[(6, 7)] == [[8]]
     assert pool.table[(7, 0)] == [[2]]  # a rejected position: the target's guess after the wrong 0
     assert pool.table[(0, 1)] == [[3]]
-    assert pool.candidates([0], 3) == [[2]]
+    assert continuations(pool.lookup([0], 3)) == [[2]]
 
 
 def test_pool_observe_with_no_guesses_and_short_context():
@@ -197,16 +202,16 @@ def test_pool_lookup_chains_short_entries():
     pool.add([1, 2], [3])
     pool.add([2, 3], [4, 5])
     pool.add([4, 5], [6, 7])
-    assert pool.candidates([1, 2], 4) == [[3, 4, 5, 6]]
+    assert continuations(pool.lookup([1, 2], 4)) == [[3, 4, 5, 6]]
     assert pool.lookup([1, 2], 4, chain=False)[0].tokens == [3]
-    assert pool.candidates([7], 3) == []
+    assert continuations(pool.lookup([7], 3)) == []
 
 
 def test_pool_edge_cases():
     pool = NgramPool()
     pool.extend([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
-    assert pool.candidates([1, 2], 0) == []
-    assert pool.candidates([], 3) == []
+    assert continuations(pool.lookup([1, 2], 0)) == []
+    assert continuations(pool.lookup([], 3)) == []
     pool.add([], [1])
     pool.add([1], [])
     assert (1,) in pool.table and [] not in pool.table[(1,)]
@@ -248,43 +253,30 @@ def test_tracker_keys_by_source_and_capped_match_length():
     assert tracker.rate("pool", 2) is not tracker.rate("prompt", 2)
 
 
-def test_suggest_length_grows_with_acceptance_and_is_zero_when_unsure():
+def test_best_length_grows_with_acceptance_and_is_zero_when_unsure():
     tracker = AcceptanceTracker()
-    lengths = []
-    for p in (0.05, 0.3, 0.6, 0.8, 0.97):
-        tracker.rates[("s", p)] = type(tracker.rate("x", 0))(p, 1.0)
-    for p in (0.05, 0.3, 0.6, 0.8, 0.97):
-        lengths.append(tracker.suggest_length("s", p, 15))  # match_len used as a label here
+    lengths = [tracker.best_length(p, 15)[0] for p in (0.05, 0.3, 0.6, 0.8, 0.97)]
     assert lengths[0] == 0
     assert lengths == sorted(lengths) and lengths[-1] == 15
-    assert tracker.suggest_length("s", 0.97, 0) == 0
-    assert tracker.suggest_length("s", 0.97, 3) == 3
+    assert tracker.best_length(0.97, 0) == (0, 1.0)
+    assert tracker.best_length(0.97, 3)[0] == 3
 
 
 def test_tracker_learns_to_stop_sending_bad_guesses_and_resumes_on_good_ones():
     tracker = AcceptanceTracker()
+
+    def suggested(available: int) -> int:
+        return tracker.best_length(tracker.rate("pool", 1).p, available)[0]
+
     bad = Candidate([9, 9, 9], "pool", 1)
-    assert tracker.suggest_length("pool", 1, 3) > 0  # the prior is worth a try
+    assert suggested(3) > 0  # the prior is worth a try
     for _ in range(20):
         tracker.score(bad, [1])
-    assert tracker.suggest_length("pool", 1, 3) == 0
+    assert suggested(3) == 0
     good = Candidate([1, 2, 3, 4], "pool", 1)
     for _ in range(20):
         tracker.score(good, [1])  # shadow-scored on greedy passes: never sent, still measured
-    assert tracker.suggest_length("pool", 1, 4) > 0
-
-
-def test_choose_picks_the_best_expected_gain():
-    tracker = AcceptanceTracker()
-    tracker.rates[("prompt", 3)] = type(tracker.rate("x", 0))(9.0, 10.0)
-    tracker.rates[("pool", 1)] = type(tracker.rate("x", 0))(3.0, 10.0)
-    good, weak = Candidate([1, 2, 3, 4, 5, 6, 7], "prompt", 3), Candidate([8, 9], "pool", 1)
-    assert tracker.choose([weak, good], 7) == (good, 7)
-    assert tracker.choose([weak, good], 0) == (None, 0)
-    assert tracker.choose([], 7) == (None, 0)
-    tracker.rates[("prompt", 3)].right = 0.1
-    tracker.rates[("pool", 1)].right = 0.1
-    assert tracker.choose([weak, good], 7) == (None, 0)
+    assert suggested(4) > 0
 
 
 # -- Branch trees -------------------------------------------------------------------------------
