@@ -96,6 +96,7 @@ def _integer(name: str, value, ok, allowed: str) -> None:
 _M0, _M1 = np.uint64(0xD2E7470EE14C6C93), np.uint64(0xCA5A826395121157)
 _W0, _W1 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBB67AE8584CAA73B)
 _LO32, _32 = np.uint64(0xFFFFFFFF), np.uint64(32)
+_FEW = 4  # this many tokens or fewer: one numpy generator each
 _VECTOR_LIMIT = 1024  # fewer tokens than this: Philox on their counters only; more: numpy's C stream
 # every u is in [2**-54, 1 - 2**-54], so no g exceeds this (used to prune exactly)
 GUMBEL_MAX = -math.log(-math.log1p(-(2.0**-54)))
@@ -105,14 +106,21 @@ def philox_raw(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     """The 64-bit Philox word of each token id at `position`: the same as numpy's
     Philox(key=[seed, 0], counter=[0, position, 0, 0]).random_raw(n)[ids]."""
     ids = np.asarray(ids, dtype=np.uint64)
+    if len(ids) <= _FEW:  # a generator per token: cheaper than ten vectorised rounds for one or two
+        return np.array([_stream(seed, position, int(i) // 4).random_raw(4)[int(i) % 4] for i in ids], dtype=np.uint64)
     if len(ids) > _VECTOR_LIMIT:
-        stream = np.random.Philox(key=np.array([seed % 2**64, 0], dtype=np.uint64),
-                                  counter=np.array([0, position, 0, 0], dtype=np.uint64))
-        return stream.random_raw(int(ids.max()) + 1)[ids.astype(np.intp)]
+        return _stream(seed, position, 0).random_raw(int(ids.max()) + 1)[ids.astype(np.intp)]
     zero = np.zeros(len(ids), dtype=np.uint64)
     words = _philox4x64((ids >> np.uint64(2)) + np.uint64(1), zero + np.uint64(position), zero, zero,
                         np.uint64(seed % 2**64), np.uint64(0))
     return np.stack(words)[(ids & np.uint64(3)).astype(np.intp), np.arange(len(ids))]
+
+
+def _stream(seed: int, position: int, block: int) -> np.random.Philox:
+    """numpy's Philox positioned so that its next four words are block `block` of `position`
+    (numpy increments the counter before each block, hence counter word 0 = block)."""
+    return np.random.Philox(key=np.array([seed % 2**64, 0], dtype=np.uint64),
+                            counter=np.array([block, position, 0, 0], dtype=np.uint64))
 
 
 def gumbel(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
@@ -194,15 +202,20 @@ class Sampler:
             z[ids] -= p.frequency_penalty * counts + p.presence_penalty
         return z
 
-    def _gumbel_max(self, z: np.ndarray, ids: np.ndarray, position: int) -> int:
+    def _gumbel_max(self, z: np.ndarray, ids: np.ndarray | None, position: int) -> int:
+        """ids: the survivors (None: every token)."""
         seed = self.params.seed
-        if len(ids) > _VECTOR_LIMIT:
+        scores = z if ids is None else z[ids]
+        if len(scores) > _VECTOR_LIMIT:
             # a token more than (GUMBEL_MAX - the top token's noise) below the top can never win:
             # draw noise for the others only (exact; it pays at low temperatures)
-            top = ids[np.argmax(z[ids])]
-            bar = z[top] + gumbel(seed, position, np.array([top]))[0]
-            ids = ids[z[ids] >= bar - GUMBEL_MAX]
-        scores = z[ids] + gumbel(seed, position, ids)
+            top = int(np.argmax(scores))
+            bar = scores[top] + gumbel(seed, position, np.array([top if ids is None else ids[top]]))[0]
+            keep = np.flatnonzero(scores >= bar - GUMBEL_MAX)
+            ids, scores = (keep if ids is None else ids[keep]), scores[keep]
+        elif ids is None:
+            ids = np.arange(len(z))
+        scores = scores + gumbel(seed, position, ids)
         return int(ids[np.argmax(scores)])
 
     def record(self, logits: np.ndarray, token: int) -> None:
@@ -220,10 +233,13 @@ class Sampler:
         return TokenLogprob(int(token), float(logp[token]), [(int(i), float(logp[i])) for i in best])
 
 
-def survivors(z: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray:
-    """Token ids left by top-k, then top-p over what top-k left, then min-p; at least the top token.
+def survivors(z: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray | None:
+    """Token ids left by top-k, then top-p over what top-k left, then min-p; at least the top token
+    (None: no filter, every token).
 
     The same computation every time for the same z, so every strategy filters alike."""
+    if not top_k and top_p >= 1 and not min_p:
+        return None
     probs = np.exp(z - z.max())  # unnormalised; the top token's is exactly 1
     if top_k or top_p < 1:
         ranked = _ranked(probs, top_k, top_p)  # most likely first, ties by token id
