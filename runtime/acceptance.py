@@ -7,8 +7,8 @@ from typing import Sequence
 
 from .ngram import Candidate
 
-# Relative cost of one target pass of window W vs W=1, SmolLM2-135M fp32 on 2 CPU cores
-# (docs: facts.md). Measure and pass your own table on other hardware: on a GPU it is much flatter.
+# Relative cost of one target pass of window W vs W=1, SmolLM2-135M fp32 on 2 CPU cores (measured
+# with tools/pass_bench.py). Only a prior: PassCosts replaces it with this machine's measured costs.
 CPU_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.25, 8: 1.6, 16: 1.85, 32: 2.9}
 
 
