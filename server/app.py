@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.generator import Generator
 
-from .bodies import read_json
+from .bodies import parse_json, read_body
 from .choices import Choices
 from .errors import APIError, from_input_error, internal_error, timeout_error
 from .hosts import HostCheck
@@ -91,16 +91,24 @@ class Server:
                                 f"not {call.max_tokens}", "max_tokens", "context_length_exceeded")
         return stream
 
+    def refuse_if_full(self) -> None:
+        """429 at once when every place is taken, before the body is even read."""
+        if self.pool.full:
+            raise self._busy()
+
     def admit(self) -> Ticket:
         """A place in the pool, taken before any work on the request (else 429, or 503 when shutting down)."""
         try:
             return self.pool.admit()
         except QueueFull:
-            seconds = self.settings.retry_after_seconds
-            raise APIError(429, f"the server is busy ({self.pool.workers} running, {self.pool.queue_size} queued); "
-                                f"retry in {seconds} s", None, "queue_full", {"Retry-After": str(seconds)}) from None
+            raise self._busy() from None
         except PoolClosed:
             raise _shutting_down() from None
+
+    def _busy(self) -> APIError:
+        seconds = self.settings.retry_after_seconds
+        return APIError(429, f"the server is busy ({self.pool.workers} running, {self.pool.queue_size} queued); "
+                             f"retry in {seconds} s", None, "queue_full", {"Retry-After": str(seconds)})
 
     def submit(self, stream: Choices, ticket: Ticket, deadline: float) -> Job:
         job = Job(stream, asyncio.get_running_loop(), deadline)
@@ -237,9 +245,11 @@ def _api_key_check(key: str | None) -> Callable:
 
 async def _generate(server: Server, request: Request, parse: Callable[[Any], GenerationCall], chat: bool):
     arrived = time.monotonic()
+    server.refuse_if_full()
+    body = await read_body(request, server.settings.max_body_bytes)  # a client slow to send holds no place
     ticket = server.admit()  # a full server refuses before parsing, rendering or tokenizing anything
     try:
-        call = parse(await read_json(request, server.settings.max_body_bytes))
+        call = parse(parse_json(body))
         server.check_model(call.model)
         # tokenizing a long prompt would block the loop
         stream = await asyncio.get_running_loop().run_in_executor(server.preparing, server.start, call)

@@ -1,4 +1,4 @@
-"""read_json(request, limit): a request body read as JSON, with every client mistake a 4xx.
+"""read_body(request, limit) then parse_json(body): a request body as JSON, every client mistake a 4xx.
 
 415 without Content-Type: application/json (a browser page can send text/plain to a local server
 without a CORS preflight; it cannot send application/json), 413 over the size limit, 400 for
@@ -20,11 +20,23 @@ MAX_DEPTH = 64  # OpenAI request bodies nest a few levels; tools' JSON schemas a
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
-async def read_json(request: Request, limit: int) -> Any:
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body: 415 unless it is declared JSON, 413 over `limit` bytes (declared or as read)."""
     _check_content_type(request.headers.get("content-type", ""))
-    body = await _read_body(request, limit)
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def parse_json(body: bytes) -> Any:
     try:
-        text = bytes(body).decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _invalid(f"the body is not UTF-8 ({exc})") from None
     try:
@@ -42,18 +54,6 @@ def _check_content_type(header: str) -> None:
     if kind != "application/json":
         raise APIError(415, f"send the body as JSON with the header Content-Type: application/json (got {kind or 'none'!r})",
                        None, "unsupported_media_type")
-
-
-async def _read_body(request: Request, limit: int) -> bytearray:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
-    return body
 
 
 def _check_structure(payload: Any, strings: bool) -> None:

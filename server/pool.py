@@ -1,9 +1,10 @@
 """WorkerPool: generations on a bounded set of threads behind a bounded queue. Job: one generation,
 run on a worker thread, whose text pieces reach the event loop through an asyncio queue.
 
-A request takes a place (WorkerPool.admit: a Ticket) when it arrives, before its body is parsed
-or its prompt tokenized, so a full server refuses at once (429) and the work done before
-generating is bounded by workers + queue_size; the Ticket passes to its Job, or is released.
+A request takes a place (WorkerPool.admit: a Ticket) once its body has arrived, before the body
+is parsed or the prompt tokenized, so a full server refuses at once (429), the work done before
+generating is bounded by workers + queue_size, and a client slow to send holds no place; the
+Ticket passes to its Job, or is released.
 
 Cancelling a Job (the client left, the request timed out, the server shuts down) is cooperative:
 a queued job is dropped at once; a running one stops after its current decoding pass, whatever
@@ -143,6 +144,12 @@ class WorkerPool:
         """Requests admitted and not running: being prepared (parsed, tokenized) or waiting for a worker."""
         with self._lock:
             return self._places - self._running
+
+    @property
+    def full(self) -> bool:
+        """Every place taken (admit() would raise QueueFull now)."""
+        with self._lock:
+            return self._places >= self.workers + self.queue_size
 
     def admit(self) -> Ticket:
         """A place for one request, or QueueFull (PoolClosed while shutting down); nothing is parsed before this."""

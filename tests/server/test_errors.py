@@ -6,6 +6,7 @@ import hashlib
 import json
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -221,6 +222,17 @@ def test_a_stalled_client_does_not_stall_others(llama_server, client):
     with socket.create_connection((llama_server.host, llama_server.port)) as stalled:
         stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
         assert client.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 3}, timeout=10).status_code == 200
+
+
+def test_a_stalled_client_holds_no_place_in_the_pool(start_server):
+    """A place is taken once the body has arrived: slow senders cannot fill the pool (then 429 for everyone)."""
+    server = start_server(workers=1, queue_size=0)
+    with socket.create_connection((server.host, server.port)) as stalled, httpx.Client(base_url=server.url) as c:
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 1000\r\n\r\n{")
+        time.sleep(0.2)
+        assert c.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 3}, timeout=10).status_code == 200
+        assert c.get("/health").json()["queued"] == 0
 
 
 def test_api_key_required_when_set(start_server):
