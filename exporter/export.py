@@ -26,7 +26,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 from . import sources
 from .destination import recover_interrupted
 from .options import ExportOptions, check_keep_layers, check_max_context
-from .quantize import quantize_weights
+from . import weights as weight_step
 
 GRAPH_FILE = "model.onnx"
 # Natural text for the quantized graph's agreement: random windows give flat, tie-prone logits.
@@ -118,19 +118,15 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         extra, check[INPLACE] = add_inplace_graph(model, shape, folder, dtype, opset, step, _progress(check_progress))
         graphs.update(extra)
 
-    if quantize:
-        step(f"quantizing weights to {quantize}")
-        quantized = folder / f"model.{quantize}.onnx"
-        quantize_weights(graph, quantized, quantize)
+    weights = None
+    if quantize or options.weights == "gguf":  # the same weight pass over every graph file
+        gguf_path = source.folder / source.gguf_file if source.gguf_file else None
+        weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step)
         sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][: max_context]
-        report = check_against_onnx(graph, quantized, model, shape, sample_ids, _progress(check_progress))
-        check[f"{quantize}_vs_fp"] = report.to_dict()
-        for p in folder.glob(GRAPH_FILE + "*"):
-            p.unlink()
-        for p in folder.glob(f"model.{quantize}.onnx*"):
-            p.rename(folder / p.name.replace(f"model.{quantize}.onnx", GRAPH_FILE))
-        for name in set(graphs.values()) - {GRAPH_FILE}:  # every other graph file gets the same pass
-            _quantize_in_place(folder / name, quantize)
+        report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), model, shape, sample_ids, _progress(check_progress))
+        check[f"{weights.kind}_vs_fp"] = report.to_dict()
+        check["weights"] = weights.to_dict()
+        weight_step.replace_graphs(folder, graphs)
     step("saving the tokenizer")
     tokenizer_info = _save_tokenizer(tokenizer, folder)
     eos_ids = _eos_ids(model, tokenizer)
@@ -147,7 +143,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         dtype=dtype,
         opset=opset,
         max_context=max_context,
-        quantization=quantize,
+        quantization=weights.kind if weights else None,
         graphs=graphs,
         tokenizer=tokenizer_info,
         files=files,
@@ -160,15 +156,6 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     )
 
 
-def _quantize_in_place(graph: Path, quantize: str) -> None:
-    staged = graph.with_name(f".quantized-{graph.name}")
-    quantize_weights(graph, staged, quantize)
-    for p in graph.parent.glob(graph.name + "*"):
-        p.unlink()
-    for p in graph.parent.glob(staged.name + "*"):
-        p.rename(graph.parent / p.name.replace(staged.name, graph.name))
-
-
 def _check_limits(source, options: ExportOptions) -> None:
     """max_context and keep_layers against what the config says, before the weights load
     (the checks after loading, on the model itself, stay authoritative)."""
@@ -176,6 +163,8 @@ def _check_limits(source, options: ExportOptions) -> None:
         check_max_context(options.max_context, source.max_positions)
     if options.keep_layers is not None and source.num_layers:
         check_keep_layers(options.keep_layers, source.num_layers)
+    if options.weights == "gguf" and not source.gguf_file:
+        raise OptionError(f"`weights` gguf keeps a GGUF file's quantized blocks, but {source.name} is not a .gguf; use `quantize` int4 or int8", "weights", "quantize")
 
 
 def keep_first_layers(model, n: int) -> None:

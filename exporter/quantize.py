@@ -1,28 +1,229 @@
-"""Weight-only quantization of the exported graph with onnxruntime's MatMulNBits quantizer."""
+"""The weight pass: an exported graph file -> the same graph on block-quantized weights.
+
+Each MatMul whose weight is planned becomes `com.microsoft.MatMulNBits` (no zero-point input:
+the implied 8 / 128 is the fast kernel path), plus, for blocks with an offset (GGUF Q4_1),
+
+    y = MatMulNBits(x; q, d) + ReduceSum(Reshape(x, [..., K/32, 32]), -1) @ offsets.T
+
+(the block sums are computed once per distinct input). An embedding Gather whose table is
+planned becomes `com.microsoft.GatherBlockQuantized` on the same bytes. The pass works on one
+ONNX file at a time, so every graph variant of an artifact gets it; the plan comes from a GGUF
+file's own blocks (`gguf_weights.py`) or from rounding the floats (`--quantize`).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .blocks import BLOCK, BlockMatrix, quantize_float
+from .gguf_weights import WeightPlan
 
 BITS = {"int8": 8, "int4": 4}
+EXTERNAL_DATA_ABOVE = 3 << 29  # 1.5 GiB of initializers: protobuf cannot hold a 2 GiB file
+MS_DOMAIN = "com.microsoft"
+
+Planner = Callable[[dict[str, np.ndarray]], WeightPlan]
 
 
-def quantize_weights(source: Path, target: Path, kind: str, block_size: int = 32) -> None:
-    """MatMul weights -> MatMulNBits (symmetric, per block of `block_size`); activations stay float.
+@dataclass
+class WeightReport:
+    """What the pass did, for the manifest (the same for every graph variant of one export)."""
 
-    accuracy_level 4 lets the CPU kernel compute with int8 activations, the fast path on x86.
-    """
-    import logging
+    kind: str  # "gguf", "int4", "int8"
+    accuracy_level: int
+    tensor_types: dict[str, int] = field(default_factory=dict)  # blocks' type -> tensors quantized
+    kept_float: dict[str, str] = field(default_factory=dict)  # initializer -> reason
+    graph_bytes: dict[str, int] = field(default_factory=dict)  # file -> size on disk
 
+    def to_dict(self) -> dict:
+        kept = {}
+        for reason in self.kept_float.values():
+            kind = reason.split(" is ", 1)[-1].split(",", 1)[0]
+            kept[kind] = kept.get(kind, 0) + 1
+        return {"kind": self.kind, "accuracy_level": self.accuracy_level, "tensor_types": self.tensor_types,
+                "kept_float": kept, "exact": self.kind == "gguf", "graph_bytes": self.graph_bytes}
+
+
+def float_planner(kind: str) -> Planner:
+    """--quantize int4|int8: round each MatMul weight (K a multiple of 32); tables stay float."""
+    bits = BITS[kind]
+
+    def plan(candidates: dict[str, np.ndarray]) -> WeightPlan:
+        out = WeightPlan()
+        for name, w in candidates.items():
+            if not name.startswith("gather:") and w.shape[1] % BLOCK == 0:
+                out.matrices[name] = quantize_float(w, bits)
+        return out
+
+    return plan
+
+
+def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_level: int) -> WeightPlan:
+    """Read SOURCE (external data too), apply the planned blocks, write TARGET (+ TARGET.data when large)."""
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     model = onnx.load(str(source))
     fold_transposed_weights(model)
-    quantizer = MatMulNBitsQuantizer(model, bits=BITS[kind], block_size=block_size, is_symmetric=True, accuracy_level=4)
-    quantizer.process()
-    quantizer.model.save_model_to_file(str(target), use_external_data_format=False)
+    plan = planner(weight_candidates(model))
+    for key, m in list(plan.matrices.items()):
+        if key.startswith("gather:") and m.offsets is not None:  # GatherBlockQuantized has no offset input
+            plan.kept_float[key] = f"embedding table {key[7:]} is {m.kind}, which GatherBlockQuantized cannot hold exactly: kept as float32"
+            del plan.matrices[key]
+    matrices = {_initializer(k): v for k, v in plan.matrices.items()}
+    tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}
+    rewrite(model, matrices, tables, accuracy_level)
+    save_model(model, target)
+    return plan
+
+
+def _initializer(key: str) -> str:
+    return key.split(":", 1)[1] if key.startswith("gather:") else key
+
+
+def weight_candidates(model) -> dict[str, np.ndarray]:
+    """Weights a pass may quantize, as W [N, K] float32: "NAME" for MatMul(x, NAME) (stored [K, N]),
+    "gather:NAME" for an embedding Gather(NAME, ids) on axis 0 (stored [V, K])."""
+    from onnx import TensorProto, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2}
+    out: dict[str, np.ndarray] = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits and node.input[1] not in out:
+            out[node.input[1]] = np.ascontiguousarray(numpy_helper.to_array(inits[node.input[1]]).T)
+        elif node.op_type == "Gather" and node.input[0] in inits and _attr(node, "axis", 0) == 0:
+            out.setdefault("gather:" + node.input[0], numpy_helper.to_array(inits[node.input[0]]))
+    return out
+
+
+def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_level: int) -> None:
+    """Replace the MatMuls (and, for names in `tables`, the Gathers) of the planned initializers."""
+    from onnx import helper
+
+    graph = model.graph
+    emit = _Emitter(graph)
+    nodes = []
+    for node in graph.node:
+        if node.op_type == "MatMul" and node.input[1] in matrices and node.input[1] not in tables:
+            nodes += emit.matmul(node, matrices[node.input[1]], accuracy_level)
+        elif node.op_type == "Gather" and node.input[0] in tables and matrices[node.input[0]].offsets is None:
+            nodes += emit.gather(node, matrices[node.input[0]])
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + emit.initializers)
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+
+
+class _Emitter:
+    """Builds the quantized nodes; each BlockMatrix's arrays are stored once, however many nodes read them."""
+
+    def __init__(self, graph):
+        self.initializers = []
+        self._arrays: dict[int, tuple[str, str, str | None]] = {}
+        self._blocksums: dict[tuple[str, int], str] = {}
+        self._taken = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
+        self._names = 0
+
+    def _name(self, base: str) -> str:
+        while True:
+            self._names += 1
+            name = f"{base}_q{self._names}"
+            if name not in self._taken:
+                self._taken.add(name)
+                return name
+
+    def _add(self, array: np.ndarray, base: str) -> str:
+        from onnx import numpy_helper
+
+        name = self._name(base)
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def arrays(self, m: BlockMatrix, base: str) -> tuple[str, str, str | None]:
+        if id(m) not in self._arrays:
+            offsets = None if m.offsets is None else self._add(m.offsets.T, base + "_offsets")
+            self._arrays[id(m)] = (self._add(m.packed(), base + "_blocks"), self._add(m.scales, base + "_scales"), offsets)
+        return self._arrays[id(m)]
+
+    def matmul(self, node, m: BlockMatrix, accuracy_level: int) -> list:
+        from onnx import helper
+
+        x, weight = node.input[0], node.input[1]
+        n, k = m.shape
+        blocks, scales, offsets = self.arrays(m, weight)
+        y = node.output[0]
+        main = y if offsets is None else self._name(y + "_nbits")
+        out = [helper.make_node("MatMulNBits", [x, blocks, scales], [main], name=self._name(node.name or "matmul"),
+                                domain=MS_DOMAIN, K=k, N=n, bits=m.bits, block_size=m.block, accuracy_level=accuracy_level)]
+        if offsets is not None:
+            sums, made = self.blocksum(x, k // m.block, m.block)
+            correction = self._name(y + "_offset")
+            out += made + [helper.make_node("MatMul", [sums, offsets], [correction]), helper.make_node("Add", [main, correction], [y])]
+        return out
+
+    def blocksum(self, x: str, blocks: int, width: int) -> tuple[str, list]:
+        """ReduceSum of x over each block of `width` along its last axis: [..., K] -> [..., K/width]."""
+        from onnx import helper
+
+        key = (x, width)
+        if key in self._blocksums:
+            return self._blocksums[key], []
+        lead, shape, grouped, sums = (self._name(x + s) for s in ("_lead", "_blockshape", "_blocks", "_blocksum"))
+        tail, axis = self._add(np.array([blocks, width], np.int64), x + "_blockdims"), self._add(np.array([-1], np.int64), x + "_lastaxis")
+        made = [
+            helper.make_node("Shape", [x], [lead], end=-1),
+            helper.make_node("Concat", [lead, tail], [shape], axis=0),
+            helper.make_node("Reshape", [x, shape], [grouped]),
+            helper.make_node("ReduceSum", [grouped, axis], [sums], keepdims=0),
+        ]
+        self._blocksums[key] = sums
+        return sums, made
+
+    def gather(self, node, m: BlockMatrix) -> list:
+        from onnx import helper
+
+        table, ids = node.input[0], node.input[1]
+        n, k = m.shape
+        blocks, scales, _ = self.arrays(m, table)
+        flat, shape = self._name(table + "_rows"), self._add(np.array([n, k * m.bits // 8], np.int64), table + "_rowshape")
+        return [
+            helper.make_node("Reshape", [blocks, shape], [flat]),
+            helper.make_node("GatherBlockQuantized", [flat, ids, scales], [node.output[0]], name=self._name(node.name or "gather"),
+                             domain=MS_DOMAIN, gather_axis=0, quantize_axis=1, block_size=m.block, bits=m.bits),
+        ]
+
+
+def save_model(model, path: Path) -> None:
+    """One file, or PATH + PATH.data when the initializers are large (a 2 GiB protobuf cannot be written).
+    The data file's name is stored inside the graph, so it is the final name from the start."""
+    import onnx
+
+    size = sum(len(i.raw_data) for i in model.graph.initializer)
+    for stale in (path, path.with_name(path.name + ".data")):
+        stale.unlink(missing_ok=True)
+    if size > EXTERNAL_DATA_ABOVE:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def _attr(node, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            from onnx import helper
+
+            return helper.get_attribute_value(a)
+    return default
 
 
 def fold_transposed_weights(model) -> int:

@@ -51,6 +51,9 @@ def test_graph_uses_matmulnbits(quantized):
     assert nbits, "no MatMulNBits node in the quantized graph"
     assert {onnx.helper.get_attribute_value(a) for n in nbits for a in n.attribute if a.name == "bits"} == {BITS[kind]}
     assert weight_matmuls(graph) == [], "float MatMul weights left unquantized"
+    # the fast kernel path: no zero-point input (8 / 128 implied), int8 activations (accuracy level 4)
+    assert all(len(n.input) == 3 for n in nbits)
+    assert {onnx.helper.get_attribute_value(a) for n in nbits for a in n.attribute if a.name == "accuracy_level"} == {4}
 
 
 def test_quantized_graph_keeps_the_contract(quantized):
@@ -94,3 +97,27 @@ def test_quantized_graph_smaller(quantized, tiny_artifact):
     fp32 = (fp.artifact / "model.onnx").stat().st_size
     # the embedding (a Gather) stays float, so the tiny model shrinks less than its MatMul weights do
     assert (folder / "model.onnx").stat().st_size < fp32 * (0.6 if kind == "int4" else 0.8)
+
+
+def test_quantize_with_external_data(tiny_model, tmp_path, monkeypatch):
+    """A model over 2 GB is traced with its weights in model.onnx.data and must be quantized the
+    same way (issue 14.9); forced here on the tiny model by lowering both thresholds to zero."""
+    import jacobi_rt.exporter.quantize as quantize
+    import jacobi_rt.exporter.trace as trace
+    from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    monkeypatch.setattr(trace, "TWO_GB", 0)
+    monkeypatch.setattr(quantize, "EXTERNAL_DATA_ABOVE", 0)
+    out = tmp_path / "external"
+    manifest = export(str(tiny_model("llama")), out, ExportOptions(quantize="int4"))
+    for graph in dict.fromkeys(manifest.graphs.values()):
+        assert (out / (graph + ".data")).is_file() and graph + ".data" in manifest.files
+        model = onnx.load(str(out / graph), load_external_data=False)
+        locations = {e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"}
+        assert locations == {graph + ".data"}, locations  # the name stored inside the graph is the final one
+    assert not list(out.glob(".*")), "staging left behind"
+    load_manifest(out, verify=True)
+    result = Generator.load(out).generate([5, 17, 33], max_new_tokens=4)
+    assert 1 <= len(result.ids) <= 4

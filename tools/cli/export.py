@@ -11,13 +11,15 @@ import click
 @click.argument("model")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Artifact folder to write (e.g. build/smollm2-135m).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Weights and KV cache precision. fp16 is for GPUs.")
-@click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None, help="Weight-only quantization of MatMul weights (onnxruntime MatMulNBits). Faster on CPU; checked against the unquantized graph.")
+@click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None, help="Round the MatMul weights to int4 or int8 blocks of 32 (onnxruntime MatMulNBits): faster on CPU; checked against the float graph.")
+@click.option("--weights", type=click.Choice(["float", "gguf"]), default="float", show_default=True, help="gguf (for a .gguf MODEL): keep the file's own quantized blocks (Q4_0, Q4_1, Q8_0) as MatMulNBits, exactly; other tensor types stay float32. float: dequantize every weight (what TensorRT builds from).")
+@click.option("--accuracy-level", type=click.Choice(["0", "4"]), default="4", show_default=True, help="MatMulNBits' activations with --quantize or --weights gguf: 4 = int8 per block (fast), 0 = float (slower, closer to the float graph).")
 @click.option("--max-context", type=click.IntRange(min=1), default=None, help="Longest sequence (prompt + output) the artifact will serve. Default: the model's maximum.")
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset.")
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True, help="target: the model whose greedy output you want; draft: a cheaper model that proposes guesses.")
 @click.option("--keep-layers", type=click.IntRange(min=1), default=None, help="Export only the first N decoder layers (plus final norm and LM head): a cheap draft made from the target, same vocabulary. Use with --role draft.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing artifact.")
-def export_command(model, out, dtype, quantize, max_context, opset, role, keep_layers, overwrite):
+def export_command(model, out, dtype, quantize, weights, accuracy_level, max_context, opset, role, keep_layers, overwrite):
     """Export MODEL to an artifact folder the runtime can load.
 
     MODEL is a Hugging Face model folder (config.json + weights + tokenizer), a .gguf file, or a
@@ -39,7 +41,7 @@ def export_command(model, out, dtype, quantize, max_context, opset, role, keep_l
     from jacobi_rt.runtime.errors import JacobiError, OptionError
 
     options = ExportOptions(
-        dtype=dtype, quantize=quantize, max_context=max_context, opset=opset, role=role, keep_layers=keep_layers
+        dtype=dtype, quantize=quantize, weights=weights, accuracy_level=int(accuracy_level), max_context=max_context, opset=opset, role=role, keep_layers=keep_layers
     )
     started = time.time()
 
@@ -59,8 +61,12 @@ def export_command(model, out, dtype, quantize, max_context, opset, role, keep_l
         f"export check: max |logit diff| {report['max_logit_diff']:.2e}, greedy ids agree on "
         f"{report['greedy_agree']}/{report['positions']} positions"
     )
+    weights = manifest.check.get("weights")
+    if weights:
+        kept = f"; kept float32: {weights['kept_float']}" if weights["kept_float"] else ""
+        click.echo(f"weights: {weights['kind']} {weights['tensor_types']} at accuracy level {weights['accuracy_level']}{kept}")
     for key, value in manifest.check.items():
-        if key != "vs_pytorch":
+        if key.endswith("_vs_fp"):
             click.echo(
                 f"{key}: greedy ids agree on {value['text_agreement']:.1%} of natural-text positions "
                 f"({value['agreement']:.1%} on random windows), max |logit diff| {value['max_logit_diff']:.3f}"
