@@ -102,14 +102,17 @@ _VECTOR_LIMIT = 1024  # fewer tokens than this: Philox on their counters only; m
 GUMBEL_MAX = -math.log(-math.log1p(-(2.0**-54)))
 
 
-def philox_raw(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
-    """The 64-bit Philox word of each token id at `position`: the same as numpy's
-    Philox(key=[seed, 0], counter=[0, position, 0, 0]).random_raw(n)[ids]."""
+def philox_raw(seed: int, position: int, ids: np.ndarray | None, vocab: int = 0) -> np.ndarray:
+    """The 64-bit Philox word of each token id at `position` (ids None: of 0..vocab-1): the same as
+    numpy's Philox(key=[seed, 0], counter=[0, position, 0, 0]).random_raw(n)[ids]."""
+    if ids is None:
+        return _stream(seed, position, 0).random_raw(vocab)
+    if len(ids) > _VECTOR_LIMIT:
+        ids = np.asarray(ids, dtype=np.intp)
+        return _stream(seed, position, 0).random_raw(int(ids.max()) + 1)[ids]
     ids = np.asarray(ids, dtype=np.uint64)
     if len(ids) <= _FEW:  # a generator per token: cheaper than ten vectorised rounds for one or two
         return np.array([_stream(seed, position, int(i) // 4).random_raw(4)[int(i) % 4] for i in ids], dtype=np.uint64)
-    if len(ids) > _VECTOR_LIMIT:
-        return _stream(seed, position, 0).random_raw(int(ids.max()) + 1)[ids.astype(np.intp)]
     zero = np.zeros(len(ids), dtype=np.uint64)
     words = _philox4x64((ids >> np.uint64(2)) + np.uint64(1), zero + np.uint64(position), zero, zero,
                         np.uint64(seed % 2**64), np.uint64(0))
@@ -123,25 +126,34 @@ def _stream(seed: int, position: int, block: int) -> np.random.Philox:
                             counter=np.array([block, position, 0, 0], dtype=np.uint64))
 
 
-def gumbel(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
-    """Standard Gumbel noise g(seed, position, id) for each id (float64)."""
-    u = ((philox_raw(seed, position, ids) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
-    return -np.log(-np.log(u))
+def gumbel(seed: int, position: int, ids: np.ndarray | None, vocab: int = 0) -> np.ndarray:
+    """Standard Gumbel noise g(seed, position, id) for each id (ids None: for 0..vocab-1), float64."""
+    raw = philox_raw(seed, position, ids, vocab)
+    raw >>= np.uint64(11)
+    g = raw.astype(np.float64)
+    g += 0.5
+    g *= 2.0**-53  # u in (0, 1), 53 bits
+    np.log(g, out=g)
+    np.negative(g, out=g)
+    np.log(g, out=g)
+    np.negative(g, out=g)  # -log(-log u)
+    return g
 
 
 def _philox4x64(c0, c1, c2, c3, k0, k1):
     """Philox-4x64-10 (Salmon et al. 2011) over arrays of counters, as numpy's C implementation."""
+    multipliers = np.array([[_M0], [_M1]], dtype=np.uint64)  # both products of a round in one pass
     with np.errstate(over="ignore"):
         for round_ in range(10):
             if round_:
                 k0, k1 = k0 + _W0, k1 + _W1
-            hi0, lo0 = _mulhilo(_M0, c0)
-            hi1, lo1 = _mulhilo(_M1, c2)
-            c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+            hi, lo = _mulhilo(multipliers, np.stack([c0, c2]))
+            c0, c1, c2, c3 = hi[1] ^ c1 ^ k0, lo[1], hi[0] ^ c3 ^ k1, lo[0]
     return c0, c1, c2, c3
 
 
-def _mulhilo(a: np.uint64, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _mulhilo(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The high and low 64 bits of a * b, from 32-bit halves."""
     a0, a1, b0, b1 = a & _LO32, a >> _32, b & _LO32, b >> _32
     p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
     carry = ((p00 >> _32) + (p01 & _LO32) + (p10 & _LO32)) >> _32
@@ -189,7 +201,7 @@ class Sampler:
 
     def penalised(self, logits: np.ndarray, prefix: Sequence[int]) -> np.ndarray:
         """The logits as float64 after the penalties, which read only the tokens before the position."""
-        z = np.asarray(logits, dtype=np.float64).copy()
+        z = np.array(logits, dtype=np.float64)  # a copy: penalties and the temperature change it
         p = self.params
         if not p.penalised:
             return z
@@ -212,6 +224,8 @@ class Sampler:
             top = int(np.argmax(scores))
             bar = scores[top] + gumbel(seed, position, np.array([top if ids is None else ids[top]]))[0]
             keep = np.flatnonzero(scores >= bar - GUMBEL_MAX)
+            if ids is None and len(keep) > len(z) // 2:  # most remain: the whole stream, no gathers
+                return int(np.argmax(z + gumbel(seed, position, None, len(z))))
             ids, scores = (keep if ids is None else ids[keep]), scores[keep]
         elif ids is None:
             ids = np.arange(len(z))
