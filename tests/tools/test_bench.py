@@ -209,3 +209,12 @@ def test_llamacpp_peer_runs_the_gguf_greedily(tmp_path):
     again = configs[0].run(prompt, 12)
     assert first.ids == again.ids and 1 <= len(first.ids) <= 12
     assert first.finish_reason == ("eos" if first.ids[-1] in ctx.eos_ids else "length")
+
+
+def test_strategy_variants_name_a_strategy_and_its_options():
+    from jacobi_rt.tools.bench import VARIANTS, strategy_of
+
+    assert strategy_of("speculative-tail") == ("speculative", {"jacobi_tail": True})
+    assert strategy_of("speculative-chain") == ("speculative", {"jacobi_tail": False})
+    assert strategy_of("lookahead") == ("lookahead", {})
+    assert {"speculative-tail", "speculative-chain"} <= set(VARIANTS)
