@@ -35,7 +35,20 @@ class Progress:
 
 def prefill(ctx: BackendContext, prompt: list[int], chunk: int, sampler: Sampler | None = None) -> int:
     """Run the prompt through the graph in chunks, keep all its KV; return the first new token."""
+    passes = prefill_passes(ctx, prompt, chunk, sampler)
+    while True:
+        try:
+            next(passes)
+        except StopIteration as done:
+            return done.value
+
+
+def prefill_passes(ctx: BackendContext, prompt: list[int], chunk: int, sampler: Sampler | None = None) -> Iterator[list[int]]:
+    """prefill(), yielding [] (no tokens yet) after every chunk but the last, so a caller can stop
+    between passes; returns the first new token."""
     for start in range(0, len(prompt), chunk):
+        if start:
+            yield []
         piece = prompt[start : start + chunk]
         last_chunk = start + chunk >= len(prompt)
         out = ctx.forward(np.array([piece], dtype=np.int64), want_logits=_sampling(sampler) and last_chunk)
@@ -103,14 +116,15 @@ def decode(
     progress: Progress,
     sampler: Sampler | None = None,
 ) -> Iterator[list[int]]:
-    """Yield the new tokens pass by pass; stops after EOS (included), max_new_tokens or the context limit.
+    """Yield the new tokens pass by pass (an empty list after each prefill chunk but the last); stops after
+    EOS (included), max_new_tokens or the context limit.
 
     window: a window size, or a policy (runtime.windows) that picks each pass's window.
     sampler: sample each token (runtime.sampling); None or a greedy sampler: the in-graph greedy ids.
     """
     policy = FixedWindow(window) if isinstance(window, int) else window
     started = time.perf_counter()
-    last = prefill(ctx, prompt, prefill_chunk, sampler)
+    last = yield from prefill_passes(ctx, prompt, prefill_chunk, sampler)
     progress.prefill_passes = -(-len(prompt) // prefill_chunk)
     progress.prefill_seconds = time.perf_counter() - started
     proposer.use_sampler(sampler if _sampling(sampler) else None)

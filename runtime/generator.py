@@ -344,6 +344,8 @@ class Generator:
             tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
                             limits.max_context, eos, limits.prefill_chunk, progress, sampler)
             for batch in tokens:
+                if not batch:  # a prefill chunk: no text, but the caller gets control between passes
+                    yield ""
                 for token in batch:
                     ids.append(token)
                     if token in eos:

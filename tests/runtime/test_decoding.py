@@ -358,3 +358,22 @@ def test_tokens_after_an_eos_are_not_counted_as_accepted(artifact):
     assert ids == free[: cut + 1] and progress.finish_reason == "eos"
     assert progress.target_passes == 1
     assert progress.accepted == len(ids) - 1  # not the 9 tokens the pass committed
+
+
+def test_a_chunked_prefill_hands_back_control_after_every_pass(artifact, graph):
+    """decode() yields [] after each prefill chunk but the last, so a caller (the server's worker) can
+    stop a long prefill within one pass; the tokens are the same as with a one-chunk prefill."""
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+    from jacobi_rt.runtime.decoding import Progress, decode
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    path = artifact("llama")
+    prompt = [5, 17, 42, 8, 99, 23, 7, 64, 3, 11]  # 10 tokens: chunks of 4, 4 and 2
+    with OrtBackend(path, load_manifest(path), "cpu", 1, graph=graph) as backend:
+        def batches(chunk):
+            with backend.context(64) as ctx:
+                return list(decode(ctx, prompt, NoProposer(), 1, 5, 64, set(), chunk, Progress()))
+
+        chunked, whole = batches(4), batches(256)
+    assert chunked[:2] == [[], []] and all(chunked[2:]) and all(whole)
+    assert [t for b in chunked for t in b] == [t for b in whole for t in b]

@@ -90,3 +90,16 @@ def test_places_are_taken_at_admission_and_given_back():
     pool.shutdown()
     with pytest.raises(PoolClosed):
         pool.admit()
+
+
+def test_a_job_cancelled_during_a_long_prefill_stops_after_the_chunk(artifact, loop):
+    from jacobi_rt.runtime import Generator
+
+    gen = Generator.load(artifact("llama"), prefill_chunk=4)
+    inner = gen.start(list(range(5, 45)), max_new_tokens=5, strategy="greedy")  # 40 tokens: 10 prefill passes
+    box: list = []
+    stream, drawn = cancelled_after(1, inner, box)
+    job = Job(stream, loop)
+    box.append(job)
+    job.run()
+    assert drawn == [""] and stream.result is None  # stopped after the first of ten prefill passes
