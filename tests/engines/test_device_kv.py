@@ -61,7 +61,7 @@ def test_kept_runs_merge_the_past_with_a_prefix_branch():
 @pytest.fixture(scope="module")
 def cpu_backend(artifact):
     folder = artifact("llama")
-    return OrtBackend(folder, load_manifest(folder), device="cpu", threads=1)
+    return OrtBackend(folder, load_manifest(folder), device="cpu", threads=1, graph="portable")  # the graph CUDA runs
 
 
 class HostDeviceBackend:
@@ -112,9 +112,9 @@ def test_strategies_through_device_contexts_equal_cpu_greedy(artifact, family):
 
     folder = artifact(family)
     manifest = load_manifest(folder)
-    cpu = OrtBackend(folder, manifest, device="cpu", threads=1)
+    cpu = OrtBackend(folder, manifest, device="cpu", threads=1, graph="portable")
     draft_folder = artifact(f"{family}-draft1")
-    draft = HostDeviceBackend(OrtBackend(draft_folder, load_manifest(draft_folder), device="cpu", threads=1))
+    draft = HostDeviceBackend(OrtBackend(draft_folder, load_manifest(draft_folder), device="cpu", threads=1, graph="portable"))
     on_device = Generator(HostDeviceBackend(cpu), Tokenizer(folder, manifest), draft=draft)
     greedy = assert_strategies_equal_greedy(on_device, new=30, draft=True)
     plain = Generator(cpu, Tokenizer(folder, manifest))
