@@ -11,7 +11,10 @@ nothing copies the cache:
     trim(length)       lengths = length
 
 Each row of a batch has its own length (`lengths`); the graph's `cache_lengths` input is bound to
-that array, so a commit is just an integer update. Per pass only ids, positions, the window mask,
+that array, so a commit is just an integer update. `select(start, stop)` runs the next passes on a
+contiguous range of rows only (per layer, kv[i, start:stop] is one contiguous block): the batch
+engine (runtime/engine.py) runs only its active slots; `commit_each` keeps each row's own entries,
+`move_row` packs a row into a lower slot. Per pass only ids, positions, the window mask,
 the attention mask (a prefix of a ones buffer) and the greedy ids (plus logits when asked) are
 bound again.
 """
@@ -47,20 +50,38 @@ class OrtInplaceContext(BackendContext):
         self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))
         self._greedy = np.empty(batch * capacity, dtype=np.int64)
         self._logits_bound = False
+        self._rows = (0, batch)  # the rows the next pass runs on (select)
         self.binding = backend.session.io_binding()
         self._bind_in, self._bind_out = _binders(self.binding, "cpu")
         self._bind_fixed()
 
     def _bind_fixed(self) -> None:
-        """The cache (past and present: the same memory) and the lengths, bound once for the context."""
+        """The cache (past and present: the same memory) and the lengths of the selected rows, bound
+        once for the context and again by select()."""
         layers = self._kv.shape[0] // 2
-        shape = list(self._kv.shape[1:])
+        start, stop = self._rows
+        shape = [stop - start, *self._kv.shape[2:]]
         dtype = self._kv.dtype
         for i, (past, present) in enumerate(zip(kv_inputs(layers), kv_outputs(layers))):
-            pointer = self._kv[i].ctypes.data
+            pointer = self._kv[i, start:stop].ctypes.data
             self._bind_in(past.name, dtype, shape, pointer)
             self._bind_out(present.name, dtype, shape, pointer)
-        self._bind_in("cache_lengths", self.lengths.dtype, [self.batch], self.lengths.ctypes.data)
+        self._bind_in("cache_lengths", self.lengths.dtype, [stop - start], self.lengths[start:stop].ctypes.data)
+
+    def select(self, start: int, stop: int) -> None:
+        """Run the next passes on rows [start, stop) only; forward() then takes ids [stop - start, W]."""
+        if self.pending:
+            raise BackendError("select() while a window is pending; commit it first")
+        if not 0 <= start < stop <= self.batch:
+            raise BackendError(f"select({start}, {stop}) is outside the context's {self.batch} rows")
+        if (start, stop) != self._rows:
+            self._rows = (start, stop)
+            self._bind_fixed()
+
+    @property
+    def _lengths(self) -> np.ndarray:
+        """The selected rows' lengths: a view, so updating it updates the bound `cache_lengths`."""
+        return self.lengths[self._rows[0] : self._rows[1]]
 
     @property
     def length(self) -> int:
@@ -73,10 +94,11 @@ class OrtInplaceContext(BackendContext):
         if self._kv is None:
             raise BackendError("this context was closed; open a new one with backend.context(capacity)")
         batch, window = self._check_inplace_window(ids)
-        total = int(self.lengths.max()) + window
+        lengths = self._lengths
+        total = int(lengths.max()) + window
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if positions is None:
-            positions = self.lengths[:, None] + np.arange(window, dtype=np.int64)
+            positions = lengths[:, None] + np.arange(window, dtype=np.int64)
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         if window_mask is None:
             window_mask = self._lower_triangular(window)
@@ -105,8 +127,10 @@ class OrtInplaceContext(BackendContext):
         if self._logits_bound and not want_logits:  # an output cannot be unbound alone: rebind the rest
             self.binding.clear_binding_outputs()
             layers = self._kv.shape[0] // 2
+            start, stop = self._rows
             for i, present in enumerate(kv_outputs(layers)):
-                self._bind_out(present.name, self._kv.dtype, list(self._kv.shape[1:]), self._kv[i].ctypes.data)
+                self._bind_out(present.name, self._kv.dtype, [stop - start, *self._kv.shape[2:]],
+                               self._kv[i, start:stop].ctypes.data)
             self._logits_bound = False
         self._bind_out("greedy_ids", greedy.dtype, list(greedy.shape), greedy.ctypes.data)
         if not want_logits:
@@ -119,16 +143,17 @@ class OrtInplaceContext(BackendContext):
     def _check_inplace_window(self, ids: np.ndarray) -> tuple[int, int]:
         if self.pending:
             raise BackendError("forward() called twice without commit(n) in between; commit the last window first")
-        if ids.ndim != 2 or ids.shape[0] != self.batch or ids.shape[1] < 1:
-            raise BackendError(f"window ids must have shape [{self.batch}, W>=1], got {list(ids.shape)}")
+        rows = self._rows[1] - self._rows[0]
+        if ids.ndim != 2 or ids.shape[0] != rows or ids.shape[1] < 1:
+            raise BackendError(f"window ids must have shape [{rows}, W>=1], got {list(ids.shape)}")
         window = ids.shape[1]
-        longest = int(self.lengths.max())
+        longest = int(self._lengths.max())
         if longest + window > self.capacity:
             raise BackendError(
                 f"window of {window} after {longest} cached entries exceeds the context's capacity "
                 f"of {self.capacity}; open the context with a larger capacity"
             )
-        return self.batch, window
+        return rows, window
 
     def _lower_triangular(self, window: int) -> np.ndarray:
         if window <= self._tril.shape[0]:
@@ -137,25 +162,49 @@ class OrtInplaceContext(BackendContext):
 
     def commit(self, n) -> None:
         """Keep the first n entries of the last window: one n for every row, or one per row."""
-        counts = np.broadcast_to(np.asarray(n, dtype=np.int64), (self.batch,))
+        lengths = self._lengths
+        counts = np.broadcast_to(np.asarray(n, dtype=np.int64), lengths.shape)
         if (counts < 0).any() or (counts > self.pending).any():
             raise BackendError(f"commit({np.asarray(n).tolist()}) is outside the last window of {self.pending} entries")
-        self.lengths += counts  # in place: the bound `cache_lengths` sees it
+        lengths += counts  # in place: the bound `cache_lengths` sees it
         self.pending = 0
+
+    def commit_each(self, keeps: list[list[int]]) -> None:
+        """Keep, for each selected row, its own window entries (ascending, distinct; [] keeps none)."""
+        window, (start, stop) = self.pending, self._rows
+        if len(keeps) != stop - start:
+            raise BackendError(f"commit_each() needs one list of entries per selected row ({stop - start}), got {len(keeps)}")
+        for b, rows in zip(range(start, stop), keeps):
+            if any(not 0 <= r < window for r in rows) or any(a >= c for a, c in zip(rows, rows[1:])):
+                raise BackendError(f"commit_each(): row {b} keeps {list(rows)}, not ascending distinct entries of the last window of {window}")
+            if list(rows) != list(range(len(rows))):
+                self._gather(b, np.asarray(rows, dtype=np.int64))
+            self.lengths[b] += len(rows)
+        self.pending = 0
+
+    def _gather(self, b: int, keep: np.ndarray) -> None:
+        start = int(self.lengths[b])
+        block = self._kv[:, b]  # a view [layers*2, H, capacity, D]; the fancy index reads a copy first
+        block[:, :, start : start + len(keep)] = block[:, :, start + keep]
+
+    def move_row(self, source: int, target: int) -> None:
+        """Copy row `source`'s committed cache and length into row `target` (a free slot); `source` is emptied."""
+        if self.pending:
+            raise BackendError("move_row() while a window is pending; commit it first")
+        n = int(self.lengths[source])
+        self._kv[:, target, :, :n] = self._kv[:, source, :, :n]
+        self.lengths[target], self.lengths[source] = n, 0
 
     def commit_rows(self, rows: list[int], row: int | None = None) -> None:
         """Keep the last window's entries `rows` (ascending, distinct) of batch row `row` (every row when None)."""
         window = self.pending
         if any(not 0 <= r < window for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
             raise BackendError(f"commit_rows({list(rows)}) needs ascending, distinct rows of the last window of {window}")
-        targets = range(self.batch) if row is None else [row]
+        targets = range(*self._rows) if row is None else [row]
         keep = np.asarray(rows, dtype=np.int64)
         if list(rows) != list(range(len(rows))):
             for b in targets:
-                start = int(self.lengths[b])
-                # [layers*2, H, k, D]: the fancy index reads a copy, so moving down in place is safe
-                block = self._kv[:, b]  # a view [layers*2, H, capacity, D]
-                block[:, :, start : start + len(rows)] = block[:, :, start + keep]
+                self._gather(b, keep)
         for b in targets:
             self.lengths[b] += len(rows)
         self.pending = 0
@@ -164,10 +213,11 @@ class OrtInplaceContext(BackendContext):
         """Rewind to `length` entries: one length for every row, or one per row."""
         if self.pending:
             raise BackendError("trim() while a window is pending; commit(n) it first")
-        wanted = np.broadcast_to(np.asarray(length, dtype=np.int64), (self.batch,))
-        if (wanted < 0).any() or (wanted > self.lengths).any():
-            raise BackendError(f"trim({np.asarray(length).tolist()}) is outside the committed cache of {self.lengths.tolist()} entries")
-        self.lengths[:] = wanted
+        lengths = self._lengths
+        wanted = np.broadcast_to(np.asarray(length, dtype=np.int64), lengths.shape)
+        if (wanted < 0).any() or (wanted > lengths).any():
+            raise BackendError(f"trim({np.asarray(length).tolist()}) is outside the committed cache of {lengths.tolist()} entries")
+        lengths[:] = wanted
 
     def kv(self, layer: int, kind: str = "key", row: int = 0) -> np.ndarray:
         """The committed cache of one layer and batch row, [1, H, length, D] (a view, for tests and tools)."""

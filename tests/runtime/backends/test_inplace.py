@@ -159,3 +159,37 @@ def test_context_misuse_is_a_clear_error(backends):
             ctx.trim(2)
     with pytest.raises(BackendError, match="closed"):
         ctx.forward(np.zeros((1, 1), np.int64))
+
+
+def test_a_selected_range_of_rows_runs_alone_and_each_row_commits_its_own(backends):
+    """select(start, stop) binds a contiguous block of rows; commit_each keeps each row's own entries;
+    move_row packs a row into another slot. Each row equals that row run alone."""
+    inplace, _ = backends("llama")
+    prompts = [[5, 17, 33, 90], [8, 9, 10, 11], [21, 22, 23, 24]]
+    with inplace.context(40, batch=4) as ctx:
+        ctx.select(1, 4)  # slot 0 stays idle
+        ctx.forward(np.array(prompts))
+        ctx.commit_each([[0, 1, 2, 3], [0, 1], []])
+        assert ctx.lengths.tolist() == [0, 4, 2, 0]
+        ctx.select(1, 3)
+        out = ctx.forward(np.array([TREE, TREE]), positions=ctx.lengths[1:3, None] + TREE_DEPTHS[None],
+                          window_mask=np.stack([TREE_MASK, TREE_MASK]))
+        ctx.commit_each([[0, 3, 4], [0, 1]])  # row 1 an accepted side branch, row 2 a prefix
+        assert ctx.lengths.tolist() == [0, 7, 4, 0]
+        for row, kept, before in ((1, [7, 40, 41], prompts[0]), (2, [7, 11], prompts[1][:2])):
+            with prefill(inplace, before) as alone:
+                alone_out = alone.forward(np.array([TREE]), positions=len(before) + TREE_DEPTHS[None], window_mask=TREE_MASK[None])
+                assert (alone_out.greedy_ids[0] == out.greedy_ids[row - 1]).all()
+            with prefill(inplace, before + kept) as fresh:
+                for layer in range(inplace.manifest.architecture.num_layers):
+                    np.testing.assert_allclose(ctx.kv(layer, "key", row=row), fresh.kv(layer, "key"), atol=1e-5)
+        ctx.move_row(2, 0)
+        assert ctx.lengths.tolist() == [4, 7, 0, 0]
+        with prefill(inplace, prompts[1][:2] + [7, 11]) as fresh:
+            np.testing.assert_allclose(ctx.kv(0, "value", row=0), fresh.kv(0, "value"), atol=1e-5)
+        with pytest.raises(BackendError, match="outside"):
+            ctx.select(2, 5)
+        with pytest.raises(BackendError, match="one list"):
+            ctx.select(0, 2)
+            ctx.forward(np.array([[1], [2]]))
+            ctx.commit_each([[0]])
