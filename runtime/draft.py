@@ -154,6 +154,7 @@ class DraftProposer(Proposer):
         jacobi: bool = False,
         prefill_chunk: int = PREFILL_CHUNK,
         length: DraftLength | None = None,
+        max_window: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max < 1:
@@ -163,6 +164,7 @@ class DraftProposer(Proposer):
         self.backend = backend
         self.k, self.k_max, self.jacobi = k, int(k_max), jacobi
         self.prefill_chunk = prefill_chunk
+        self.max_window = max_window  # the draft backend's widest pass (Backend.limits); None: any
         self.length = length or DraftLength(self.k_max)
         self.ctx = backend.context(capacity)
         self.tokens: list[int] = []  # the committed sequence: prompt, then every committed token
@@ -231,9 +233,10 @@ class DraftProposer(Proposer):
         """K greedy draft tokens after the committed sequence; leaves the KV of the first K-1 cached."""
         began, passes = time.perf_counter(), 0
         pending = self.tokens[self.ctx.length :]
-        if len(pending) > CATCHUP:  # the prompt, or what the target committed while the draft sat out
+        widest = self.max_window or len(pending) + k
+        if len(pending) > min(CATCHUP, widest):  # the prompt, or what the target committed while the draft sat out
             pending, passes = self._catch_up(pending), passes + 1
-        guesses = self.jacobi_guesses[: k - 1]
+        guesses = self.jacobi_guesses[: max(0, min(k - 1, widest - len(pending)))]
         window = [*pending, *guesses]
         tick = time.perf_counter()
         ids = self._forward(window, keep=None, first=len(pending) - 1, sequence=self.tokens)

@@ -380,7 +380,8 @@ class Generator:
 
         def draft() -> DraftProposer:
             chunk = min(self.prefill_chunk, self.draft.limits.prefill_chunk)
-            return DraftProposer(self.draft, capacity, jacobi=request.jacobi_tail, prefill_chunk=chunk)
+            return DraftProposer(self.draft, capacity, jacobi=request.jacobi_tail, prefill_chunk=chunk,
+                                 max_window=self.draft.limits.max_window)
 
         if strategy == "speculative":
             return draft()

@@ -83,3 +83,17 @@ def test_a_speculative_draft_on_an_engine_prefills_in_its_chunks(small_engine, t
     result = engine.generate(prompt, max_new_tokens=10, strategy="speculative")
     assert result.ids == plain.generate(prompt, max_new_tokens=10, strategy="greedy").ids
     assert engine.draft.passes and max(window for window, _ in engine.draft.passes) <= 16
+
+
+@pytest.mark.parametrize("jacobi_tail", [False, True])
+def test_a_draft_engine_with_narrow_profiles_gets_passes_it_covers(small_engine, artifact, jacobi_tail):
+    """An unrelated draft (almost every guess wrong) sits out and catches up: its pending tokens, and
+    the Jacobi tail's guesses, must still fit the draft engine's 4-token passes."""
+    engine, plain = small_engine
+    folder = artifact("qwen2")
+    other = OrtBackend(folder, load_manifest(folder), device="cpu", threads=1)
+    engine.draft = ProfiledBackend(other, engine_profiles(other.manifest, Limits(max_context=48, decode_window=2, prefill_window=4)))
+    for prompt in (list(range(3, 23)), [5, 17, 33]):
+        result = engine.generate(prompt, max_new_tokens=24, strategy="speculative", jacobi_tail=jacobi_tail)
+        assert result.ids == plain.generate(prompt, max_new_tokens=24, strategy="greedy").ids
+    assert max(window for window, _ in engine.draft.passes) <= 4
