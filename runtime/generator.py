@@ -12,6 +12,7 @@ import numpy as np
 
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
 from .decoding import Progress, decode
+from .engine import END, BatchEngine, Row
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
 from .sampling import Sampler, SamplingParams, TokenLogprob, draw_seed
@@ -123,6 +124,7 @@ class Generator:
         self.prefill_chunk = prefill_chunk
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
         self.arm_history = ArmHistory()  # `auto` remembers across calls which arms lost
+        self.engine: BatchEngine | None = None  # continuous batching (start_engine): every call shares its passes
 
     @property
     def limits(self) -> BackendLimits:
@@ -251,6 +253,53 @@ class Generator:
         request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling)
         return TextStream(self._run(request), len(request.prompt_ids))
 
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], **options) -> list[GenerationResult | InputError]:
+        """generate() for many prompts at once, sharing every pass (continuous batching; on the engine of
+        start_engine(), else on one opened for this call with a slot per prompt, at most 16).
+
+        options: generate()'s keywords, the same for every prompt. Each prompt is checked alone: one
+        that is invalid (e.g. over the context) gets its InputError in its place; the others complete.
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise InputError("generate_batch() takes a list of prompts (texts or token id lists); use generate() for one")
+        fields = ("max_new_tokens", "strategy", "window", "stop", "chat", "jacobi_tail")
+        base = {"max_new_tokens": 128, "strategy": "auto", "window": None, "stop": None, "chat": False, "jacobi_tail": None}
+        base.update({k: v for k, v in options.items() if k in fields})
+        sampling = {k: v for k, v in options.items() if k not in fields}
+        requests: list[Request | InputError] = []
+        for prompt in prompts:
+            try:
+                requests.append(self._request(prompt, None, base["chat"], base["max_new_tokens"], base["strategy"],
+                                              base["window"], base["stop"], base["jacobi_tail"], dict(sampling)))
+            except InputError as exc:
+                requests.append(exc)
+        valid = [r for r in requests if isinstance(r, Request)]
+        engine = self.engine or BatchEngine(self.backend, max(1, min(len(valid), 16)), prefill_chunk=self.limits.prefill_chunk)
+        try:
+            runs = [self._submit(engine, r) for r in valid]
+            if engine is not self.engine:
+                while any(not row.finished for row, _ in runs):
+                    engine.step()
+            results = iter([_drain(pieces) for _, pieces in runs])
+        finally:
+            if engine is not self.engine:
+                engine.close()
+        return [next(results) if isinstance(r, Request) else r for r in requests]
+
+    def start_engine(self, slots: int, capacity: int | None = None) -> BatchEngine:
+        """From now on, run every generation on one batch engine of `slots` rows (continuous batching: a
+        background thread runs passes shared by all running generations). Needs the in-place graph."""
+        if self.engine is not None:
+            raise InputError("this Generator already runs a batch engine; stop_engine() first")
+        chunk = self.limits.prefill_chunk
+        self.engine = BatchEngine(self.backend, slots, capacity, prefill_chunk=chunk).start()
+        return self.engine
+
+    def stop_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
     # -- request checking -------------------------------------------------------------------
 
     def _request(self, prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling) -> Request:
@@ -327,6 +376,9 @@ class Generator:
 
     def _run(self, request: Request) -> Iterator[str]:
         """Yield text pieces; return the GenerationResult (StopIteration.value)."""
+        if self.engine is not None:
+            _, pieces = self._submit(self.engine, request)
+            return (yield from pieces)
         started = time.perf_counter()
         progress = Progress()
         prompt = request.prompt_ids
@@ -368,6 +420,58 @@ class Generator:
         logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
         return GenerationResult(ids, text.text, stats, logprobs)
 
+    def _submit(self, engine: BatchEngine, request: Request) -> tuple[Row, Iterator[str]]:
+        """Queue `request` on the engine now; the pieces come from the returned generator."""
+        started = time.perf_counter()
+        prompt = request.prompt_ids
+        max_context = min(self.limits.max_context, engine.capacity)
+        capacity = min(max_context, len(prompt) + request.max_new_tokens)
+        policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
+        sampler = Sampler(request.sampling, len(prompt))
+        proposer = self._proposer(request, capacity)
+        row = Row(prompt, request.max_new_tokens, proposer, sampler, policy, set(self.manifest.tokens.eos_ids), max_context)
+        engine.submit(row)
+        return row, self._pieces(engine, row, request, sampler, started)
+
+    def _pieces(self, engine: BatchEngine, row: Row, request: Request, sampler: Sampler, started: float) -> Iterator[str]:
+        """The engine row's text pieces ("" after each pass without text, and every 50 ms while it waits, so a
+        caller can stop between them); closing this generator cancels the row."""
+        import queue as queues
+
+        eos, ids = row.eos_ids, []
+        text, detok = _StopText(request.stop), Detokenizer(self.tokenizer)
+        try:
+            while not text.stopped:
+                try:
+                    batch = row.tokens.get(timeout=0.05)
+                except queues.Empty:
+                    yield ""
+                    continue
+                if batch is END:
+                    break
+                if not batch:
+                    yield ""
+                for token in batch:
+                    ids.append(token)
+                    if token in eos:
+                        break
+                    yield text.add(detok.add(token))
+                    if text.stopped:
+                        break
+        finally:
+            engine.cancel(row)  # a no-op for a finished row; frees the slot of one stopped early
+        if row.error is not None:
+            raise row.error
+        if not text.stopped:
+            yield text.add(detok.flush())
+        yield text.finish()
+        stats = _stats(request, row.progress, len(ids), started, row.session_seconds, row.proposer.stats)
+        if text.stopped:
+            stats.finish_reason = "stop"
+        stats.seed = None if sampler.greedy else sampler.params.seed
+        logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
+        return GenerationResult(ids, text.text, stats, logprobs)
+
     def _proposer(self, request: Request, capacity: int) -> Proposer:
         strategy = request.strategy
         if strategy == "greedy":
@@ -388,6 +492,14 @@ class Generator:
         # the draft's chain plus one prompt-lookup/n-gram branch when it pays: copies stay cheap
         drafting = UnionProposer({"draft": draft(), "lookahead": LookaheadProposer(branches=1)})
         return AutoProposer({"lookahead": LookaheadProposer(), "draft": drafting}, history=self.arm_history)
+
+
+def _drain(pieces: Iterator[str]) -> GenerationResult:
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            return done.value
 
 
 def _stats(request: Request, progress: Progress, new_tokens: int, started: float, session: float, proposer: dict) -> Stats:

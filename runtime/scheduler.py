@@ -1,0 +1,80 @@
+"""PassBudget: how many tokens a batched pass spends, and how they are split between rows.
+
+A pass over k rows padded to one window W costs about what k*W tokens cost (the CPU reads the
+weights once per pass; each token adds compute), so the allocator picks the pass's window from
+the measured cost curve (`PassCosts`, keyed by the pass's total tokens): every row gets its next
+token first; a wider window is taken only when the rows' measured acceptance pays for it:
+
+    value(W) = sum_b expected_b(min(W, wanted_b)) / cost(k * W)
+
+expected_b(w) = 1 + (tokens_b - 1) * min(1, (w - 1) / (used_b - 1)), where tokens_b is row b's
+committed tokens per pass and used_b its window, both measured (moving averages). A lone row gets
+the window it asks for (its own policy and proposer decide, exactly as a single generation does);
+as rows join, the guesses shrink toward greedy because k*W grows the cost faster than they pay.
+Prefill passes take at most `prefill_tokens` tokens in all, split evenly between the rows being
+prefilled, so a burst of long prompts never makes one pass long enough to stall the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .acceptance import PassCosts
+
+# Relative cost of a pass by its total tokens (batch x window), vs one token: SmolLM2-135M fp32 on
+# 2 CPU cores (tools/pass_bench.py figures); only a prior, PassCosts learns this machine's.
+BATCH_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.25, 8: 1.6, 16: 1.85, 32: 2.9, 64: 5.0, 256: 16.0}
+
+
+@dataclass
+class RowRate:
+    """What one row's passes gave: committed tokens per pass and the window used (moving averages)."""
+
+    tokens: float = 1.0
+    window: float = 1.0
+    smoothing: float = 0.3
+
+    def observe(self, window: int, committed: int) -> None:
+        if window <= 1:  # a greedy pass says nothing about the guesses
+            return
+        a = self.smoothing
+        self.tokens = (1 - a) * self.tokens + a * committed
+        self.window = (1 - a) * self.window + a * window
+
+    def expected(self, window: int) -> float:
+        if window <= 1 or self.window <= 1:
+            return 1.0
+        return 1.0 + (self.tokens - 1.0) * min(1.0, (window - 1) / (self.window - 1))
+
+
+@dataclass
+class PassBudget:
+    prefill_tokens: int = 256  # tokens of one prefill pass, all rows together
+    costs: PassCosts = field(default_factory=lambda: PassCosts(dict(BATCH_PASS_COSTS)))
+    optimistic_start: float = 1.5  # a row's tokens per guessing pass before it was measured
+
+    def decode_window(self, wanted: list[int], rates: list[RowRate]) -> int:
+        """The pass's window for decoding rows that ask for `wanted` tokens each."""
+        if len(wanted) == 1:
+            return wanted[0]  # a lone row decodes exactly as a single generation would
+        k, widest = len(wanted), max(wanted)
+        best, best_value = 1, -1.0
+        for w in sorted({1, 2, 4, 8, 16, 32, widest} - {0}):
+            if w > widest:
+                continue
+            gain = sum(rate.expected(min(w, want)) for want, rate in zip(wanted, rates))
+            value = gain / self.costs(k * w)
+            if value >= best_value:  # ties go to the wider window: its guesses come free
+                best, best_value = w, value
+        return best
+
+    def prefill_window(self, rows: int, remaining: int, chunk: int) -> int:
+        """Prompt tokens per row in a prefill pass over `rows` rows, the longest needing `remaining`."""
+        return max(1, min(chunk, remaining, self.prefill_tokens // max(rows, 1)))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A pass of `tokens` tokens (batch x window) took `seconds`."""
+        self.costs.observe(tokens, seconds)
+
+    def new_rate(self) -> RowRate:
+        return RowRate(tokens=self.optimistic_start, window=2.0)

@@ -1,0 +1,205 @@
+"""BatchEngine: rows join, leave and decode in shared passes; each row's output equals its solo run."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+import pytest
+
+from jacobi_rt.runtime import Generator
+from jacobi_rt.runtime.engine import END, BatchEngine, Row
+from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
+from jacobi_rt.runtime.acceptance import PassCosts
+from jacobi_rt.runtime.proposers import JacobiProposer, LookaheadProposer, NoProposer
+from jacobi_rt.runtime.sampling import Sampler, SamplingParams
+from jacobi_rt.runtime.scheduler import PassBudget
+from jacobi_rt.runtime.windows import AdaptiveWindow
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13, 11, 12, 13, 11, 12], [40, 41, 42], [7, 7, 7, 7, 100, 101, 102, 7, 7, 7],
+           list(range(20, 60))]
+PROPOSERS = {"greedy": (NoProposer, 1), "jacobi": (JacobiProposer, 4), "lookahead": (LookaheadProposer, 8)}
+
+
+@pytest.fixture(scope="module")
+def gen(artifact):
+    return Generator.load(artifact("llama"), graph="inplace", threads=1)
+
+
+def clock():
+    ticks = itertools.count()
+    return lambda: next(ticks) * 0.01  # every reading 10 ms later: passes have a cost, tests no sleep
+
+
+def engine(gen, slots, chunk=256, wide=False):
+    """wide: a flat cost curve (wide passes free, as on a GPU), so every row gets the window it asks for."""
+    budget = PassBudget(costs=PassCosts({1: 1.0, 4096: 1.0}, learn=False)) if wide else None
+    return BatchEngine(gen.backend, slots, prefill_chunk=chunk, budget=budget, clock=clock())
+
+
+def row(gen, prompt, max_new=16, strategy="greedy", sampling=None):
+    make, window = PROPOSERS[strategy]
+    sampler = Sampler(sampling or SamplingParams(), len(prompt))
+    policy = AdaptiveWindow(window) if strategy == "jacobi" else window
+    return Row(list(prompt), max_new, make(), sampler, policy, set(gen.manifest.tokens.eos_ids), gen.limits.max_context)
+
+
+def drained(r: Row) -> list[int]:
+    out = []
+    while (batch := r.tokens.get_nowait()) is not END:
+        out += batch
+    return out
+
+
+def solo(gen, prompt, max_new=16, **kw):
+    return gen.generate(prompt, max_new_tokens=max_new, strategy="greedy", **kw).ids
+
+
+def run_until_done(eng, rows, limit=500):
+    for _ in range(limit):
+        if all(r.finished and r.slot < 0 for r in rows):
+            return
+        eng.step()
+    raise AssertionError("the engine did not finish its rows")
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_rows_joining_and_leaving_mid_generation_equal_their_solo_greedy(gen, wide):
+    eng = engine(gen, slots=2, wide=wide)
+    a, b = eng.submit(row(gen, PROMPTS[0], 24, "jacobi")), eng.submit(row(gen, PROMPTS[1], 6, "lookahead"))
+    c = row(gen, PROMPTS[2], 10)
+    for _ in range(3):
+        eng.step()
+    eng.submit(c)  # waits: both slots are taken
+    eng.step()
+    assert c.slot == -1 and eng.queued == 1
+    run_until_done(eng, [a, b, c])
+    assert (drained(a), drained(b), drained(c)) == (solo(gen, PROMPTS[0], 24), solo(gen, PROMPTS[1], 6), solo(gen, PROMPTS[2], 10))
+    assert eng.running == 0 and eng.ctx.lengths.tolist() == [0, 0]
+    eng.close()
+
+
+def test_a_finished_row_in_a_low_slot_is_replaced_by_the_last_one(gen):
+    eng = engine(gen, slots=3)
+    rows = [eng.submit(row(gen, p, n)) for p, n in zip(PROMPTS, (3, 20, 20))]
+    while not rows[0].finished:
+        eng.step()
+    eng.step()
+    assert (rows[0].slot, rows[2].slot, rows[1].slot) == (-1, 0, 1)  # the last row moved into slot 0
+    run_until_done(eng, rows)
+    assert [drained(r) for r in rows] == [solo(gen, p, n) for p, n in zip(PROMPTS, (3, 20, 20))]
+    eng.close()
+
+
+def test_a_cancelled_row_frees_its_slot_before_the_next_pass(gen):
+    eng = engine(gen, slots=1)
+    a, b = eng.submit(row(gen, PROMPTS[0], 50)), eng.submit(row(gen, PROMPTS[1], 5))
+    eng.step()
+    eng.step()
+    eng.cancel(a)
+    record = eng.step()
+    assert a.slot == -1 and a.progress.finish_reason == "cancelled" and b.slot == 0
+    assert record.rows == 1  # the pass ran b alone
+    tokens = drained(a)
+    assert tokens == solo(gen, PROMPTS[0], 50)[: len(tokens)]
+    run_until_done(eng, [b])
+    assert drained(b) == solo(gen, PROMPTS[1], 5)
+    eng.close()
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_passes(gen):
+    eng = engine(gen, slots=2, chunk=8)
+    a = eng.submit(row(gen, PROMPTS[0], 30))
+    for _ in range(3):
+        eng.step()
+    long = eng.submit(row(gen, PROMPTS[4], 5))  # 40 tokens: 5 chunks of 8
+    kinds = []
+    while long.prefilling:
+        before = a.produced
+        kinds.append(eng.step().kind)
+        if kinds[-1] == "decode":
+            assert a.produced > before
+    assert kinds.count("prefill") == 5 and "decode" in kinds
+    assert max(len(list(g)) for k, g in itertools.groupby(kinds) if k == "prefill") == 1  # never two in a row
+    run_until_done(eng, [a, long])
+    assert drained(a) == solo(gen, PROMPTS[0], 30) and drained(long) == solo(gen, PROMPTS[4], 5)
+    eng.close()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3", "mistral"])
+def test_mixed_strategies_in_one_batch_equal_solo_greedy(artifact, family):
+    gen = Generator.load(artifact(family), graph="inplace", threads=1)
+    eng = engine(gen, slots=4, wide=True)
+    strategies = ["greedy", "jacobi", "lookahead", "lookahead", "jacobi"]
+    rows = [eng.submit(row(gen, p, 20, s)) for p, s in zip(PROMPTS, strategies)]
+    widths = []
+    eng.stats.observers.append(lambda record: widths.append(record.window))
+    run_until_done(eng, rows)
+    assert [drained(r) for r in rows] == [solo(gen, p, 20) for p in PROMPTS]
+    assert max(widths) >= 4  # guesses were verified in shared passes
+    eng.close()
+
+
+def test_a_sampling_row_in_a_batch_samples_what_it_samples_alone(gen):
+    params = SamplingParams(temperature=0.8, top_k=20, seed=7)
+    eng = engine(gen, slots=3)
+    rows = [eng.submit(row(gen, PROMPTS[0], 12, "greedy", params)), eng.submit(row(gen, PROMPTS[1], 12)),
+            eng.submit(row(gen, PROMPTS[3], 12, "lookahead", params))]
+    run_until_done(eng, rows)
+    alone = [gen.generate(p, max_new_tokens=12, strategy="greedy", temperature=0.8, top_k=20, seed=7).ids
+             for p in (PROMPTS[0], PROMPTS[3])]
+    assert [drained(rows[0]), drained(rows[2])] == alone
+    assert drained(rows[1]) == solo(gen, PROMPTS[1], 12)
+    eng.close()
+
+
+def test_generate_batch_fails_only_the_prompt_over_the_context(gen):
+    too_long = list(range(3, 3 + gen.limits.max_context))
+    results = gen.generate_batch([PROMPTS[0], too_long, PROMPTS[2]], max_new_tokens=8, strategy="lookahead")
+    assert isinstance(results[1], ContextLimitError) and "shorten the prompt" in str(results[1])
+    assert [results[0].ids, results[2].ids] == [solo(gen, PROMPTS[0], 8), solo(gen, PROMPTS[2], 8)]
+    assert results[0].stats.strategy == "lookahead" and results[0].stats.new_tokens == 8
+
+
+def test_the_started_engine_runs_generate_stream_and_start_with_their_own_stop_strings(gen):
+    text = gen.generate(PROMPTS[0], max_new_tokens=20, strategy="greedy").text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    gen.start_engine(3)
+    try:
+        results = {}
+
+        def run(name, **kw):
+            results[name] = gen.generate(PROMPTS[0], max_new_tokens=20, **kw)
+
+        threads = [threading.Thread(target=run, args=(n,), kwargs=kw) for n, kw in
+                   [("plain", {"strategy": "greedy"}), ("stop", {"strategy": "jacobi", "stop": stop}),
+                    ("look", {"strategy": "lookahead"})]]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        streamed = "".join(gen.stream(PROMPTS[0], max_new_tokens=20, strategy="lookahead"))
+        early = gen.start(PROMPTS[1], max_new_tokens=200, strategy="greedy")
+        next(iter(early))
+        early.close()  # cancels its row
+    finally:
+        engine_ = gen.engine
+        gen.stop_engine()
+    assert results["plain"].text == results["look"].text == streamed == text
+    assert results["stop"].text == text[: text.index(stop)] and results["stop"].stats.finish_reason == "stop"
+    assert results["look"].stats.target_passes > 0 and engine_.running == 0
+
+
+def test_bad_engine_requests_are_clear_errors(gen, artifact):
+    with pytest.raises(InputError, match="at least 1 slot"):
+        BatchEngine(gen.backend, 0)
+    portable = Generator.load(artifact("llama"), graph="portable", threads=1)
+    with pytest.raises(BackendError, match="in-place graph"):
+        BatchEngine(portable.backend, 2)
+    with pytest.raises(InputError, match="list of prompts"):
+        gen.generate_batch("one prompt")
+    gen.start_engine(1)
+    try:
+        with pytest.raises(InputError, match="already runs"):
+            gen.start_engine(1)
+    finally:
+        gen.stop_engine()

@@ -1,0 +1,57 @@
+"""PassBudget: a lone row gets its own window; rows share a pass by what their acceptance pays."""
+
+from __future__ import annotations
+
+from jacobi_rt.runtime.acceptance import PassCosts
+from jacobi_rt.runtime.scheduler import BATCH_PASS_COSTS, PassBudget, RowRate
+
+
+def budget(**costs) -> PassBudget:
+    return PassBudget(prefill_tokens=64, costs=PassCosts(costs or dict(BATCH_PASS_COSTS), learn=False))
+
+
+def measured(tokens: float, window: int) -> RowRate:
+    rate = RowRate(smoothing=1.0)
+    rate.observe(window, tokens)
+    return rate
+
+
+def test_a_lone_row_gets_the_window_it_asks_for():
+    assert budget().decode_window([16], [measured(1.0, 16)]) == 16
+    assert budget().decode_window([1], [RowRate()]) == 1
+
+
+def test_many_rows_that_rarely_accept_decode_greedily():
+    rows = 16
+    assert budget().decode_window([8] * rows, [measured(1.05, 8)] * rows) == 1
+
+
+def test_rows_whose_guesses_pay_get_wider_passes_and_fewer_rows_wider_still():
+    good = measured(3.0, 8)
+    assert budget().decode_window([8, 8], [good, good]) > 1
+    assert budget().decode_window([8] * 2, [good] * 2) >= budget().decode_window([8] * 16, [good] * 16)
+
+
+def test_a_flat_cost_curve_gives_every_row_its_widest_window():
+    flat = {1: 1.0, 4096: 1.0}
+    assert PassBudget(costs=PassCosts(flat, learn=False)).decode_window([4, 8, 2], [measured(1.5, 4)] * 3) == 8
+
+
+def test_no_window_is_wider_than_any_row_asks():
+    assert budget().decode_window([2, 1, 2], [measured(2.0, 2)] * 3) <= 2
+
+
+def test_a_prefill_pass_splits_its_tokens_between_its_rows():
+    b = budget()
+    assert b.prefill_window(rows=1, remaining=200, chunk=256) == 64
+    assert b.prefill_window(rows=4, remaining=200, chunk=256) == 16
+    assert b.prefill_window(rows=4, remaining=5, chunk=256) == 5
+    assert b.prefill_window(rows=100, remaining=50, chunk=256) == 1
+
+
+def test_a_greedy_pass_says_nothing_about_a_rows_guesses():
+    rate = RowRate()
+    rate.observe(1, 1)
+    assert rate.expected(8) == 1.0 and (rate.tokens, rate.window) == (1.0, 1.0)
+    rate.observe(8, 4)
+    assert rate.expected(8) > rate.expected(2) > 1.0
