@@ -157,16 +157,23 @@ class Run:
 
 def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
     """The ASGI app serving `generator` as the model `settings.model_id`."""
-    pool = WorkerPool(settings.workers, settings.queue_size)
+    # With max_batch, each worker thread only relays its generation's pieces: the engine's loop runs the passes.
+    pool = WorkerPool(settings.running_at_once, settings.queue_size)
     metrics = Metrics(settings.model_id, lambda: pool.running, lambda: pool.queued, pool.workers, pool.queue_size)
     server = Server(generator, settings, pool, metrics, int(time.time()),
-                    ThreadPoolExecutor(min(settings.workers, 4), thread_name_prefix="jacobi-rt-prepare"))
+                    ThreadPoolExecutor(min(settings.running_at_once, 4), thread_name_prefix="jacobi-rt-prepare"))
+    engine = None
+    if settings.max_batch is not None:
+        engine = generator.engine or generator.start_engine(settings.max_batch)
+        engine.stats.observers.append(metrics.observe_pass)
 
     @asynccontextmanager
     async def lifespan(app):
         yield
         await asyncio.to_thread(server.pool.shutdown)  # after uvicorn's grace period: cancel what is left
         server.preparing.shutdown(cancel_futures=True)
+        if engine is not None and generator.engine is engine:
+            await asyncio.to_thread(generator.stop_engine)
 
     docs = dict(docs_url="/docs", redoc_url=None) if settings.docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="jacobi-rt", summary="OpenAI-compatible server for Jacobi decoding", lifespan=lifespan, **docs)

@@ -7,7 +7,7 @@ vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_tot
 vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds,
 vllm:request_prompt_tokens, vllm:request_generation_tokens. What only jacobi-rt has is named
 jacobi_rt_*: HTTP requests by endpoint and status, generations by outcome, target passes and
-tokens per pass, the pool's size.
+tokens per pass, rows and tokens per pass of the batch engine, the pool's size.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .replies import FINISH_REASONS
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 PASS_BUCKETS = (1, 1.1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 6, 8)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat_completions", "/v1/models": "models",
              "/health": "health", "/metrics": "metrics"}
@@ -72,6 +73,10 @@ class Metrics:
                                      "counted)", registry=registry)
         self.tokens_per_pass = Histogram("jacobi_rt_tokens_per_pass", "Tokens committed per target pass, one "
                                          "observation per generation (greedy: 1)", buckets=PASS_BUCKETS, registry=registry)
+        self.pass_rows = Histogram("jacobi_rt_batch_rows", "Rows (generations) in each pass of the batch engine "
+                                   "(--max-batch)", buckets=BATCH_BUCKETS, registry=registry)
+        self.pass_tokens = Histogram("jacobi_rt_batch_tokens", "Tokens committed by each pass of the batch engine "
+                                     "(prompt chunks included)", buckets=TOKEN_BUCKETS, registry=registry)
         Gauge("jacobi_rt_workers", "Size of the worker pool", registry=registry).set(workers)
         Gauge("jacobi_rt_queue_capacity", "Requests that may wait before 429", registry=registry).set(queue_size)
 
@@ -100,6 +105,11 @@ class Metrics:
             self.target_passes.inc(stats.target_passes)
             if stats.target_passes:
                 self.tokens_per_pass.observe(stats.tokens_per_pass)
+
+    def observe_pass(self, record) -> None:
+        """One pass of the batch engine (runtime.engine.PassRecord); called on the engine's thread."""
+        self.pass_rows.observe(record.rows)
+        self.pass_tokens.observe(record.tokens)
 
     def render(self) -> bytes:
         """The text exposition format (CONTENT_TYPE)."""

@@ -24,6 +24,12 @@ class ServerSettings:
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish on shutdown before they are cancelled
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides the address connected to ("*": any; see hosts.py)
     docs: bool = False  # serve the interactive API docs at /docs (and /openapi.json)
+    max_batch: int | None = None  # continuous batching: generations sharing each pass (engine slots); None: one per worker
+
+    @property
+    def running_at_once(self) -> int:
+        """Generations that run at once: the engine's slots, or the workers."""
+        return self.max_batch or self.workers
 
     def __post_init__(self) -> None:
         if not self.model_id:
@@ -31,6 +37,9 @@ class ServerSettings:
         for name in ("workers", "max_body_bytes", "completion_max_tokens", "retry_after_seconds"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.max_batch is not None and (isinstance(self.max_batch, bool) or self.max_batch < 1):
+            raise InputError(f"max_batch must be at least 1 (the generations that share each pass), not {self.max_batch}; "
+                             "leave it out to run one generation per worker")
         if self.queue_size < 0:
             raise InputError(f"queue_size must be 0 or more, not {self.queue_size}")
         if self.request_timeout <= 0 or self.shutdown_grace < 0:

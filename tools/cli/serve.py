@@ -31,6 +31,10 @@ from jacobi_rt.runtime.generator import STRATEGIES
               help="Generations running at once (each on its own thread and KV buffers). On a CPU one generation "
                    "already uses every core; more workers share them (see --threads): more tokens/s in total, "
                    "slower streams.")
+@click.option("--max-batch", type=int, default=None,
+              help="Continuous batching: up to N generations share every pass of the model (one engine, N slots; "
+                   "needs the in-place graph); replaces --workers. On 2 CPU cores, 16 streams served about 5x the "
+                   "tokens/s of one (README, Serve).")
 @click.option("--queue", "queue_size", type=click.IntRange(0), default=32, show_default=True,
               help="Requests that may wait for a worker; beyond that the server answers 429 with Retry-After.")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
@@ -48,7 +52,7 @@ from jacobi_rt.runtime.generator import STRATEGIES
                    "x 1 thread 49, 1 worker x 2 threads 44).")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
-def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, queue_size,
+def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, max_batch, queue_size,
                   request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level):
     """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
 
@@ -94,12 +98,14 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
         shutdown_grace=shutdown_grace,
         allowed_hosts=tuple(allowed_hosts),
         docs=docs,
+        max_batch=max_batch,
     )
     if threads is None and backend not in ("cuda", "tensorrt"):
         from jacobi_rt.runtime.backends.onnxrt import physical_cores
 
-        threads = max(1, physical_cores() // workers)
+        threads = max(1, physical_cores() // (1 if max_batch else workers))  # the engine runs one pass at a time
     generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify)
+    running = f"batch engine of {max_batch} slots" if max_batch else f"{workers} workers"
     click.echo(f"serving {artifact} as model {settings.model_id!r} on http://{host}:{port}/v1 "
-               f"({workers} workers x {threads or 'default'} threads, queue {queue_size}{', API key required' if api_key else ''})", err=True)
+               f"({running} x {threads or 'default'} threads, queue {queue_size}{', API key required' if api_key else ''})", err=True)
     serve(generator, settings, host=host, port=port, log_level=log_level)
