@@ -4,6 +4,15 @@ tokens/s per stream for each decoding strategy.
     python -m jacobi_rt.tools.load_bench build/smollm2-135m --clients 1,4,16 --strategies greedy,jacobi,lookahead
     python -m jacobi_rt.tools.load_bench --url http://127.0.0.1:8000 --clients 4   # a server already running
 
+Continuous batching (issue 11), side by side in one run: the server on the batch engine
+(--max-batch), the classic one-generation-per-worker server (--baseline), and onnxruntime-genai
+generating the same prompts as one static batch offline (--ortgenai FOLDER), with prompts of
+exactly N tokens (--prompt-tokens):
+
+    python -m jacobi_rt.tools.load_bench build/smollm2-135m --max-batch 16 --baseline --clients 1,16 \
+        --requests 2 --strategy greedy --strategies greedy --prompt-tokens 128 --max-tokens 64 \
+        --ortgenai build/ortgenai-fp32 --out build/load_batch.json
+
 Without --url it starts `jacobi-rt serve ARTIFACT` itself as a separate process (so the clients do
 not share its GIL) on a free loopback port, and stops it at the end. Every request is a streamed
 chat or completion (from the bundled prompts) with `stream_options.include_usage`, so each one gives
@@ -70,6 +79,7 @@ class Level:
             "requests_per_second": round(len(ok) / self.wall_seconds, 3) if self.wall_seconds else 0.0,
             "latency_p50": _round(_percentile(latencies, 50)), "latency_p99": _round(_percentile(latencies, 99)),
             "first_token_p50": _round(_percentile(sorted(s.first_token for s in ok), 50)),
+            "first_token_p99": _round(_percentile(sorted(s.first_token for s in ok), 99)),
             "tokens_per_second": round(sum(s.tokens for s in ok) / self.wall_seconds, 2) if self.wall_seconds else 0.0,
             "stream_tokens_per_second": round(statistics.median(streams), 2) if streams else 0.0,
             "server_tokens_per_second": round(statistics.median(s.server_tokens_per_second for s in ok), 2) if ok else 0.0,
@@ -83,7 +93,9 @@ def request_once(conn: http.client.HTTPConnection, prompt: dict, max_tokens: int
     """Send one streamed request on `conn` and read it to [DONE]."""
     body = {"max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
             "jacobi": {"strategy": strategy}}
-    if prompt.get("chat"):
+    if "ids" in prompt:
+        path, body["prompt"] = "/v1/completions", prompt["ids"]
+    elif prompt.get("chat"):
         path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt["prompt"]}]
     else:
         path, body["prompt"] = "/v1/completions", prompt["prompt"]
@@ -164,7 +176,8 @@ def run_level(url: str, level: Level, prompts: list[dict], requests: int, second
 # -- the server -------------------------------------------------------------------------------
 
 @contextmanager
-def local_server(artifact: str, workers: int, queue: int, threads: int | None, api_key: str | None) -> Iterator[str]:
+def local_server(artifact: str, workers: int, queue: int, threads: int | None, api_key: str | None,
+                 max_batch: int | None = None) -> Iterator[str]:
     """`jacobi-rt serve ARTIFACT` in a child process on a free loopback port; yields its URL."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -173,6 +186,8 @@ def local_server(artifact: str, workers: int, queue: int, threads: int | None, a
                "--port", str(port), "--workers", str(workers), "--queue", str(queue), "--log-level", "warning"]
     if threads:
         command += ["--threads", str(threads)]
+    if max_batch:
+        command += ["--max-batch", str(max_batch)]
     env = {**os.environ, **({"JACOBI_RT_API_KEY": api_key} if api_key else {})}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -212,14 +227,15 @@ def _host_port(url: str) -> tuple[str, int]:
 
 COLUMNS = [("name", "level", 18), ("clients", "clients", 7), ("strategy", "strategy", 9), ("ok", "ok", 4),
            ("errors", "err", 4), ("requests_per_second", "req/s", 7), ("latency_p50", "p50 s", 7),
-           ("latency_p99", "p99 s", 7), ("first_token_p50", "ttft s", 7), ("tokens_per_second", "tok/s", 7),
+           ("latency_p99", "p99 s", 7), ("first_token_p50", "ttft s", 7), ("first_token_p99", "ttft p99", 8),
+           ("tokens_per_second", "tok/s", 7),
            ("stream_tokens_per_second", "tok/s/stream", 12), ("server_tokens_per_second", "runtime tok/s", 13),
            ("tokens_per_pass", "tok/pass", 8)]
 
 
 def table(summaries: list[dict]) -> str:
     head = " ".join(f"{title:>{width}}" for _, title, width in COLUMNS)
-    rows = [" ".join(f"{row[key]!s:>{width}}" for key, _, width in COLUMNS) for row in summaries]
+    rows = [" ".join(f"{row.get(key, '')!s:>{width}}" for key, _, width in COLUMNS) for row in summaries]
     return "\n".join([head, "-" * len(head), *rows])
 
 
@@ -255,39 +271,113 @@ def _names(text: str) -> list[str]:
 @click.option("--stream-requests", type=click.IntRange(1), default=3, show_default=True, help="Requests per strategy in the comparison.")
 @click.option("--stream-max-tokens", type=click.IntRange(1), default=64, show_default=True, help="max_tokens in the comparison.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="The started server's --workers.")
+@click.option("--max-batch", type=click.IntRange(1), default=None, help="The started server's --max-batch (continuous batching).")
+@click.option("--baseline", is_flag=True, help="With --max-batch: also run every level on a server without it "
+              "(one generation per worker), side by side.")
+@click.option("--prompt-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="Send token-id prompts of exactly N tokens (the bundled prompts' text run together; needs ARTIFACT "
+                   "for its tokenizer); 0: the bundled prompts as they are.")
+@click.option("--ortgenai", type=click.Path(exists=True, file_okay=False), default=None,
+              help="An onnxruntime-genai model folder: also generate the widest level's prompts as one static batch "
+                   "offline (its best case), greedy, --max-tokens each.")
 @click.option("--queue", type=click.IntRange(0), default=64, show_default=True, help="The started server's --queue.")
 @click.option("--threads", type=click.IntRange(1), default=None, help="The started server's --threads (default: its own).")
 @click.option("--api-key", envvar="JACOBI_RT_API_KEY", default=None, help="Sent as a bearer token (and required by a started server).")
 @click.option("--out", type=click.Path(dir_okay=False), default="build/load_bench.json", show_default=True, help="JSON results.")
 def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, strategies, stream_requests, stream_max_tokens,
-         workers, queue, threads, api_key, out):
+         workers, max_batch, baseline, prompt_tokens, ortgenai, queue, threads, api_key, out):
     """Load-test an OpenAI-compatible jacobi-rt server on loopback (ARTIFACT: start one; or --url)."""
     from tqdm import tqdm
 
     if (artifact is None) == (url is None):
         raise click.UsageError("pass an ARTIFACT folder (a server is started for it) or --url of a running server")
     prompts = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    if prompt_tokens:
+        if artifact is None:
+            raise click.UsageError("--prompt-tokens needs the ARTIFACT (its tokenizer makes the prompts)")
+        prompts = token_prompts(artifact, prompts, prompt_tokens)
     counts = [int(c) for c in _names(clients)]
     compare = _names(strategies)
-    levels = [Level(f"load x{c}", c, strategy, max_tokens) for c in counts]
-    levels += [Level(f"stream {s}", 1, s, stream_max_tokens) for s in compare]
-    budgets = [c * per_client for c in counts] + [stream_requests] * len(compare)
-    server = local_server(artifact, workers, queue, threads, api_key) if url is None else _existing(url)
-    with server as base:
-        warm = Level("warm-up", 1, strategy, 4)
-        run_level(base, warm, prompts, 1, seconds, api_key, _NoBar())
-        with tqdm(total=sum(budgets), desc="load", unit="req", file=sys.stderr) as bar:
-            for level, budget in zip(levels, budgets):
-                bar.set_postfix_str(level.name)
-                run_level(base, level, prompts, budget, seconds, api_key, bar)
+    servers = [("batch" if max_batch else "", max_batch)] + ([("classic", None)] if baseline and max_batch else [])
+    levels, summaries = [], []
+    for label, batch in servers:
+        tag = f"{label} " if label else ""
+        mine = [Level(f"{tag}load x{c}", c, strategy, max_tokens) for c in counts]
+        mine += [Level(f"{tag}stream {s}", 1, s, stream_max_tokens) for s in compare]
+        budgets = [c * per_client for c in counts] + [stream_requests] * len(compare)
+        server = local_server(artifact, workers, queue, threads, api_key, batch) if url is None else _existing(url)
+        with server as base:
+            warm = Level("warm-up", 1, strategy, 4)
+            run_level(base, warm, prompts, 1, seconds, api_key, _NoBar())
+            with tqdm(total=sum(budgets), desc=label or "load", unit="req", file=sys.stderr) as bar:
+                for level, budget in zip(mine, budgets):
+                    bar.set_postfix_str(level.name)
+                    run_level(base, level, prompts, budget, seconds, api_key, bar)
+        levels += mine
     summaries = [level.summary() for level in levels]
+    if ortgenai:
+        summaries.append(ortgenai_static_batch(ortgenai, prompts[: max(counts)], max_tokens, threads))
     click.echo(table(summaries))
     report = {"artifact": artifact, "url": url, "workers": workers if url is None else None, "queue": queue if url is None else None,
-              "cpu_count": os.cpu_count(), "summaries": summaries,
+              "max_batch": max_batch, "prompt_tokens": prompt_tokens, "cpu_count": os.cpu_count(), "summaries": summaries,
               "samples": {level.name: [asdict(s) for s in level.samples] for level in levels}}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2))
     click.echo(f"wrote {out}", err=True)
+
+
+def token_prompts(artifact: str, prompts: list[dict], length: int) -> list[dict]:
+    """Prompts of exactly `length` token ids: prompt i is the bundled texts from the i-th on, run together."""
+    from jacobi_rt.runtime.manifest import load_manifest
+    from jacobi_rt.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(artifact, load_manifest(artifact, verify=False))
+    texts = [p["prompt"] for p in prompts]
+    out = []
+    for i in range(len(texts)):
+        ids: list[int] = []
+        for text in texts[i:] + texts[:i]:
+            ids += tokenizer.encode(text + "\n", add_special_tokens=False)
+            if len(ids) >= length:
+                break
+        out.append({"id": f"tokens-{i}", "ids": ids[:length]})
+    return out
+
+
+def ortgenai_static_batch(folder: str, prompts: list[dict], max_tokens: int, threads: int | None) -> dict:
+    """onnxruntime-genai generating `prompts` (token ids, all one length) as one batch, greedy: its best case."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    config = og.Config(folder)
+    if threads:
+        config.overlay('{"model": {"decoder": {"session_options": {"intra_op_num_threads": %d}}}}' % threads)
+    model = og.Model(config)
+    ids = np.array([p["ids"] for p in prompts], dtype=np.int32)
+    started = time.perf_counter()
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=len(prompts), max_length=ids.shape[1] + max_tokens, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    first = None
+    while not generator.is_done():
+        generator.generate_next_token()
+        first = first or time.perf_counter() - started
+    wall = time.perf_counter() - started
+    eos = set(_eos_ids(folder))
+    tokens = 0
+    for row in range(len(prompts)):
+        new = [int(t) for t in generator.get_sequence(row)][ids.shape[1]:]
+        tokens += next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+    return {"name": f"ortgenai static x{len(prompts)}", "clients": len(prompts), "strategy": "greedy",
+            "max_tokens": max_tokens, "requests": len(prompts), "ok": len(prompts), "errors": 0,
+            "wall_seconds": round(wall, 2), "first_token_p50": _round(first or wall), "first_token_p99": _round(first or wall),
+            "tokens_per_second": round(tokens / wall, 2)}
+
+
+def _eos_ids(folder: str) -> list[int]:
+    eos = json.loads((Path(folder) / "genai_config.json").read_text())["model"]["eos_token_id"]
+    return eos if isinstance(eos, list) else [eos]
 
 
 @contextmanager
