@@ -1,0 +1,184 @@
+"""--weights gguf: a GGUF file's own quantized blocks in the graph, bit for bit.
+
+Tiny Llama GGUF files (tiny_gguf.py) in Q4_0, Q4_1 and Q8_0 are exported with their blocks kept;
+the test reads the blocks back out of the ONNX with its own decoding (not the exporter's) and
+compares them with what the `gguf` package dequantizes, then compares the graph's outputs with
+the float export of the same file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from export_helpers import hf_case, run
+
+gguf = pytest.importorskip("gguf", reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'")
+
+from tiny_gguf import write_tiny_gguf  # noqa: E402
+
+TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+
+
+@dataclass
+class GgufExport:
+    qtype: str
+    gguf_file: Path
+    folder: Path  # --weights gguf, accuracy level 0
+    manifest: object
+    float_folder: Path  # the same file, dequantized (--weights float)
+
+
+@pytest.fixture(scope="module", params=TYPES)
+def exported(request, tmp_path_factory) -> GgufExport:
+    from jacobi_rt.exporter import ExportOptions, export
+
+    root = tmp_path_factory.mktemp(f"gguf-{request.param}")
+    path = write_tiny_gguf(root / f"tiny-{request.param}.gguf", request.param, tied=request.param == "Q8_0")
+    manifest = export(str(path), root / "gguf", ExportOptions(weights="gguf", accuracy_level=0))
+    export(str(path), root / "float", ExportOptions(inplace=False))
+    return GgufExport(request.param, path, root / "gguf", manifest, root / "float")
+
+
+def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
+    """(op, W [N, K] float32) for every MatMulNBits and GatherBlockQuantized, decoded here from the
+    stored bytes: 4 bits low nibble first, zero point 2**(bits-1), plus the offset matrix that an
+    Add after MatMul(blocksum, C) contributes."""
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = {}
+    for n in graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
+    out = []
+    for node in graph.node:
+        if node.op_type not in ("MatMulNBits", "GatherBlockQuantized"):
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        bits, block = attrs["bits"], attrs["block_size"]
+        assert len(node.input) == 3, "a zero-point input: the slow kernel path"
+        data = node.input[0] if node.op_type == "GatherBlockQuantized" else node.input[1]
+        raw = inits[data] if data in inits else inits[producer[data].input[0]]  # Gather reads through a Reshape
+        scales = inits[node.input[2]].astype(np.float64)
+        n = scales.shape[0]
+        raw = raw.reshape(n, -1)
+        q = raw if bits == 8 else np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(n, -1)
+        w = (q.reshape(n, -1, block).astype(np.float64) - (1 << (bits - 1))) * scales[..., None]
+        users = consumers.get(node.output[0], [])
+        if node.op_type == "MatMulNBits" and len(users) == 1 and users[0].op_type == "Add":
+            other = producer.get([x for x in users[0].input if x != node.output[0]][0])
+            if other is not None and other.op_type == "MatMul" and producer[other.input[0]].op_type == "ReduceSum":
+                offsets = inits[other.input[1]].T.astype(np.float64)  # MatMul(blocksum, C^T)
+                w = w + offsets[..., None]
+        out.append((node.op_type, w.reshape(n, -1).astype(np.float32)))
+    return out
+
+
+def gguf_dequantized(path: Path) -> dict[str, tuple[str, np.ndarray]]:
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(path))
+    return {t.name: (t.tensor_type.name, dequantize(t.data, t.tensor_type).reshape(int(t.shape[1]), int(t.shape[0])))
+            for t in reader.tensors if len(t.shape) == 2}
+
+
+def sorted_rows(w: np.ndarray) -> np.ndarray:
+    """Rows in a canonical order (by their bytes): transformers' loader permutes q/k rows."""
+    bits = np.ascontiguousarray(w).view(np.uint32)
+    return bits[np.lexsort(bits.T[::-1])]
+
+
+def test_blocks_equal_what_gguf_dequantizes(exported):
+    tensors = gguf_dequantized(exported.gguf_file)
+    for graph_file in dict.fromkeys(exported.manifest.graphs.values()):
+        found = read_blocks(onnx.load(str(exported.folder / graph_file)).graph)
+        assert len([op for op, _ in found if op == "MatMulNBits"]) == 2 * 7 + 1  # 7 per layer + the LM head
+        for op, w in found:
+            same = [name for name, (_, g) in tensors.items() if g.shape == w.shape and np.array_equal(sorted_rows(g), sorted_rows(w))]
+            assert same, f"a {op} of {graph_file} is no GGUF tensor, bit for bit"
+        if exported.qtype != "Q4_1":  # a Q4_1 table has no GatherBlockQuantized form: it stays float
+            assert any(op == "GatherBlockQuantized" for op, _ in found)
+
+
+def test_blocks_equal_the_float_export(exported):
+    """The traced float initializers are transformers' dequantization: the blocks reproduce them."""
+    float_graph = onnx.load(str(exported.float_folder / "model.onnx")).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in float_graph.initializer}
+    float_weights = [inits[n.input[1]].T for n in float_graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    quantized = [w for op, w in read_blocks(onnx.load(str(exported.folder / "model.onnx")).graph) if op == "MatMulNBits"]
+    tied = exported.qtype == "Q8_0"  # the tied LM head reads the table through a Transpose in the float graph
+    assert len(float_weights) == len(quantized) - tied
+    for f, q in zip(float_weights, quantized):
+        assert np.array_equal(f.view(np.uint32), q.view(np.uint32))
+
+
+def test_outputs_match_the_float_export(exported, ort_session):
+    from jacobi_rt.exporter import sources
+
+    model, _ = sources.load(sources.resolve(str(exported.gguf_file)))
+    q_session, f_session = ort_session(exported.folder), ort_session(exported.float_folder)
+    for batch, window, past in [(1, 1, 0), (1, 8, 17), (2, 5, 6)]:
+        case = hf_case(model, batch, window, past, seed=window + past)
+        q, f = run(q_session, case.feeds), run(f_session, case.feeds)
+        assert np.abs(q["logits"] - f["logits"]).max() < 1e-3  # accuracy level 0: float activations
+        assert np.array_equal(q["greedy_ids"], f["greedy_ids"])
+
+
+def test_manifest_records_the_weights(exported):
+    manifest = exported.manifest
+    weights = manifest.check["weights"]
+    assert manifest.quantization == "gguf" and weights["kind"] == "gguf" and weights["exact"]
+    assert weights["accuracy_level"] == 0
+    # 14 layer weights, the LM head, the embedding table (tied or not); a Q4_1 table stays float
+    q4_1 = exported.qtype == "Q4_1"
+    assert weights["tensor_types"] == {exported.qtype: 15 if q4_1 else 16}
+    assert weights["kept_float"] == ({"Q4_1": 1} if q4_1 else {})
+    figures = manifest.check["gguf_vs_fp"]
+    assert figures["agreement"] == 1.0 and figures["max_logit_diff"] < 1e-3
+
+
+def test_gguf_weights_are_smaller(exported):
+    size = (exported.folder / "model.onnx").stat().st_size
+    float_table = exported.qtype == "Q4_1"  # its embedding table stays float32
+    assert size < (0.6 if float_table else 0.5) * (exported.float_folder / "model.onnx").stat().st_size
+
+
+def test_default_accuracy_level_is_4(tmp_path, ort_session):
+    from jacobi_rt.exporter import ExportOptions, export
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0")
+    manifest = export(str(path), tmp_path / "art", ExportOptions(weights="gguf", inplace=False))
+    graph = onnx.load(str(tmp_path / "art" / "model.onnx")).graph
+    levels = {onnx.helper.get_attribute_value(a) for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+    assert levels == {4} and manifest.check["weights"]["accuracy_level"] == 4
+    assert 0.5 <= manifest.check["gguf_vs_fp"]["agreement"] <= 1  # int8 activations: close, not exact
+
+
+def test_unsupported_type_stays_float_and_is_named(tmp_path):
+    from jacobi_rt.exporter import ExportOptions, export
+
+    path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_0", overrides={"blk.0.ffn_down.weight": "Q5_0"})
+    lines = []
+    manifest = export(str(path), tmp_path / "art", ExportOptions(weights="gguf", inplace=False), step=lines.append)
+    assert any("Q5_0" in line and "blk.0.ffn_down.weight" in line for line in lines), lines
+    weights = manifest.check["weights"]
+    assert weights["kept_float"] == {"Q5_0": 1}
+    graph = onnx.load(str(tmp_path / "art" / "model.onnx")).graph
+    stored = {i.name for i in graph.initializer}
+    assert len([n for n in graph.node if n.op_type == "MatMul" and n.input[1] in stored]) == 1  # Q4_0 has no offset MatMuls
+    assert weights["tensor_types"] == {"Q4_0": 15}  # 16 weights, one of them Q5_0
+
+
+def test_gguf_weights_need_a_gguf_source(tiny_model, tmp_path):
+    from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.runtime.errors import OptionError
+
+    with pytest.raises(OptionError, match="`weights` gguf") as info:
+        export(str(tiny_model("llama")), tmp_path / "art", ExportOptions(weights="gguf"))
+    assert "`quantize`" in str(info.value)
+    assert not (tmp_path / "art").exists()
