@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jacobi_rt.runtime import Generator
+from jacobi_rt.runtime.sampling import Sampler, SamplingParams
 from make_artifacts import FAMILIES
 
 SETTINGS = [
@@ -102,3 +103,65 @@ def test_smollm2_every_strategy_samples_alike(artifact):
         plain = gen.generate(messages=prompt, max_new_tokens=48, strategy="greedy", **sampling).ids
         for strategy in ("jacobi", "lookahead", "speculative", "auto"):
             assert gen.generate(messages=prompt, max_new_tokens=48, strategy=strategy, **sampling).ids == plain, strategy
+
+
+class NoiseByCall(Sampler):
+    """A wrong sampler: its noise is keyed by how many rows it has sampled, as a per-pass stream would be."""
+
+    calls = 0
+
+    def sample(self, logits, prefix, position):
+        self.calls += 1
+        return super().sample(logits, prefix, self.calls)
+
+
+def test_the_equality_needs_noise_keyed_by_position(artifact):
+    """The strategy test can fail: with noise keyed by draw instead of by position, Jacobi's text
+    differs from one-token sampling's, though each draw is still a fair sample."""
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+    from jacobi_rt.runtime.decoding import Progress, decode
+    from jacobi_rt.runtime.manifest import load_manifest
+    from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer
+
+    path = artifact("llama")
+    prompt = [5, 17, 42, 8, 99, 23]
+    params = SamplingParams(temperature=1.0, seed=3)
+    with OrtBackend(path, load_manifest(path), "cpu", 1) as backend:
+        def run(proposer, window, sampler_class):
+            with backend.context(64) as ctx:
+                tokens = decode(ctx, prompt, proposer, window, 40, 64, set(), 256, Progress(), sampler_class(params, len(prompt)))
+                return [t for batch in tokens for t in batch]
+
+        assert run(JacobiProposer(), 6, Sampler) == run(NoProposer(), 1, Sampler)
+        assert run(JacobiProposer(), 6, NoiseByCall) != run(NoProposer(), 1, NoiseByCall)
+
+
+class LogitsWatch:
+    """A backend whose contexts note whether each forward asked for logits."""
+
+    def __init__(self, inner):
+        self.inner, self.asked = inner, []
+
+    def context(self, capacity, batch=1):
+        ctx, asked = self.inner.context(capacity, batch), self.asked
+        forward = ctx.forward
+
+        def watched(ids, positions=None, window_mask=None, want_logits=False):
+            asked.append(want_logits)
+            return forward(ids, positions, window_mask, want_logits)
+
+        ctx.forward = watched
+        return ctx
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_greedy_brings_no_logits_to_the_host_and_sampling_does(artifact):
+    gen = Generator.load(artifact("llama"), verify=False)
+    gen.backend = LogitsWatch(gen.backend)
+    gen.generate("The quick brown fox", max_new_tokens=12, strategy="jacobi", window=4)
+    assert gen.backend.asked and not any(gen.backend.asked)
+    gen.backend.asked.clear()
+    gen.generate("The quick brown fox", max_new_tokens=12, strategy="jacobi", window=4, temperature=0.5, seed=1)
+    assert all(gen.backend.asked)  # one prefill chunk (the last) and every decoding pass
