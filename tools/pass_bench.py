@@ -1,6 +1,7 @@
 """Time one window pass of an artifact's graph variant(s) at several window and past lengths.
 
     python -m jacobi_rt.tools.pass_bench build/smollm2-135m --windows 1,4,8,16 --pasts 0,256,1024
+    python -m jacobi_rt.tools.pass_bench build/smollm2-135m --graph inplace --batches 1,4,16 --windows 1,2,4,8 --pasts 128
 
 Each pass goes through the runtime's own backend context (OrtBackend with IO binding, the KV
 cache resident), so the figure is what decoding pays per pass on this machine: the graph
@@ -18,24 +19,25 @@ import click
 import numpy as np
 
 
-def time_pass(ctx, window: int, repeats: int) -> float:
-    """Median milliseconds of ctx.forward over a window of `window` tokens (greedy ids only)."""
+def time_passes(contexts: dict, window: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds of ctx.forward over a window of `window` tokens (greedy ids only), per variant; the
+    variants take turns pass by pass, so load from other processes hits them alike."""
     ids = np.full((1, window), 7, dtype=np.int64)
-    ctx.forward(ids)  # warm-up
-    ctx.commit(0)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        ctx.forward(ids)
-        samples.append(time.perf_counter() - start)
-        ctx.commit(0)
-    return statistics.median(samples) * 1000
+    samples: dict[str, list[float]] = {name: [] for name in contexts}
+    for turn in range(repeats + 1):
+        for name, ctx in contexts.items():
+            start = time.perf_counter()
+            ctx.forward(ids)
+            if turn:  # the first turn warms up
+                samples[name].append(time.perf_counter() - start)
+            ctx.commit(0)
+    return samples
 
 
 def fill(ctx, past: int, chunk: int = 256) -> None:
     tokens = np.random.default_rng(0).integers(3, min(1000, ctx.backend.manifest.architecture.vocab_size), past)
     for start in range(0, past, chunk):
-        piece = tokens[start : start + chunk][None]
+        piece = np.repeat(tokens[start : start + chunk][None], ctx.batch, axis=0)
         ctx.forward(piece)
         ctx.commit(piece.shape[1])
 
@@ -46,9 +48,10 @@ def fill(ctx, past: int, chunk: int = 256) -> None:
 @click.option("--pasts", default="0,256,1024", show_default=True)
 @click.option("--threads", type=int, default=2, show_default=True)
 @click.option("--repeats", type=int, default=10, show_default=True)
+@click.option("--batches", default="1", show_default=True, help="Rows per pass (the in-place graph's batch engine).")
 @click.option("--graph", "graphs", multiple=True, type=click.Choice(["portable", "inplace"]),
               help="Graph variant(s) to time (repeatable); default: every variant in the manifest.")
-def main(artifact, windows, pasts, threads, repeats, graphs):
+def main(artifact, windows, pasts, threads, repeats, batches, graphs):
     """Median milliseconds per window pass, per graph variant, window and past length."""
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from jacobi_rt.runtime.manifest import load_manifest
@@ -57,16 +60,25 @@ def main(artifact, windows, pasts, threads, repeats, graphs):
     variants = graphs or sorted(manifest.graphs)
     ws = [int(w) for w in windows.split(",")]
     ps = [int(p) for p in pasts.split(",")]
-    print(f"{artifact}: {manifest.architecture.family}, {manifest.dtype}, quantization {manifest.quantization}, {threads} threads")
+    backends = {v: OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v) for v in variants}
+    print(f"{artifact}: {manifest.architecture.family}, {manifest.dtype}, quantization {manifest.quantization}, "
+          f"{threads} threads; median (min) ms of {repeats} passes")
+    rows = []
+    for past in ps:
+        contexts = {v: b.context(past + max(ws) + 1) for v, b in backends.items()}
+        for ctx in contexts.values():
+            fill(ctx, past)
+        cells = {v: [] for v in variants}
+        for w in ws:
+            for v, seconds in time_passes(contexts, w, repeats).items():
+                cells[v].append(f"{statistics.median(seconds) * 1000:.1f} ({min(seconds) * 1000:.1f})")
+        for ctx in contexts.values():
+            ctx.close()
+        rows += [(v, past, cells[v]) for v in variants]
     print("| graph | past | " + " | ".join(f"W={w}" for w in ws) + " |")
     print("|---|---|" + "---|" * len(ws))
-    for variant in variants:
-        backend = OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=variant)
-        for past in ps:
-            with backend.context(past + max(ws) + 1) as ctx:
-                fill(ctx, past)
-                cells = [time_pass(ctx, w, repeats) for w in ws]
-            print(f"| {variant} | {past} | " + " | ".join(f"{c:.1f} ms" for c in cells) + " |", flush=True)
+    for v, past, cells in sorted(rows, key=lambda r: (r[0], r[1])):
+        print(f"| {v} | {past} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
