@@ -4,7 +4,8 @@
 
 writes OUTDIR/<family>/ and its 1-layer draft OUTDIR/<family>-draft1/ for each tiny family,
 OUTDIR/llama-othervocab-draft1/ (a draft with another vocabulary), and OUTDIR/smollm2-135m/
-with its drafts OUTDIR/smollm2-135m-int8/ and OUTDIR/smollm2-135m-draft6/. CI runs this in the
+with its drafts OUTDIR/smollm2-135m-int8/ and OUTDIR/smollm2-135m-draft6/, and
+OUTDIR/smollm2-135m-gguf/ (the GGUF file's own quantized weights). CI runs this in the
 venv with torch, then runs tests/runtime in a torch-free venv with JACOBI_RT_TEST_ARTIFACTS=OUTDIR.
 Needs the export extras (torch, transformers, onnx).
 """
@@ -63,10 +64,14 @@ SMOLLM2_DRAFTS = {
 }
 
 
+# SmolLM2 on the GGUF file's own Q4_1/Q8_0 blocks (MatMulNBits): tests/exporter/test_export_smollm2_gguf.py
+SMOLLM2_VARIANTS = {"smollm2-135m-gguf": {"weights": "gguf"}}
+
+
 def export_smollm2_drafts(outdir: Path) -> None:
     from jacobi_rt.exporter import ExportOptions, export
 
-    for name, options in SMOLLM2_DRAFTS.items():
+    for name, options in {**SMOLLM2_DRAFTS, **SMOLLM2_VARIANTS}.items():
         print(f"exporting {name} -> {outdir / name}", flush=True)
         export(SMOLLM2, outdir / name, ExportOptions(**options), overwrite=True)
 

