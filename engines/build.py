@@ -66,8 +66,8 @@ def plan_build(folder: str | Path, options: BuildOptions) -> BuildPlan:
     manifest = load_manifest(folder)
     if manifest.quantization:
         raise InputError(
-            f"{folder} was exported with --quantize {manifest.quantization} (onnxruntime's MatMulNBits), which TensorRT "
-            "cannot read; export the model without --quantize and build with --precision fp16 (or bf16)"
+            f"{folder} holds {manifest.quantization} weights (onnxruntime's MatMulNBits), which TensorRT "
+            "cannot read; export the model without --quantize or --weights gguf and build with --precision fp16 (or bf16)"
         )
     onnx = folder / manifest.graphs["portable"]
     return BuildPlan(folder, manifest, onnx, derive_profiles(manifest, options.limits), options.precision)

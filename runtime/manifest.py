@@ -67,7 +67,7 @@ class Manifest:
     dtype: str  # "float32" or "float16": the KV cache dtype
     opset: int
     max_context: int
-    quantization: str | None  # None, "int8", "int4"
+    quantization: str | None  # None, "int8", "int4" (--quantize) or "gguf" (a GGUF's own blocks); details in check["weights"]
     graphs: dict[str, str]  # variant -> file: "portable" (TensorRT, any EP), "onnxruntime" (ORT-optimized)
     tokenizer: dict  # {"vocab_sha256": ..., "files": [...], "chat_template": bool}
     files: dict[str, str]  # relative path -> sha256
