@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -52,8 +53,17 @@ from jacobi_rt.runtime.generator import STRATEGIES
                    "x 1 thread 49, 1 worker x 2 threads 44).")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
+@click.option("--ray", "on_ray", is_flag=True,
+              help="Serve on Ray Serve: --replicas copies of this server behind Ray's HTTP proxy on --host/--port, "
+                   "each reserving --threads CPUs (default 1). Needs the ray extra: pip install \".[serve,ray]\".")
+@click.option("--replicas", type=click.IntRange(1), default=1, show_default=True, help="With --ray: replicas (the minimum when autoscaling).")
+@click.option("--max-replicas", type=click.IntRange(1), default=None,
+              help="With --ray: autoscale between --replicas and this many replicas.")
+@click.option("--address", default=None,
+              help="With --ray: a running Ray cluster to deploy on ('auto': the one `ray start` made on this node; "
+                   "or ray://HOST:10001). Default: a local Ray instance. Every node needs the artifact at the same path.")
 def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, max_batch, queue_size,
-                  request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level):
+                  request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address):
     """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
 
     \b
@@ -69,6 +79,7 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     \b
     Examples:
       jacobi-rt serve build/smollm2-135m --port 8000
+      jacobi-rt serve build/smollm2-135m --ray --replicas 2 --threads 1   # Ray Serve (README, Serve)
       curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
     \b
@@ -100,6 +111,9 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
         docs=docs,
         max_batch=max_batch,
     )
+    if on_ray:
+        return _serve_on_ray(artifact, draft, settings, backend, threads or 1, not no_verify, replicas, max_replicas,
+                             address, host, port)
     if threads is None and backend not in ("cuda", "tensorrt"):
         from jacobi_rt.runtime.backends.onnxrt import physical_cores
 
@@ -109,3 +123,29 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     click.echo(f"serving {artifact} as model {settings.model_id!r} on http://{host}:{port}/v1 "
                f"({running} x {threads or 'default'} threads, queue {queue_size}{', API key required' if api_key else ''})", err=True)
     serve(generator, settings, host=host, port=port, log_level=log_level)
+
+
+def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas, max_replicas, address, host, port):
+    """Deploy on Ray Serve (server/ray_app.py) and wait for Ctrl-C; then remove the application."""
+    from jacobi_rt.runtime.errors import require
+
+    require("ray", 'pip install ".[serve,ray]" from the jacobi-rt checkout')
+    from ray import serve
+
+    from jacobi_rt.server.ray_app import APP_NAME, PinnedArtifact, RayPlan, ReplicaSpec, run
+
+    spec = ReplicaSpec(PinnedArtifact.of(artifact), settings, threads=threads,
+                       draft=PinnedArtifact.of(draft) if draft else None, backend=backend, verify=verify)
+    plan = RayPlan(replicas, max_replicas)
+    run(spec, plan, host=host, port=port, address=address)
+    scaling = f"{replicas}-{max_replicas} replicas (autoscaled)" if max_replicas else f"{replicas} replicas"
+    click.echo(f"serving {artifact} as model {settings.model_id!r} on Ray Serve at http://{host}:{port}/v1 "
+               f"({scaling} x {threads} CPUs/threads); Ctrl-C stops it", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        click.echo("removing the application", err=True)
+        serve.delete(APP_NAME)
+        if address is None:
+            serve.shutdown()

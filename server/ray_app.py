@@ -1,0 +1,309 @@
+"""Ray Serve: `jacobi-rt serve` scaled out over replicas (needs the [ray] extra).
+
+Each replica is the very app of `jacobi-rt serve` (create_app) over the same Generator, hosted by
+`serve.ingress` behind Ray's HTTP proxy (one per node), so there is no second server to keep in step:
+
+    jacobi-rt serve build/smollm2-135m --ray --replicas 2 --threads 1          # a local Ray instance
+    jacobi-rt serve /shared/smollm2-135m --ray --address auto --replicas 4     # a running cluster
+    serve run jacobi_rt.server.ray_app:build artifact=/shared/smollm2-135m replicas=2 threads=1
+
+What Ray adds, and how it maps onto the single server:
+- A replica reserves `threads` CPUs and runs onnxruntime on that many threads. It takes at most
+  workers (or max_batch slots) + queue requests (`max_ongoing_requests`: the single server's
+  places), so the app's own 429 stays the exception; beyond that each proxy queues `queue` more requests
+  (`max_queued_requests`), then answers 429 with Retry-After, as the single server does (Ray's
+  back-pressure, whose default would be 503 without Retry-After). The body is Ray's plain text, not
+  an OpenAI error object: retry on 429 (and 503) after Retry-After and both behave alike.
+- With `max_replicas` the deployment autoscales between `replicas` and `max_replicas`, aiming at
+  as many requests per replica as it runs at once (workers, or max_batch slots; more wait in its queue).
+- Every replica checks its copy of the artifact: the manifest's sha256 must be the one the
+  deployment was made from (and, unless verify is off, every file's sha256 the manifest's); a
+  replica on a node with another copy refuses to start, naming the node.
+- Every response carries `X-Jacobi-Replica` (the Ray replica id). GET /metrics through any proxy
+  answers for every replica: each replica reports its own metrics to one MetricsHub every
+  `REPORT_SECONDS` (and at once when it serves a scrape); the hub merges them, each sample labelled
+  `replica` (metrics_merge.py); replicas silent for 3 periods drop out.
+- A client that disconnects cancels its generation: Ray's proxy cancels the request on the replica,
+  the app's stream or wait is cancelled and frees its slot, as in the single server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ray import serve
+from ray.serve.config import BackpressureConfig
+
+from jacobi_rt.runtime.errors import ArtifactError, InputError, JacobiError
+from jacobi_rt.runtime.generator import Generator
+from jacobi_rt.runtime.manifest import MANIFEST_NAME, sha256_file
+
+from .app import create_app
+from .hosts import HostCheck
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics_merge import merge_expositions
+from .settings import ServerSettings
+
+RAY_HINT = 'pip install ".[serve,ray]" from the jacobi-rt checkout'
+APP_NAME = "jacobi-rt"
+REPLICA_HEADER = "x-jacobi-replica"
+REPORT_SECONDS = 2.0
+CONSTRUCTOR_RETRIES = 2  # a refused artifact is refused again: fail the deployment quickly
+
+
+def node_name() -> str:
+    """This node as a user recognises it: host name and Ray's address for it."""
+    import ray
+
+    return f"{socket.gethostname()} ({ray.util.get_node_ip_address()})"
+
+
+@dataclass(frozen=True)
+class PinnedArtifact:
+    """An artifact folder and the sha256 of its manifest where the deployment was made."""
+
+    path: str
+    manifest_sha256: str
+
+    @classmethod
+    def of(cls, path: str | Path) -> "PinnedArtifact":
+        folder = Path(path).resolve()
+        manifest = folder / MANIFEST_NAME
+        if not manifest.is_file():
+            raise ArtifactError(f"{folder} has no {MANIFEST_NAME}: pass an artifact folder from `jacobi-rt export`")
+        return cls(str(folder), sha256_file(manifest))
+
+    def check_on(self, node: str) -> None:
+        """Raise ArtifactError naming `node` unless the same artifact is at the same path here."""
+        manifest = Path(self.path) / MANIFEST_NAME
+        if not manifest.is_file():
+            raise ArtifactError(f"node {node} has no artifact at {self.path}: every node needs the same artifact at this "
+                                "path (copy it there, or mount a shared store at that path)")
+        found = sha256_file(manifest)
+        if found != self.manifest_sha256:
+            raise ArtifactError(f"node {node} holds a different artifact at {self.path}: its {MANIFEST_NAME} has sha256 "
+                                f"{found[:16]}..., the deployment's {self.manifest_sha256[:16]}...; copy the deployed "
+                                "artifact to this node")
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What every replica loads and serves (pickled to the replicas)."""
+
+    artifact: PinnedArtifact
+    settings: ServerSettings
+    threads: int = 1  # onnxruntime threads = the CPUs the replica reserves
+    draft: PinnedArtifact | None = None
+    backend: str = "cpu"
+    verify: bool = True
+
+    def load(self, node: str) -> Generator:
+        try:
+            for pinned in (self.artifact, self.draft):
+                if pinned is not None:
+                    pinned.check_on(node)
+            return Generator.load(self.artifact.path, draft=self.draft and self.draft.path, backend=self.backend,
+                                  threads=self.threads, verify=self.verify)
+        except JacobiError as exc:
+            if str(exc).startswith(f"node {node}"):
+                raise
+            raise type(exc)(f"node {node}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class RayPlan:
+    """The deployment's shape."""
+
+    replicas: int = 1
+    max_replicas: int | None = None  # autoscale between `replicas` and this
+    queued: int | None = None  # requests each proxy may hold for the deployment; default settings.queue_size
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise InputError(f"replicas must be at least 1, not {self.replicas}")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise InputError(f"max_replicas ({self.max_replicas}) must be at least replicas ({self.replicas})")
+        if self.queued is not None and self.queued < 0:
+            raise InputError(f"queued must be 0 or more, not {self.queued}")
+
+
+def max_ongoing_requests(settings: ServerSettings) -> int:
+    """What one replica takes at once: its running generations (workers, or the batch engine's slots)
+    plus its own queue: the single server's places."""
+    return settings.running_at_once + settings.queue_size
+
+
+def deployment_options(spec: ReplicaSpec, plan: RayPlan) -> dict[str, Any]:
+    settings = spec.settings
+    options: dict[str, Any] = dict(
+        ray_actor_options={"num_cpus": spec.threads},
+        max_ongoing_requests=max_ongoing_requests(settings),
+        max_queued_requests=settings.queue_size if plan.queued is None else plan.queued,
+        backpressure_config=BackpressureConfig(status_code=429, retry_after_s=settings.retry_after_seconds),
+        max_constructor_retry_count=CONSTRUCTOR_RETRIES,
+        graceful_shutdown_timeout_s=settings.shutdown_grace,
+    )
+    if plan.max_replicas is None or plan.max_replicas == plan.replicas:
+        options["num_replicas"] = plan.replicas
+    else:
+        options["num_replicas"] = "auto"
+        options["autoscaling_config"] = {"min_replicas": plan.replicas, "initial_replicas": plan.replicas,
+                                         "max_replicas": plan.max_replicas, "target_ongoing_requests": settings.running_at_once}
+    return options
+
+
+# -- the deployments ----------------------------------------------------------------------------
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+class MetricsHub:
+    """Holds each replica's latest metrics text; renders them merged (one scrape covers every replica)."""
+
+    def __init__(self, stale_after: float = 3 * REPORT_SECONDS):
+        self.stale_after = stale_after
+        self.reports: dict[str, tuple[float, bytes]] = {}
+
+    def report(self, replica: str, text: bytes) -> None:
+        self.reports[replica] = (time.monotonic(), text)
+
+    def render(self) -> bytes:
+        oldest = time.monotonic() - self.stale_after
+        self.reports = {r: (t, text) for r, (t, text) in self.reports.items() if t >= oldest}
+        return merge_expositions({r: text for r, (_, text) in self.reports.items()})
+
+
+class ReplicaFront:
+    """ASGI middleware around the app: tags every response with the replica id, and answers
+    GET /metrics with every replica's metrics (from the hub) instead of this replica's alone."""
+
+    def __init__(self, app, replica: str, metrics, allowed_hosts: tuple[str, ...]):
+        self.app = app
+        self.replica = replica.encode()
+        self.metrics = HostCheck(self._metrics, allowed_hosts)
+        self._all_metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def tagged(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (REPLICA_HEADER.encode(), self.replica)]}
+            await send(message)
+
+        if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            return await self.metrics(scope, receive, tagged)
+        await self.app(scope, receive, tagged)
+
+    async def _metrics(self, scope, receive, send) -> None:
+        body = await self._all_metrics()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", METRICS_CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
+
+
+@serve.deployment
+@serve.ingress()
+class JacobiReplica:
+    """One replica: the Generator and `create_app` of `jacobi-rt serve`, fronted by ReplicaFront."""
+
+    async def __init__(self, spec: ReplicaSpec, hub):
+        self.node = node_name()
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.spec, self.hub = spec, hub
+        self.generator = await asyncio.to_thread(spec.load, self.node)
+        self.server_app = create_app(self.generator, spec.settings)
+        self._reporter = asyncio.get_running_loop().create_task(self._report_every(REPORT_SECONDS))
+
+    def __serve_build_asgi_app__(self):
+        return ReplicaFront(self.server_app, self.replica, self._all_metrics, self.spec.settings.allowed_hosts)
+
+    def _own_metrics(self) -> bytes:
+        return self.server_app.state.server.metrics.render()
+
+    async def _report(self) -> None:
+        await self.hub.report.remote(self.replica, self._own_metrics())
+
+    async def _report_every(self, seconds: float) -> None:
+        while True:
+            try:
+                await self._report()
+            except Exception:  # the hub restarting: report again next period
+                pass
+            await asyncio.sleep(seconds)
+
+    async def _all_metrics(self) -> bytes:
+        try:
+            await self._report()
+            return await self.hub.render.remote()
+        except Exception:  # no hub: this replica's own, still labelled
+            return merge_expositions({self.replica: self._own_metrics()})
+
+
+def application(spec: ReplicaSpec, plan: RayPlan):
+    """The Ray Serve application (serve.run it, or return it from a builder)."""
+    return JacobiReplica.options(**deployment_options(spec, plan)).bind(spec, MetricsHub.bind())
+
+
+# -- starting it --------------------------------------------------------------------------------
+
+def run(spec: ReplicaSpec, plan: RayPlan, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
+        name: str = APP_NAME):
+    """Connect to Ray (address: a running cluster, e.g. "auto"; None: a local instance unless one is
+    running in this process), start Serve's proxies on host:port and deploy; returns the handle."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False)
+    serve.start(http_options={"host": host, "port": port})
+    return serve.run(application(spec, plan), name=name, route_prefix="/")
+
+
+# -- `serve run jacobi_rt.server.ray_app:build key=value ...` -------------------------------------
+
+BUILD_ARGS = {
+    "artifact": "the artifact folder (same path on every node)",
+    "draft": "a draft artifact folder",
+    "model_name": "the model id clients send (default: the artifact folder's name)",
+    "replicas": "replicas (the minimum when autoscaling)",
+    "max_replicas": "autoscale up to this many replicas",
+    "threads": "CPUs per replica, and its onnxruntime threads",
+    "workers": "generations running at once per replica",
+    "max_batch": "continuous batching: generations sharing each pass, per replica (replaces workers)",
+    "queue": "requests waiting per replica (and per proxy)",
+    "strategy": "default decoding strategy",
+    "timeout": "seconds per request",
+    "api_key": "require 'Authorization: Bearer KEY'",
+    "allow_host": "comma-separated Host names clients use",
+    "verify": "true/false: hash every file on load",
+}
+
+
+def build(args: Mapping[str, str]):
+    """Ray's application builder: `serve run jacobi_rt.server.ray_app:build artifact=PATH replicas=2`."""
+    unknown = sorted(set(args) - set(BUILD_ARGS))
+    if unknown:
+        raise InputError(f"unknown argument(s) {', '.join(unknown)}; known: "
+                         + "; ".join(f"{k}: {v}" for k, v in BUILD_ARGS.items()))
+    if "artifact" not in args:
+        raise InputError("pass artifact=PATH (an artifact folder at the same path on every node)")
+    artifact = PinnedArtifact.of(args["artifact"])
+    settings = ServerSettings(
+        model_id=args.get("model_name") or Path(artifact.path).name,
+        workers=int(args.get("workers", 1)),
+        max_batch=int(args["max_batch"]) if args.get("max_batch") else None,
+        queue_size=int(args.get("queue", 32)),
+        request_timeout=float(args.get("timeout", 300.0)),
+        api_key=args.get("api_key") or None,
+        default_strategy=args.get("strategy", "auto"),
+        allowed_hosts=tuple(h for h in args.get("allow_host", "").split(",") if h),
+    )
+    spec = ReplicaSpec(artifact, settings, threads=int(args.get("threads", 1)),
+                       draft=PinnedArtifact.of(args["draft"]) if args.get("draft") else None,
+                       verify=str(args.get("verify", "true")).lower() not in ("0", "false", "no"))
+    max_replicas = args.get("max_replicas")
+    return application(spec, RayPlan(int(args.get("replicas", 1)), int(max_replicas) if max_replicas else None))
