@@ -8,12 +8,13 @@ Each replica is the very app of `jacobi-rt serve` (create_app) over the same Gen
     serve run jacobi_rt.server.ray_app:build artifact=/shared/smollm2-135m replicas=2 threads=1
 
 What Ray adds, and how it maps onto the single server:
-- A replica reserves `threads` CPUs and runs onnxruntime on that many threads. It takes at most
-  workers (or max_batch slots) + queue requests (`max_ongoing_requests`: the single server's
-  places), so the app's own 429 stays the exception; beyond that each proxy queues `queue` more requests
-  (`max_queued_requests`), then answers 429 with Retry-After, as the single server does (Ray's
-  back-pressure, whose default would be 503 without Retry-After). The body is Ray's plain text, not
-  an OpenAI error object: retry on 429 (and 503) after Retry-After and both behave alike.
+- A replica reserves `threads` CPUs and runs onnxruntime on that many threads. Ray sends it at most
+  its places (workers or max_batch slots, + queue) + HEADROOM requests (`max_ongoing_requests`):
+  a generation beyond its places gets the app's own 429 (OpenAI error, Retry-After), while /health
+  and /metrics still get through. Requests Ray cannot place wait at the proxy, `queue` of them per
+  proxy (`max_queued_requests`); beyond that Ray's back-pressure answers 429 with Retry-After too
+  (its default would be 503 without one), with a plain-text body. So one client rule covers both
+  and the single server: on 429 (or 503), wait Retry-After seconds and retry.
 - With `max_replicas` the deployment autoscales between `replicas` and `max_replicas`, aiming at
   as many requests per replica as it runs at once (workers, or max_batch slots; more wait in its queue).
 - Every replica checks its copy of the artifact: the manifest's sha256 must be the one the
@@ -53,6 +54,7 @@ RAY_HINT = 'pip install ".[serve,ray]" from the jacobi-rt checkout'
 APP_NAME = "jacobi-rt"
 REPLICA_HEADER = "x-jacobi-replica"
 REPORT_SECONDS = 2.0
+HEADROOM = 4  # places beyond the pool's: /health, /metrics and a request the app refuses with its own 429 get through
 CONSTRUCTOR_RETRIES = 2  # a refused artifact is refused again: fail the deployment quickly
 
 
@@ -133,9 +135,10 @@ class RayPlan:
 
 
 def max_ongoing_requests(settings: ServerSettings) -> int:
-    """What one replica takes at once: its running generations (workers, or the batch engine's slots)
-    plus its own queue: the single server's places."""
-    return settings.running_at_once + settings.queue_size
+    """What Ray sends one replica at once: its running generations (workers, or the batch engine's
+    slots) plus its own queue (the single server's places), plus HEADROOM: a full replica still
+    answers /health and /metrics, and answers a generation beyond its places with its own 429."""
+    return settings.running_at_once + settings.queue_size + HEADROOM
 
 
 def deployment_options(spec: ReplicaSpec, plan: RayPlan) -> dict[str, Any]:

@@ -209,3 +209,30 @@ def test_a_node_with_a_different_artifact_is_refused_by_name(artifact, tmp_path)
     shutil.rmtree(copy)
     with pytest.raises(ArtifactError, match="node node-b has no artifact at"):
         pinned.check_on("node-b")
+
+
+def test_a_full_deployment_answers_429_with_retry_after_and_still_serves_metrics(ray_url):
+    """Each replica takes 1 running + 16 queued generations; more requests, one by one, until one is
+    refused at once with 429 and Retry-After; /health and /metrics still answer (the replicas' headroom)."""
+    body = b'{"model": "%s", "prompt": "1, 2, 3,", "max_tokens": 2000, "stream": true}' % MODEL.encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    port = int(ray_url.rsplit(":", 1)[1])
+    holding, statuses = [], []
+    try:
+        while len(holding) < 60:
+            holding.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            holding[-1].sendall(request)
+            head = holding[-1].recv(4096).decode("latin-1")  # a stream's headers come at once, queued or running
+            statuses.append(int(head.split()[1]))
+            if statuses[-1] != 200:
+                break
+        assert statuses[-1] == 429 and "retry-after: 1" in head.lower(), head
+        assert len(statuses) > 17  # a whole replica's places at least
+        print(f"admitted {len(statuses) - 1} before the 429")
+        assert httpx.get(ray_url + "/health", timeout=10).status_code == 200
+        _wait_until(lambda: _metric(ray_url, "vllm:num_requests_running") == 2, 10)  # other replicas' reports: <= 2 s old
+    finally:
+        for s in holding:
+            s.close()
+    _wait_until(lambda: _metric(ray_url, "vllm:num_requests_waiting") + _metric(ray_url, "vllm:num_requests_running") == 0, 30)
