@@ -346,9 +346,10 @@ class BatchEngine:
         lengths = self.ctx.lengths
         if prefill and (not decode or self._prefill_turn):
             self._prefill_turn = False
-            span = range(min(prefill), max(prefill) + 1)
-            remaining = max(len(self.rows[s].prompt) - self.rows[s].fed for s in prefill)
-            width = self.budget.prefill_window(len(span), remaining, self.prefill_chunk)
+            first = min(prefill)
+            needs = [len(r.prompt) - r.fed if r.prefilling else 0 for r in self.rows[first:]]
+            count, width = self.budget.prefill_pass(needs, self.prefill_chunk)
+            span = range(first, first + count)
             for s in decode:
                 if s in span:
                     self.rows[s].wanted(int(lengths[s]))

@@ -11,8 +11,9 @@ expected_b(w) = 1 + (tokens_b - 1) * min(1, (w - 1) / (used_b - 1)), where token
 committed tokens per pass and used_b its window, both measured (moving averages). A lone row gets
 the window it asks for (its own policy and proposer decide, exactly as a single generation does);
 as rows join, the guesses shrink toward greedy because k*W grows the cost faster than they pay.
-Prefill passes take at most `prefill_tokens` tokens in all, split evenly between the rows being
-prefilled, so a burst of long prompts never makes one pass long enough to stall the others.
+Prefill passes take at most `prefill_tokens` tokens in all (one row may take a whole chunk), first
+come first served, so a burst of long prompts never makes one pass long enough to stall the others
+and the earliest request gets its first token first.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from .acceptance import PassCosts
 
 # Relative cost of a pass by its total tokens (batch x window), vs one token: SmolLM2-135M fp32 on
 # 2 CPU cores (tools/pass_bench.py figures); only a prior, PassCosts learns this machine's.
-BATCH_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.25, 8: 1.6, 16: 1.85, 32: 2.9, 64: 5.0, 256: 16.0}
+# Measured 2026-11-30 with the in-place graph at past 128 (tools/pass_bench.py --batches 1,4,16): batch
+# 4 x W 1: 1.27, 1 x 16: 2.16, 16 x 1: 2.77, 16 x 2: 4.31, 16 x 4: 6.81 (noisy: a shared CPU).
+BATCH_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.27, 16: 2.5, 32: 4.3, 64: 6.8, 256: 25.0}
 
 
 @dataclass
@@ -68,9 +71,23 @@ class PassBudget:
                 best, best_value = w, value
         return best
 
-    def prefill_window(self, rows: int, remaining: int, chunk: int) -> int:
-        """Prompt tokens per row in a prefill pass over `rows` rows, the longest needing `remaining`."""
-        return max(1, min(chunk, remaining, self.prefill_tokens // max(rows, 1)))
+    def prefill_pass(self, needs: list[int], chunk: int) -> tuple[int, int]:
+        """A prefill pass, first come first served: (how many slots it covers, its width).
+
+        needs: from the first prefilling slot on, in slot order (arrival order), each slot's prompt
+        tokens left, 0 for a decoding row (it takes part at the pass's width). The first row gets up to
+        a chunk; the next ones join while rows x width stays within `prefill_tokens`, so an early
+        request reaches its first token first and a burst of long prompts never makes one long pass.
+        """
+        width, n = min(chunk, needs[0]), 1
+        while n < len(needs):
+            wider = max(width, min(chunk, needs[n]))
+            if (n + 1) * wider > self.prefill_tokens:
+                break
+            n, width = n + 1, wider
+        while needs[n - 1] == 0:  # end on a prefilling row
+            n -= 1
+        return n, width
 
     def observe(self, tokens: int, seconds: float) -> None:
         """A pass of `tokens` tokens (batch x window) took `seconds`."""

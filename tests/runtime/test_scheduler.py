@@ -41,12 +41,13 @@ def test_no_window_is_wider_than_any_row_asks():
     assert budget().decode_window([2, 1, 2], [measured(2.0, 2)] * 3) <= 2
 
 
-def test_a_prefill_pass_splits_its_tokens_between_its_rows():
-    b = budget()
-    assert b.prefill_window(rows=1, remaining=200, chunk=256) == 64
-    assert b.prefill_window(rows=4, remaining=200, chunk=256) == 16
-    assert b.prefill_window(rows=4, remaining=5, chunk=256) == 5
-    assert b.prefill_window(rows=100, remaining=50, chunk=256) == 1
+def test_a_prefill_pass_serves_the_first_arrivals_first_within_its_tokens():
+    b = budget()  # 64 tokens a prefill pass
+    assert b.prefill_pass([200], chunk=256) == (1, 200)  # one row may take a whole chunk
+    assert b.prefill_pass([200, 10], chunk=48) == (1, 48)
+    assert b.prefill_pass([20, 30, 5, 40], chunk=256) == (2, 30)  # a third row would make 3 x 30 > 64
+    assert b.prefill_pass([8, 0, 8, 8, 8, 8, 8, 8, 8, 8], chunk=256) == (8, 8)  # a decoding row inside costs its place
+    assert b.prefill_pass([8, 0, 0, 0, 0, 0, 0, 0, 100], chunk=256) == (1, 8)  # never ends on a decoding row
 
 
 def test_a_greedy_pass_says_nothing_about_a_rows_guesses():
