@@ -162,7 +162,8 @@ def deployment_options(spec: ReplicaSpec, plan: RayPlan) -> dict[str, Any]:
 
 # -- the deployments ----------------------------------------------------------------------------
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000,
+                  logging_config={"enable_access_log": False})  # a report every 2 s per replica: not worth a log line
 class MetricsHub:
     """Holds each replica's latest metrics text; renders them merged (one scrape covers every replica)."""
 

@@ -177,8 +177,9 @@ def run_level(url: str, level: Level, prompts: list[dict], requests: int, second
 
 @contextmanager
 def local_server(artifact: str, workers: int, queue: int, threads: int | None, api_key: str | None,
-                 max_batch: int | None = None) -> Iterator[str]:
-    """`jacobi-rt serve ARTIFACT` in a child process on a free loopback port; yields its URL."""
+                 max_batch: int | None = None, ray_replicas: int | None = None) -> Iterator[str]:
+    """`jacobi-rt serve ARTIFACT` in a child process on a free loopback port; yields its URL.
+    ray_replicas: `--ray --replicas N` (a local Ray instance; stopped with SIGINT, as Ctrl-C)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -188,6 +189,8 @@ def local_server(artifact: str, workers: int, queue: int, threads: int | None, a
         command += ["--threads", str(threads)]
     if max_batch:
         command += ["--max-batch", str(max_batch)]
+    if ray_replicas:
+        command += ["--ray", "--replicas", str(ray_replicas)]
     env = {**os.environ, **({"JACOBI_RT_API_KEY": api_key} if api_key else {})}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -195,7 +198,7 @@ def local_server(artifact: str, workers: int, queue: int, threads: int | None, a
         _wait_healthy(url, process, 180)
         yield url
     finally:
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGINT if ray_replicas else signal.SIGTERM)
         try:
             process.wait(60)
         except subprocess.TimeoutExpired:
@@ -280,12 +283,14 @@ def _names(text: str) -> list[str]:
 @click.option("--ortgenai", type=click.Path(exists=True, file_okay=False), default=None,
               help="An onnxruntime-genai model folder: also generate the widest level's prompts as one static batch "
                    "offline (its best case), greedy, --max-tokens each.")
+@click.option("--ray", "ray_replicas", type=click.IntRange(1), default=None,
+              help="Start the server on Ray Serve with this many replicas (`--ray --replicas N`, each --threads CPUs).")
 @click.option("--queue", type=click.IntRange(0), default=64, show_default=True, help="The started server's --queue.")
 @click.option("--threads", type=click.IntRange(1), default=None, help="The started server's --threads (default: its own).")
 @click.option("--api-key", envvar="JACOBI_RT_API_KEY", default=None, help="Sent as a bearer token (and required by a started server).")
 @click.option("--out", type=click.Path(dir_okay=False), default="build/load_bench.json", show_default=True, help="JSON results.")
 def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, strategies, stream_requests, stream_max_tokens,
-         workers, max_batch, baseline, prompt_tokens, ortgenai, queue, threads, api_key, out):
+         workers, max_batch, baseline, prompt_tokens, ortgenai, ray_replicas, queue, threads, api_key, out):
     """Load-test an OpenAI-compatible jacobi-rt server on loopback (ARTIFACT: start one; or --url)."""
     from tqdm import tqdm
 
@@ -305,7 +310,7 @@ def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, stra
         mine = [Level(f"{tag}load x{c}", c, strategy, max_tokens) for c in counts]
         mine += [Level(f"{tag}stream {s}", 1, s, stream_max_tokens) for s in compare]
         budgets = [c * per_client for c in counts] + [stream_requests] * len(compare)
-        server = local_server(artifact, workers, queue, threads, api_key, batch) if url is None else _existing(url)
+        server = local_server(artifact, workers, queue, threads, api_key, batch, ray_replicas) if url is None else _existing(url)
         with server as base:
             warm = Level("warm-up", 1, strategy, 4)
             run_level(base, warm, prompts, 1, seconds, api_key, _NoBar())
@@ -319,7 +324,7 @@ def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, stra
         summaries.append(ortgenai_static_batch(ortgenai, prompts[: max(counts)], max_tokens, threads))
     click.echo(table(summaries))
     report = {"artifact": artifact, "url": url, "workers": workers if url is None else None, "queue": queue if url is None else None,
-              "max_batch": max_batch, "prompt_tokens": prompt_tokens, "cpu_count": os.cpu_count(), "summaries": summaries,
+              "max_batch": max_batch, "ray_replicas": ray_replicas, "threads": threads, "prompt_tokens": prompt_tokens, "cpu_count": os.cpu_count(), "summaries": summaries,
               "samples": {level.name: [asdict(s) for s in level.samples] for level in levels}}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -137,6 +138,7 @@ def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas,
     spec = ReplicaSpec(PinnedArtifact.of(artifact), settings, threads=threads,
                        draft=PinnedArtifact.of(draft) if draft else None, backend=backend, verify=verify)
     plan = RayPlan(replicas, max_replicas)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops it as Ctrl-C does (a local Ray instance included)
     run(spec, plan, host=host, port=port, address=address)
     scaling = f"{replicas}-{max_replicas} replicas (autoscaled)" if max_replicas else f"{replicas} replicas"
     click.echo(f"serving {artifact} as model {settings.model_id!r} on Ray Serve at http://{host}:{port}/v1 "
@@ -149,3 +151,7 @@ def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas,
         serve.delete(APP_NAME)
         if address is None:
             serve.shutdown()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
