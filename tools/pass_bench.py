@@ -19,17 +19,17 @@ import click
 import numpy as np
 
 
-def time_passes(contexts: dict, window: int, repeats: int) -> dict[str, list[float]]:
+def time_passes(contexts: dict, window: int, repeats: int, clock=time.perf_counter) -> dict[str, list[float]]:
     """Seconds of ctx.forward over a window of `window` tokens (greedy ids only), per variant; the
     variants take turns pass by pass, so load from other processes hits them alike."""
     ids = np.full((1, window), 7, dtype=np.int64)
     samples: dict[str, list[float]] = {name: [] for name in contexts}
     for turn in range(repeats + 1):
         for name, ctx in contexts.items():
-            start = time.perf_counter()
+            start = clock()
             ctx.forward(ids)
             if turn:  # the first turn warms up
-                samples[name].append(time.perf_counter() - start)
+                samples[name].append(clock() - start)
             ctx.commit(0)
     return samples
 
@@ -49,9 +49,11 @@ def fill(ctx, past: int, chunk: int = 256) -> None:
 @click.option("--threads", type=int, default=2, show_default=True)
 @click.option("--repeats", type=int, default=10, show_default=True)
 @click.option("--batches", default="1", show_default=True, help="Rows per pass (the in-place graph's batch engine).")
+@click.option("--cpu-time", is_flag=True, help="Count the process's CPU seconds instead of wall seconds: with --threads 1, "
+              "a figure that other processes on a busy machine disturb far less.")
 @click.option("--graph", "graphs", multiple=True, type=click.Choice(["portable", "inplace"]),
               help="Graph variant(s) to time (repeatable); default: every variant in the manifest.")
-def main(artifact, windows, pasts, threads, repeats, batches, graphs):
+def main(artifact, windows, pasts, threads, repeats, batches, cpu_time, graphs):
     """Median milliseconds per window pass, per graph variant, window and past length."""
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from jacobi_rt.runtime.manifest import load_manifest
@@ -62,7 +64,7 @@ def main(artifact, windows, pasts, threads, repeats, batches, graphs):
     ps = [int(p) for p in pasts.split(",")]
     backends = {v: OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v) for v in variants}
     print(f"{artifact}: {manifest.architecture.family}, {manifest.dtype}, quantization {manifest.quantization}, "
-          f"{threads} threads; median (min) ms of {repeats} passes")
+          f"{threads} threads; median (min) {'CPU ' if cpu_time else ''}ms of {repeats} passes")
     rows = []
     for past in ps:
         contexts = {v: b.context(past + max(ws) + 1) for v, b in backends.items()}
@@ -70,7 +72,7 @@ def main(artifact, windows, pasts, threads, repeats, batches, graphs):
             fill(ctx, past)
         cells = {v: [] for v in variants}
         for w in ws:
-            for v, seconds in time_passes(contexts, w, repeats).items():
+            for v, seconds in time_passes(contexts, w, repeats, time.process_time if cpu_time else time.perf_counter).items():
                 cells[v].append(f"{statistics.median(seconds) * 1000:.1f} ({min(seconds) * 1000:.1f})")
         for ctx in contexts.values():
             ctx.close()
