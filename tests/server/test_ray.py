@@ -145,28 +145,37 @@ def test_killing_a_replica_mid_load_fails_only_its_requests_and_ray_restarts_it(
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
     started: list[str] = []
 
-    def one(prompt: str):
+    def one(prompt: str, stream: bool = True):
         """('ok', text, replica) or ('failed', error text, replica or None); never hangs (client timeout)."""
         replica = None
         try:
             with _api(ray_url, timeout=120) as api:
                 raw = api.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0,
-                                                               stream=True, extra_body={"jacobi": {"strategy": "greedy"}})
+                                                               stream=stream, extra_body={"jacobi": {"strategy": "greedy"}})
                 replica = raw.headers["x-jacobi-replica"]
+                if not stream:
+                    return "ok", raw.parse().choices[0].text, replica
                 started.append(replica)
                 text = "".join(chunk.choices[0].text for chunk in raw.parse() if chunk.choices)
             return "ok", text, replica
         except (openai.APIError, httpx.HTTPError) as exc:
             return "failed", f"{type(exc).__name__}: {exc}", replica
 
-    with ThreadPoolExecutor(8) as clients:
+    with ThreadPoolExecutor(10) as clients:
         futures = [clients.submit(one, p) for p in prompts]
+        whole = [clients.submit(one, p, False) for p in PROMPTS[:2]]  # non-streamed: the replica is known only at the end
         _wait_until(lambda: len(set(started)) == 2, 60)  # both replicas are streaming
         victim = started[0]
         name = next(n["name"] for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].endswith("#" + victim))
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
         outcomes = [f.result(timeout=180) for f in futures]  # none hangs
+        whole_outcomes = [f.result(timeout=180) for f in whole]
 
+    for prompt, (status, text, replica) in zip(PROMPTS[:2], whole_outcomes):
+        # done (on either replica), or failed with a server or connection error (it was on the killed one)
+        assert (status == "ok" and text.startswith(expected[prompt])) or "InternalServerError" in text \
+            or "APIConnectionError" in text or "APIStatusError" in text, text
+    print("non-streamed requests:", whole_outcomes)
     for prompt, (status, text, replica) in zip(prompts, outcomes):
         if replica != victim:
             assert status == "ok", text  # every request on the other replica completes
