@@ -5,7 +5,7 @@ Inputs (runtime/spec.py `inplace_inputs`): `input_ids`, `position_ids` [B, W]; `
 `window_mask` [B, W, W]; `cache_lengths` [B] int64, each row's committed entries; and
 `past_key_values.{i}.key/value` [B, kv_heads, capacity, head_dim]. Outputs: `logits`,
 `greedy_ids`, and `present.{i}.key/value` of the past's shape, which the runtime binds to the
-same buffers as the past (exporter/gqa.py: the contrib op then writes in place).
+same buffers as the past (exporter/gqa.py, scatter_attention.py: the graph then writes in place).
 
 The model's own forward runs with no cache object: its attention (registered with
 transformers' AttentionInterface) receives the window's new keys and values after the model's
@@ -24,10 +24,11 @@ import torch
 from jacobi_rt.runtime import spec
 
 from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
-from .gqa import TRANSLATION
+from .gqa import translation
 from .quiet import torchvision_notices_hidden
 
 NAME = "jacobi_inplace"
+ATTENTION = "scatter"  # the ONNX form of jacobi::gqa: "scatter" (standard ops) or "gqa" (the contrib op)
 GRAPH_FILE = "model-inplace.onnx"
 
 
@@ -111,11 +112,11 @@ def inplace_attention_for(model):
         model.set_attn_implementation("eager")
 
 
-def unsupported(shape) -> str | None:
-    """Why GroupQueryAttention cannot serve this model (None when it can)."""
+def unsupported(shape, attention: str = ATTENTION) -> str | None:
+    """Why the in-place attention cannot serve this model (None when it can)."""
     if shape.num_heads % shape.kv_heads:
         return f"{shape.num_heads} query heads are not a multiple of {shape.kv_heads} KV heads"
-    if shape.head_dim % 8:
+    if attention == "gqa" and shape.head_dim % 8:
         return f"head_dim {shape.head_dim} is not a multiple of 8 (GroupQueryAttention's requirement)"
     return None
 
@@ -134,7 +135,7 @@ def sample_inputs(shape, dtype, batch=2, window=3, lengths=(1, 4), capacity=11) 
     )
 
 
-def export_inplace_onnx(model, shape, path: Path, opset: int) -> None:
+def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = ATTENTION) -> None:
     """torch.onnx.export (dynamo) of the in-place window graph, then the contract's axis names."""
     from torch.export import Dim
 
@@ -159,7 +160,7 @@ def export_inplace_onnx(model, shape, path: Path, opset: int) -> None:
             dynamo=True,
             opset_version=opset,
             dynamic_shapes=dynamic_shapes,
-            custom_translation_table=TRANSLATION,
+            custom_translation_table=translation(attention),
             input_names=spec.input_names(shape.num_layers, spec.INPLACE),
             output_names=spec.output_names(shape.num_layers, spec.INPLACE),
             verbose=False,
@@ -192,7 +193,7 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
     reason = unsupported(shape)
     path = folder / GRAPH_FILE
     if reason is None:
-        step(f"tracing the in-place graph (GroupQueryAttention, opset {opset})")
+        step(f"tracing the in-place graph ({ATTENTION} attention, opset {opset})")
         try:
             export_inplace_onnx(model, shape, path, opset)
         except JacobiError:
@@ -206,4 +207,4 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
         return {}, {"skipped": reason}
     step(f"checking the in-place graph against PyTorch at {len(CASES)} batches")
     report = check_inplace_against_torch(model, shape, path, dtype, progress)
-    return {spec.INPLACE: GRAPH_FILE}, report.to_dict()
+    return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": ATTENTION}

@@ -2,8 +2,8 @@
 
 KV layout. One array [layers*2, B, H, capacity, D] allocated once per context; each layer's key
 and value block is bound as both the past input and the present output (IO binding, once per
-context), so GroupQueryAttention writes the window's entries in place at each row's length and
-nothing copies the cache:
+context), so the graph (ScatterND, or GroupQueryAttention) writes the window's entries in place at
+each row's length and nothing copies the cache:
 
     row b:  [ committed: lengths[b] | window: W entries written by the pass | unused ... capacity ]
     commit(n)          lengths += n            (the rest of the window is left behind, overwritten later)
@@ -44,8 +44,9 @@ class OrtInplaceContext(BackendContext):
         self.session_seconds = 0.0
         self.vocab = arch.vocab_size
         dtype = DTYPES[backend.manifest.dtype]
-        # np.empty leaves pages untouched until the cache grows into them: capacity costs address space, not RAM
-        self._kv = np.empty((2 * arch.num_layers, batch, arch.kv_heads, capacity, arch.head_dim), dtype=dtype)
+        # Zeroed, not np.empty: the graph may read the whole capacity (masked), and garbage could be NaN.
+        # np.zeros maps zero pages lazily, so an unused capacity still costs address space, not RAM.
+        self._kv = np.zeros((2 * arch.num_layers, batch, arch.kv_heads, capacity, arch.head_dim), dtype=dtype)
         self._ones = np.ones(batch * capacity, dtype=np.int64)  # any prefix is an all-ones [B, T] mask
         self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))
         self._greedy = np.empty(batch * capacity, dtype=np.int64)

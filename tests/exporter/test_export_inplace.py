@@ -16,12 +16,14 @@ def test_the_artifact_has_both_graphs_and_the_inplace_check(exported):
     assert {s["past"] for s in check["shapes"] if s["batch"] == 2} >= {6, 3}  # rows of different lengths were checked
 
 
-def test_one_group_query_attention_per_layer_and_the_contract_axes(exported):
+def test_the_cache_is_written_by_scatter_nd_and_the_contract_axes(exported):
     import onnx
 
     model = onnx.load(str(exported.artifact / "model-inplace.onnx"), load_external_data=False)
-    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
-    assert len(gqa) == exported.manifest.architecture.num_layers
+    assert exported.manifest.check["inplace"]["attention"] == "scatter"
+    scatters = [n for n in model.graph.node if n.op_type == "ScatterND"]
+    assert len(scatters) == 2 * exported.manifest.architecture.num_layers  # keys and values, per layer
+    assert not [n for n in model.graph.node if n.op_type == "Concat" and any(i.startswith("past_key_values") for i in n.input)]
     axes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
     arch = exported.manifest.architecture
     assert axes["cache_lengths"] == ["batch"]
@@ -29,6 +31,25 @@ def test_one_group_query_attention_per_layer_and_the_contract_axes(exported):
     assert axes["past_key_values.0.key"] == ["batch", arch.kv_heads, "capacity", arch.head_dim]
     outputs = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.output}
     assert outputs["present.0.value"] == ["batch", arch.kv_heads, "capacity", arch.head_dim]
+
+
+def test_the_group_query_attention_form_also_matches_pytorch(tiny_model, hf_model, tmp_path):
+    """The contrib-op translation (kept as an option: slower on the CPU, see scatter_attention.py)."""
+    import onnx
+
+    from jacobi_rt.exporter.inplace import export_inplace_onnx
+    from jacobi_rt.exporter.inplace_check import check_inplace_against_torch
+    from jacobi_rt.exporter.trace import probe
+
+    model = hf_model(tiny_model("qwen2"))
+    model.set_attn_implementation("eager")
+    shape = probe(model)
+    path = tmp_path / "gqa.onnx"
+    export_inplace_onnx(model, shape, path, 18, attention="gqa")
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    assert sum(n.op_type == "GroupQueryAttention" for n in nodes) == shape.num_layers
+    report = check_inplace_against_torch(model, shape, path, "float32")
+    assert report.greedy_agree == report.positions and report.max_logit_diff < 1e-4
 
 
 def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytorch(exported, hf_model):
@@ -74,7 +95,9 @@ def test_a_family_gqa_cannot_serve_falls_back_to_the_portable_graph():
     from jacobi_rt.exporter.trace import ModelShape
 
     odd = ModelShape(num_layers=2, num_heads=4, kv_heads=2, head_dim=12, hidden_size=48, vocab_size=10, max_positions=8)
-    assert "multiple of 8" in unsupported(odd)
+    assert "multiple of 8" in unsupported(odd, attention="gqa")
+    assert unsupported(odd, attention="scatter") is None
+    assert "multiple of" in unsupported(ModelShape(2, 5, 2, 16, 80, 10, 8))
     assert unsupported(ModelShape(2, 4, 2, 16, 64, 10, 8)) is None
 
 

@@ -139,7 +139,7 @@ def test_the_capacity_does_not_change_the_result(backends):
     for capacity in (12, 200):
         with prefill(inplace, PREFIX, capacity) as ctx:
             outs.append(ctx.forward(np.array([[7, 8, 9]]), want_logits=True).logits)
-    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)  # the unused tail is masked out, whatever it holds
 
 
 def test_context_misuse_is_a_clear_error(backends):
