@@ -193,3 +193,18 @@ def test_a_selected_range_of_rows_runs_alone_and_each_row_commits_its_own(backen
             ctx.select(0, 2)
             ctx.forward(np.array([[1], [2]]))
             ctx.commit_each([[0]])
+
+
+def test_a_large_cache_costs_memory_only_where_it_is_written():
+    """One token in each 2 MB block (a head's rows at capacity 8192) must not fault in whole huge pages."""
+    from jacobi_rt.runtime.backends.inplace import zeroed_pages
+
+    def resident_mb() -> float:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096 / 2**20
+
+    before = resident_mb()
+    kv = zeroed_pages((64, 8192, 64), np.float32)  # 128 MB of address space, zeroed
+    kv[:, 0, :] = 1.0  # one token per block
+    assert kv.sum() == 64 * 64 and not kv[:, 1:].any()
+    assert resident_mb() - before < 16  # 64 blocks x 4 KB, not 64 x 2 MB
