@@ -131,7 +131,8 @@ class Generator:
         """The backend's context, prefill chunk and widest pass (a TensorRT engine's profiles may allow
         less than the manifest); the prefill chunk is also capped by this Generator's prefill_chunk."""
         limits = self.backend.limits
-        return BackendLimits(limits.max_context, min(self.prefill_chunk, limits.prefill_chunk), limits.max_window)
+        context = limits.max_context if self.engine is None else min(limits.max_context, self.engine.capacity)
+        return BackendLimits(context, min(self.prefill_chunk, limits.prefill_chunk), limits.max_window)
 
     @classmethod
     def load(
@@ -288,7 +289,11 @@ class Generator:
 
     def start_engine(self, slots: int, capacity: int | None = None) -> BatchEngine:
         """From now on, run every generation on one batch engine of `slots` rows (continuous batching: a
-        background thread runs passes shared by all running generations). Needs the in-place graph."""
+        background thread runs passes shared by all running generations). Needs the in-place graph.
+
+        capacity: each row's context (prompt + output; default the artifact's). The in-place graph's
+        default attention reads the whole capacity every pass, so size it to what you serve; while the
+        engine runs, `limits.max_context` is this capacity."""
         if self.engine is not None:
             raise InputError("this Generator already runs a batch engine; stop_engine() first")
         chunk = self.limits.prefill_chunk

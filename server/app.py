@@ -164,7 +164,7 @@ def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
                     ThreadPoolExecutor(min(settings.running_at_once, 4), thread_name_prefix="jacobi-rt-prepare"))
     engine = None
     if settings.max_batch is not None:
-        engine = generator.engine or generator.start_engine(settings.max_batch)
+        engine = generator.engine or generator.start_engine(settings.max_batch, settings.batch_context)
         engine.stats.observers.append(metrics.observe_pass)
 
     @asynccontextmanager

@@ -25,6 +25,7 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides the address connected to ("*": any; see hosts.py)
     docs: bool = False  # serve the interactive API docs at /docs (and /openapi.json)
     max_batch: int | None = None  # continuous batching: generations sharing each pass (engine slots); None: one per worker
+    batch_context: int | None = None  # with max_batch: each slot's context (prompt + output); None: the artifact's
 
     @property
     def running_at_once(self) -> int:
@@ -40,6 +41,8 @@ class ServerSettings:
         if self.max_batch is not None and (isinstance(self.max_batch, bool) or self.max_batch < 1):
             raise InputError(f"max_batch must be at least 1 (the generations that share each pass), not {self.max_batch}; "
                              "leave it out to run one generation per worker")
+        if self.batch_context is not None and (self.max_batch is None or self.batch_context < 2):
+            raise InputError(f"batch_context (a slot's context, here {self.batch_context}) needs max_batch and at least 2 tokens")
         if self.queue_size < 0:
             raise InputError(f"queue_size must be 0 or more, not {self.queue_size}")
         if self.request_timeout <= 0 or self.shutdown_grace < 0:

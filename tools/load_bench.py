@@ -188,7 +188,7 @@ def local_server(artifact: str, workers: int, queue: int, threads: int | None, a
     if threads:
         command += ["--threads", str(threads)]
     if max_batch:
-        command += ["--max-batch", str(max_batch)]
+        command += ["--max-batch", str(max_batch)] + (["--batch-context", str(batch_context)] if batch_context else [])
     if ray_replicas:
         command += ["--ray", "--replicas", str(ray_replicas)]
     env = {**os.environ, **({"JACOBI_RT_API_KEY": api_key} if api_key else {})}
@@ -275,6 +275,7 @@ def _names(text: str) -> list[str]:
 @click.option("--stream-max-tokens", type=click.IntRange(1), default=64, show_default=True, help="max_tokens in the comparison.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="The started server's --workers.")
 @click.option("--max-batch", type=click.IntRange(1), default=None, help="The started server's --max-batch (continuous batching).")
+@click.option("--batch-context", type=click.IntRange(2), default=None, help="The started server's --batch-context.")
 @click.option("--baseline", is_flag=True, help="With --max-batch: also run every level on a server without it "
               "(one generation per worker), side by side.")
 @click.option("--prompt-tokens", type=click.IntRange(0), default=0, show_default=True,
@@ -290,7 +291,7 @@ def _names(text: str) -> list[str]:
 @click.option("--api-key", envvar="JACOBI_RT_API_KEY", default=None, help="Sent as a bearer token (and required by a started server).")
 @click.option("--out", type=click.Path(dir_okay=False), default="build/load_bench.json", show_default=True, help="JSON results.")
 def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, strategies, stream_requests, stream_max_tokens,
-         workers, max_batch, baseline, prompt_tokens, ortgenai, ray_replicas, queue, threads, api_key, out):
+         workers, max_batch, batch_context, baseline, prompt_tokens, ortgenai, ray_replicas, queue, threads, api_key, out):
     """Load-test an OpenAI-compatible jacobi-rt server on loopback (ARTIFACT: start one; or --url)."""
     from tqdm import tqdm
 

@@ -203,3 +203,39 @@ def test_bad_engine_requests_are_clear_errors(gen, artifact):
             gen.start_engine(1)
     finally:
         gen.stop_engine()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["greedy", "auto"])
+def test_smollm2_sixteen_rows_equal_their_solo_greedy(artifact, strategy):
+    """The real model: 16 chat prompts in one batch, each output its solo greedy's token for token."""
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    folder = artifact("smollm2-135m")
+    if "inplace" not in load_manifest(folder, verify=False).graphs:
+        pytest.skip(f"{folder} has no in-place graph; re-export it (`python tests/make_artifacts.py DIR --smollm2`)")
+    gen = Generator.load(folder, graph="inplace", verify=False)
+    topics = ["the sea", "prime numbers", "a Python function that reverses a string", "the Roman Empire", "bread",
+              "volcanoes", "a haiku about rain", "how vaccines work", "chess openings", "the moon landing", "compilers",
+              "sleep", "photosynthesis", "a limerick about a cat", "binary search", "the water cycle"]
+    prompts = [gen.tokenizer.encode(gen.chat_prompt([{"role": "user", "content": f"Tell me about {t}."}]),
+                                    add_special_tokens=False) for t in topics]
+    solo = [gen.generate(p, max_new_tokens=32, strategy="greedy").ids for p in prompts]
+    batched = gen.generate_batch(prompts, max_new_tokens=32, strategy=strategy)
+    for i, (alone, result) in enumerate(zip(solo, batched)):
+        if result.ids != alone:
+            at = next((k for k, (a, b) in enumerate(zip(alone, result.ids)) if a != b), min(len(alone), len(result.ids)))
+            pytest.fail(f"prompt {i} ({topics[i]!r}): batched differs from solo greedy first at new token {at}; "
+                        "run tools/batch_check.py for the top-2 logit gap (a gap near 1e-4 is a numerical near-tie)")
+
+
+def test_a_started_engine_with_a_smaller_context_sets_the_limits(gen):
+    gen.start_engine(2, capacity=32)
+    try:
+        assert gen.limits.max_context == 32
+        with pytest.raises(ContextLimitError, match="holds 32"):
+            gen.generate(list(range(3, 40)), max_new_tokens=4)
+        assert gen.generate(PROMPTS[0], max_new_tokens=40, strategy="greedy").stats.finish_reason == "context"
+    finally:
+        gen.stop_engine()
+    assert gen.limits.max_context == gen.backend.limits.max_context

@@ -128,3 +128,15 @@ def test_the_cli_refuses_max_batch_zero(artifact):
 
     result = CliRunner().invoke(cli, ["serve", str(artifact("llama")), "--max-batch", "0"])
     assert result.exit_code != 0 and "max_batch must be at least 1" in result.output
+
+
+def test_the_slot_context_bounds_requests(batched):
+    server, gen = batched(max_batch=2, batch_context=64)
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        assert c.get("/v1/models").json()["data"][0]["jacobi"]["max_context"] == 64
+        over = c.post("/v1/completions", json={"prompt": list(range(5, 65)), "max_tokens": 8})
+        assert over.status_code == 400 and over.json()["error"]["code"] == "context_length_exceeded"
+        ok = c.post("/v1/completions", json={"prompt": list(range(5, 45)), "max_tokens": 8})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 8
+    with pytest.raises(InputError, match="needs max_batch"):
+        ServerSettings(model_id="m", batch_context=64)

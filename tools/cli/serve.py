@@ -37,6 +37,9 @@ from jacobi_rt.runtime.generator import STRATEGIES
               help="Continuous batching: up to N generations share every pass of the model (one engine, N slots; "
                    "needs the in-place graph); replaces --workers. On 2 CPU cores, 16 streams served about 5x the "
                    "tokens/s of one (README, Serve).")
+@click.option("--batch-context", type=int, default=None,
+              help="With --max-batch: each slot's context, prompt + output (default: the artifact's). The in-place "
+                   "graph's default attention reads a slot's whole context every pass: size it to what you serve.")
 @click.option("--queue", "queue_size", type=click.IntRange(0), default=32, show_default=True,
               help="Requests that may wait for a worker; beyond that the server answers 429 with Retry-After.")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
@@ -63,8 +66,8 @@ from jacobi_rt.runtime.generator import STRATEGIES
 @click.option("--address", default=None,
               help="With --ray: a running Ray cluster to deploy on ('auto': the one `ray start` made on this node; "
                    "or ray://HOST:10001). Default: a local Ray instance. Every node needs the artifact at the same path.")
-def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, max_batch, queue_size,
-                  request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address):
+def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, max_batch,
+                  batch_context, queue_size, request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address):
     """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
 
     \b
@@ -111,6 +114,7 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
         allowed_hosts=tuple(allowed_hosts),
         docs=docs,
         max_batch=max_batch,
+        batch_context=batch_context,
     )
     if on_ray:
         return _serve_on_ray(artifact, draft, settings, backend, threads or 1, not no_verify, replicas, max_replicas,
