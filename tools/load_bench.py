@@ -177,7 +177,8 @@ def run_level(url: str, level: Level, prompts: list[dict], requests: int, second
 
 @contextmanager
 def local_server(artifact: str, workers: int, queue: int, threads: int | None, api_key: str | None,
-                 max_batch: int | None = None, ray_replicas: int | None = None) -> Iterator[str]:
+                 max_batch: int | None = None, ray_replicas: int | None = None,
+                 batch_context: int | None = None) -> Iterator[str]:
     """`jacobi-rt serve ARTIFACT` in a child process on a free loopback port; yields its URL.
     ray_replicas: `--ray --replicas N` (a local Ray instance; stopped with SIGINT, as Ctrl-C)."""
     with socket.socket() as probe:
@@ -311,7 +312,7 @@ def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, stra
         mine = [Level(f"{tag}load x{c}", c, strategy, max_tokens) for c in counts]
         mine += [Level(f"{tag}stream {s}", 1, s, stream_max_tokens) for s in compare]
         budgets = [c * per_client for c in counts] + [stream_requests] * len(compare)
-        server = local_server(artifact, workers, queue, threads, api_key, batch, ray_replicas) if url is None else _existing(url)
+        server = local_server(artifact, workers, queue, threads, api_key, batch, ray_replicas, batch_context) if url is None else _existing(url)
         with server as base:
             warm = Level("warm-up", 1, strategy, 4)
             run_level(base, warm, prompts, 1, seconds, api_key, _NoBar())
