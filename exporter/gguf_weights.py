@@ -28,10 +28,13 @@ class WeightPlan:
     """What the weight pass does to one graph: initializer -> blocks, and what stays float and why."""
 
     matrices: dict[str, BlockMatrix] = field(default_factory=dict)
-    kept_float: dict[str, str] = field(default_factory=dict)  # initializer -> reason (names the tensor type)
+    kept_float: dict[str, tuple[str, str]] = field(default_factory=dict)  # initializer -> (tensor type, why)
 
     def tensor_types(self) -> dict[str, int]:
         return dict(Counter(m.kind for m in self.matrices.values()))
+
+    def kept_types(self) -> dict[str, int]:
+        return dict(Counter(kind for kind, _ in self.kept_float.values()))
 
 
 @dataclass
@@ -93,7 +96,7 @@ class GgufWeights:
             try:
                 blocks = self._blocks_in_order(tensor, rows)
             except UnsupportedType:
-                plan.kept_float[name] = f"{tensor.name} is {tensor.kind}, which has no exact MatMulNBits form here: kept as float32"
+                plan.kept_float[name] = (tensor.kind, f"{tensor.name} is {tensor.kind}, which has no exact MatMulNBits form here: kept as float32")
                 continue
             if not np.array_equal(blocks.dequantize().view(np.uint32), w.view(np.uint32)):
                 raise ExportCheckError(

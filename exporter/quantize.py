@@ -36,16 +36,13 @@ class WeightReport:
     kind: str  # "gguf", "int4", "int8"
     accuracy_level: int
     tensor_types: dict[str, int] = field(default_factory=dict)  # blocks' type -> tensors quantized
-    kept_float: dict[str, str] = field(default_factory=dict)  # initializer -> reason
+    kept_float: dict[str, int] = field(default_factory=dict)  # tensor type -> tensors left float
+    messages: list[str] = field(default_factory=list)  # why, one line each, naming tensor and type
     graph_bytes: dict[str, int] = field(default_factory=dict)  # file -> size on disk
 
     def to_dict(self) -> dict:
-        kept = {}
-        for reason in self.kept_float.values():
-            kind = reason.split(" is ", 1)[-1].split(",", 1)[0]
-            kept[kind] = kept.get(kind, 0) + 1
         return {"kind": self.kind, "accuracy_level": self.accuracy_level, "tensor_types": self.tensor_types,
-                "kept_float": kept, "exact": self.kind == "gguf", "graph_bytes": self.graph_bytes}
+                "kept_float": self.kept_float, "exact": self.kind == "gguf", "graph_bytes": self.graph_bytes}
 
 
 def float_planner(kind: str) -> Planner:
@@ -71,7 +68,7 @@ def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_l
     plan = planner(weight_candidates(model))
     for key, m in list(plan.matrices.items()):
         if key.startswith("gather:") and m.offsets is not None:  # GatherBlockQuantized has no offset input
-            plan.kept_float[key] = f"embedding table {key[7:]} is {m.kind}, which GatherBlockQuantized cannot hold exactly: kept as float32"
+            plan.kept_float[key] = (m.kind, f"embedding table {key[7:]} is {m.kind}, which GatherBlockQuantized cannot hold exactly: kept as float32")
             del plan.matrices[key]
     matrices = {_initializer(k): v for k, v in plan.matrices.items()}
     tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}

@@ -31,10 +31,11 @@ def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None
     report = WeightReport(kind, options.accuracy_level)
     for name in dict.fromkeys(graphs.values()):
         plan = quantize_graph_file(folder / name, staging / name, planner, options.accuracy_level)
-        report.tensor_types, report.kept_float = plan.tensor_types(), plan.kept_float
+        report.tensor_types, report.kept_float = plan.tensor_types(), plan.kept_types()
+        report.messages = sorted({why for _, why in plan.kept_float.values()})
         report.graph_bytes[name] = sum(p.stat().st_size for p in (staging / name, staging / (name + ".data")) if p.is_file())
-    for reason in sorted(set(report.kept_float.values())):
-        step(f"  {reason}")
+    for message in report.messages:
+        step(f"  {message}")
     return report
 
 
