@@ -180,7 +180,7 @@ def local_server(artifact: str, workers: int, queue: int, threads: int | None, a
                  max_batch: int | None = None, ray_replicas: int | None = None,
                  batch_context: int | None = None) -> Iterator[str]:
     """`jacobi-rt serve ARTIFACT` in a child process on a free loopback port; yields its URL.
-    ray_replicas: `--ray --replicas N` (a local Ray instance; stopped with SIGINT, as Ctrl-C)."""
+    ray_replicas: `--ray --replicas N` (a local Ray instance, stopped with the server)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -199,7 +199,7 @@ def local_server(artifact: str, workers: int, queue: int, threads: int | None, a
         _wait_healthy(url, process, 180)
         yield url
     finally:
-        process.send_signal(signal.SIGINT if ray_replicas else signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)
         try:
             process.wait(60)
         except subprocess.TimeoutExpired:

@@ -142,8 +142,9 @@ def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas,
     spec = ReplicaSpec(PinnedArtifact.of(artifact), settings, threads=threads,
                        draft=PinnedArtifact.of(draft) if draft else None, backend=backend, verify=verify)
     plan = RayPlan(replicas, max_replicas)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops it as Ctrl-C does (a local Ray instance included)
     run(spec, plan, host=host, port=port, address=address)
+    for stop in (signal.SIGINT, signal.SIGTERM):  # both as Ctrl-C (after ray.init, which sets its own), even where SIGINT came ignored
+        signal.signal(stop, _interrupt)
     scaling = f"{replicas}-{max_replicas} replicas (autoscaled)" if max_replicas else f"{replicas} replicas"
     click.echo(f"serving {artifact} as model {settings.model_id!r} on Ray Serve at http://{host}:{port}/v1 "
                f"({scaling} x {threads} CPUs/threads); Ctrl-C stops it", err=True)
