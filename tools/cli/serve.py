@@ -64,8 +64,8 @@ from jacobi_rt.runtime.generator import STRATEGIES
 @click.option("--max-replicas", type=click.IntRange(1), default=None,
               help="With --ray: autoscale between --replicas and this many replicas.")
 @click.option("--address", default=None,
-              help="With --ray: a running Ray cluster to deploy on ('auto': the one `ray start` made on this node; "
-                   "or ray://HOST:10001). Default: a local Ray instance. Every node needs the artifact at the same path.")
+              help="With --ray: a running Ray cluster to deploy on ('auto': the one `ray start` made on this node). "
+                   "Default: a local Ray instance. Every node needs the artifact at the same path.")
 def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, max_batch,
                   batch_context, queue_size, request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address):
     """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
