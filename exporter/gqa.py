@@ -8,7 +8,7 @@ past and present can be bound to the same buffer so the cache is never copied:
     cache row b (capacity C):  [ prefix: length_b entries | window: W new entries | unused ... ]
                                  ^ attended through the bias  ^ written in place  ^ never read
     seqlens_k[b] = length_b + W - 1          total_len = max_b(length_b) + W  (= T)
-    bias [B, 1, W, T]: 0 attends, the dtype's minimum blocks (tree/branch masks, padding)
+    bias [B, 1, W, C]: 0 attends, the dtype's minimum blocks (tree/branch masks, padding, the tail)
 
 GroupQueryAttention also applies its own causal mask (query i of row b sees keys up to
 length_b + i). A window mask of the contract is a tree mask, always a subset of lower-triangular,
@@ -33,14 +33,14 @@ def gqa(
     past_value: torch.Tensor,  # [B, Hkv, C, D]
     seqlens_k: torch.Tensor,  # [B] int32: length_b + W - 1
     total_len: torch.Tensor,  # [] int32: T
-    bias: torch.Tensor,  # [B, 1, W, T] additive
+    bias: torch.Tensor,  # [B, 1, W, C] additive, over the whole capacity (blocked beyond each row's window)
     num_heads: int,
     kv_heads: int,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, window, _ = query.shape
     dim = past_key.shape[-1]
-    total = bias.shape[-1]
+    total = bias.shape[-1]  # the capacity: columns beyond a row's window are blocked by the bias
     group = num_heads // kv_heads
     lengths = seqlens_k.long() + 1 - window  # [B]
     rows = lengths[:, None] + torch.arange(window)  # [B, W]: where the window lands in each row
@@ -106,6 +106,8 @@ def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias
     msft = Opset("com.microsoft", 1)
     window = op.Cast(op.Gather(op.Shape(query), op.Constant(value_int=1)), to=6)  # int32 scalar W
     query_seqlens = op.Expand(window, op.Shape(seqlens_k))  # [B] = W: every row's window is whole
+    bias = op.Slice(bias, op.Constant(value_ints=[0]), op.Reshape(op.Cast(total_len, to=7), op.Constant(value_ints=[1])),
+                    op.Constant(value_ints=[3]))  # [B, 1, W, T]: the kernel indexes the bias by total_sequence_length
     return msft.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_len,
         None, None, None, bias, None, None, None, None, None, query_seqlens,  # cos, sin, position_ids, bias, sink, scales, norms

@@ -38,7 +38,7 @@ class InplaceWindow:
 
     past: tuple  # key0, value0, key1, value1, ...: [B, Hkv, C, D]
     seqlens_k: torch.Tensor  # [B] int32: length + W - 1
-    total_len: torch.Tensor  # [] int32: T
+    total_len: torch.Tensor  # [] int32: T = max(length) + W
     presents: dict = field(default_factory=dict)  # layer -> (key, value)
 
 
@@ -57,19 +57,23 @@ def inplace_attention(module, query, key, value, attention_mask, scaling=None, d
     return out.view(batch, window, heads, dim), None
 
 
-def window_bias(attention_mask, window_mask, lengths, dtype) -> torch.Tensor:
-    """[B, T] int64, [B, W, W] bool, [B] int64 -> [B, 1, W, T] additive bias over absolute cache positions.
+def window_bias(attention_mask, window_mask, lengths, dtype, width: int) -> torch.Tensor:
+    """[B, T] int64, [B, W, W] bool, [B] int64 -> [B, 1, W, width] additive bias over absolute cache positions.
 
     Row b's prefix is [0, length_b) (masked by attention_mask), its window [length_b, length_b + W)
-    (masked by window_mask); anything after is blocked.
+    (masked by window_mask); anything after is blocked. Built once per pass over the whole
+    capacity (`width`), so every layer's attention shares it (the scatter form reads the capacity;
+    the GroupQueryAttention form slices it to T).
     """
     window, total = window_mask.shape[-1], attention_mask.shape[-1]
-    rel = torch.arange(total)[None, :] - lengths[:, None]  # [B, T]: column - length_b
+    columns = torch.arange(width)
+    rel = columns[None, :] - lengths[:, None]  # [B, C]: column - length_b
     in_window = (rel >= 0) & (rel < window)
-    index = rel.clamp(0, window - 1)[:, None, :].expand(-1, window, -1)  # [B, W, T]
+    index = rel.clamp(0, window - 1)[:, None, :].expand(-1, window, -1)  # [B, W, C]
     inside = torch.gather(window_mask, 2, index) & in_window[:, None, :]
-    prefix = ((rel < 0) & attention_mask.bool())[:, None, :]  # [B, 1, T]
-    allowed = (inside | prefix)[:, None]  # [B, 1, W, T]
+    padding = torch.gather(attention_mask, 1, columns.clamp(max=total - 1)[None, :].expand(attention_mask.shape[0], -1))
+    prefix = ((rel < 0) & padding.bool())[:, None, :]  # [B, 1, C]
+    allowed = (inside | prefix)[:, None]  # [B, 1, W, C]
     return torch.where(allowed, torch.zeros((), dtype=dtype), torch.tensor(torch.finfo(dtype).min, dtype=dtype))
 
 
@@ -90,7 +94,7 @@ class InplaceWindowModel(torch.nn.Module):
         out = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
-            attention_mask=window_bias(attention_mask, window_mask, cache_lengths, dtype),
+            attention_mask=window_bias(attention_mask, window_mask, cache_lengths, dtype, past[0].shape[2]),
             use_cache=False,
             jacobi_window=state,
         )
