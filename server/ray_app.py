@@ -50,7 +50,6 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics_merge import merge_expositions
 from .settings import ServerSettings
 
-RAY_HINT = 'pip install ".[serve,ray]" from the jacobi-rt checkout'
 APP_NAME = "jacobi-rt"
 REPLICA_HEADER = "x-jacobi-replica"
 REPORT_SECONDS = 2.0
