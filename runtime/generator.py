@@ -256,7 +256,8 @@ class Generator:
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], **options) -> list[GenerationResult | InputError]:
         """generate() for many prompts at once, sharing every pass (continuous batching; on the engine of
-        start_engine(), else on one opened for this call with a slot per prompt, at most 16).
+        start_engine(), else on one opened for this call with a slot per prompt, at most 16; one after
+        another on a backend without the in-place graph).
 
         options: generate()'s keywords, the same for every prompt. Each prompt is checked alone: one
         that is invalid (e.g. over the context) gets its InputError in its place; the others complete.
@@ -275,6 +276,9 @@ class Generator:
             except InputError as exc:
                 requests.append(exc)
         valid = [r for r in requests if isinstance(r, Request)]
+        if self.engine is None and not self.backend_batches:  # the portable graph: one after another
+            done = iter([_drain(self._run(r)) for r in valid])
+            return [next(done) if isinstance(r, Request) else r for r in requests]
         engine = self.engine or BatchEngine(self.backend, max(1, min(len(valid), 16)), prefill_chunk=self.limits.prefill_chunk)
         try:
             runs = [self._submit(engine, r) for r in valid]
@@ -286,6 +290,11 @@ class Generator:
             if engine is not self.engine:
                 engine.close()
         return [next(results) if isinstance(r, Request) else r for r in requests]
+
+    @property
+    def backend_batches(self) -> bool:
+        """Whether the backend can run the batch engine (rows of their own lengths: the in-place graph)."""
+        return getattr(self.backend, "graph", None) == "inplace"
 
     def start_engine(self, slots: int, capacity: int | None = None) -> BatchEngine:
         """From now on, run every generation on one batch engine of `slots` rows (continuous batching: a

@@ -195,6 +195,8 @@ def test_bad_engine_requests_are_clear_errors(gen, artifact):
     portable = Generator.load(artifact("llama"), graph="portable", threads=1)
     with pytest.raises(BackendError, match="in-place graph"):
         BatchEngine(portable.backend, 2)
+    one_by_one = portable.generate_batch([PROMPTS[0], PROMPTS[2]], max_new_tokens=6, strategy="jacobi")
+    assert [r.ids for r in one_by_one] == [solo(gen, PROMPTS[0], 6), solo(gen, PROMPTS[2], 6)]
     with pytest.raises(InputError, match="list of prompts"):
         gen.generate_batch("one prompt")
     gen.start_engine(1)
