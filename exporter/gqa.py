@@ -1,9 +1,10 @@
 """`jacobi::gqa`: attention over a fixed-capacity cache written in place, and its ONNX form.
 
 The custom op's eager body is the reference semantics. It has two ONNX translations (`translation()`):
-standard ops with an in-place ScatterND (exporter/scatter_attention.py, the default: faster on the
-CPU), or one `com.microsoft.GroupQueryAttention` node (onnxruntime contrib op, below). In both the
-past and present can be bound to the same buffer so the cache is never copied:
+one `com.microsoft.GroupQueryAttention` node (onnxruntime contrib op, below; the default: it reads
+only each row's length, whatever the capacity), or standard ops with an in-place ScatterND
+(exporter/scatter_attention.py: faster per layer on this CPU, but it reads the whole capacity).
+In both the past and present can be bound to the same buffer so the cache is never copied:
 
     cache row b (capacity C):  [ prefix: length_b entries | window: W new entries | unused ... ]
                                  ^ attended through the bias  ^ written in place  ^ never read
@@ -116,8 +117,8 @@ def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias
 
 
 def translation(attention: str) -> dict:
-    """The custom translation table: "scatter" (standard ops, in-place ScatterND; the default, see
-    exporter/scatter_attention.py for the measurements) or "gqa" (com.microsoft.GroupQueryAttention)."""
+    """The custom translation table: "gqa" (com.microsoft.GroupQueryAttention, the default) or
+    "scatter" (standard ops, in-place ScatterND; exporter/scatter_attention.py has the measurements)."""
     from .scatter_attention import scatter_attention_onnx
 
     return {torch.ops.jacobi.gqa.default: {"gqa": gqa_onnx, "scatter": scatter_attention_onnx}[attention]}

@@ -28,7 +28,7 @@ from .gqa import translation
 from .quiet import torchvision_notices_hidden
 
 NAME = "jacobi_inplace"
-ATTENTION = "scatter"  # the ONNX form of jacobi::gqa: "scatter" (standard ops) or "gqa" (the contrib op)
+ATTENTION = "gqa"  # the ONNX form of jacobi::gqa: "gqa" (the contrib op: reads only each row's length) or "scatter" (standard ops: reads the whole capacity)
 GRAPH_FILE = "model-inplace.onnx"
 
 

@@ -16,13 +16,13 @@ def test_the_artifact_has_both_graphs_and_the_inplace_check(exported):
     assert {s["past"] for s in check["shapes"] if s["batch"] == 2} >= {6, 3}  # rows of different lengths were checked
 
 
-def test_the_cache_is_written_by_scatter_nd_and_the_contract_axes(exported):
+def test_one_group_query_attention_per_layer_and_the_contract_axes(exported):
     import onnx
 
     model = onnx.load(str(exported.artifact / "model-inplace.onnx"), load_external_data=False)
-    assert exported.manifest.check["inplace"]["attention"] == "scatter"
-    scatters = [n for n in model.graph.node if n.op_type == "ScatterND"]
-    assert len(scatters) == 2 * exported.manifest.architecture.num_layers  # keys and values, per layer
+    assert exported.manifest.check["inplace"]["attention"] == "gqa"
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    assert len(gqa) == exported.manifest.architecture.num_layers
     assert not [n for n in model.graph.node if n.op_type == "Concat" and any(i.startswith("past_key_values") for i in n.input)]
     axes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
     arch = exported.manifest.architecture
@@ -33,8 +33,8 @@ def test_the_cache_is_written_by_scatter_nd_and_the_contract_axes(exported):
     assert outputs["present.0.value"] == ["batch", arch.kv_heads, "capacity", arch.head_dim]
 
 
-def test_the_group_query_attention_form_also_matches_pytorch(tiny_model, hf_model, tmp_path):
-    """The contrib-op translation (kept as an option: slower on the CPU, see scatter_attention.py)."""
+def test_the_scatter_form_also_matches_pytorch(tiny_model, hf_model, tmp_path):
+    """The standard-op translation (an export option: in-place ScatterND, attention over the capacity)."""
     import onnx
 
     from jacobi_rt.exporter.inplace import export_inplace_onnx
@@ -44,10 +44,11 @@ def test_the_group_query_attention_form_also_matches_pytorch(tiny_model, hf_mode
     model = hf_model(tiny_model("qwen2"))
     model.set_attn_implementation("eager")
     shape = probe(model)
-    path = tmp_path / "gqa.onnx"
-    export_inplace_onnx(model, shape, path, 18, attention="gqa")
+    path = tmp_path / "scatter.onnx"
+    export_inplace_onnx(model, shape, path, 18, attention="scatter")
     nodes = onnx.load(str(path), load_external_data=False).graph.node
-    assert sum(n.op_type == "GroupQueryAttention" for n in nodes) == shape.num_layers
+    assert sum(n.op_type == "ScatterND" for n in nodes) == 2 * shape.num_layers  # keys and values, per layer
+    assert not any(n.op_type == "GroupQueryAttention" for n in nodes)
     report = check_inplace_against_torch(model, shape, path, "float32")
     assert report.greedy_agree == report.positions and report.max_logit_diff < 1e-4
 
