@@ -24,6 +24,7 @@ STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
 DEFAULT_WINDOW = 8  # the adaptive policy's Jacobi arm when no window is given
 DEFAULT_GUESS_WINDOW = 16  # lookahead/speculative/auto: the widest pass; the proposers send only what pays
 MAX_WINDOW = 64
+DEFAULT_BATCH_CONTEXT = 2048  # a batch engine's slot context on a graph whose attention reads the whole capacity
 DEFAULT_JACOBI_TAIL = False  # speculative: the plain draft chain (tools/bench.py speculative-chain vs -tail; README)
 
 
@@ -300,11 +301,15 @@ class Generator:
         """From now on, run every generation on one batch engine of `slots` rows (continuous batching: a
         background thread runs passes shared by all running generations). Needs the in-place graph.
 
-        capacity: each row's context (prompt + output; default the artifact's). The in-place graph's
-        default attention reads the whole capacity every pass, so size it to what you serve; while the
-        engine runs, `limits.max_context` is this capacity."""
+        capacity: each row's context (prompt + output); while the engine runs, `limits.max_context` is
+        this capacity. Default: the artifact's, except that the in-place graph's `scatter` attention
+        (the default export) reads the whole capacity every pass (16 rows of one token, SmolLM2: 148 ms
+        at capacity 256, 237 at 2048, 495 at 8192), so it is capped at DEFAULT_BATCH_CONTEXT there."""
         if self.engine is not None:
             raise InputError("this Generator already runs a batch engine; stop_engine() first")
+        if capacity is None:
+            scatter = self.manifest.check.get("inplace", {}).get("attention") == "scatter"
+            capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT) if scatter else None
         chunk = self.limits.prefill_chunk
         self.engine = BatchEngine(self.backend, slots, capacity, prefill_chunk=chunk).start()
         return self.engine

@@ -241,3 +241,16 @@ def test_a_started_engine_with_a_smaller_context_sets_the_limits(gen):
     finally:
         gen.stop_engine()
     assert gen.limits.max_context == gen.backend.limits.max_context
+
+
+def test_the_default_slot_context_is_capped_where_attention_reads_the_capacity(gen, monkeypatch):
+    from jacobi_rt.runtime import generator as module
+
+    monkeypatch.setattr(module, "DEFAULT_BATCH_CONTEXT", 48)
+    for attention, expected in (("scatter", 48), ("gqa", gen.backend.limits.max_context)):
+        monkeypatch.setitem(gen.manifest.check, "inplace", {**gen.manifest.check.get("inplace", {}), "attention": attention})
+        gen.start_engine(1)
+        try:
+            assert gen.engine.capacity == expected
+        finally:
+            gen.stop_engine()

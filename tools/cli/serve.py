@@ -38,8 +38,9 @@ from jacobi_rt.runtime.generator import STRATEGIES
                    "needs the in-place graph); replaces --workers. On 2 CPU cores, 16 streams served about 5x the "
                    "tokens/s of one (README, Serve).")
 @click.option("--batch-context", type=int, default=None,
-              help="With --max-batch: each slot's context, prompt + output (default: the artifact's). The in-place "
-                   "graph's default attention reads a slot's whole context every pass: size it to what you serve.")
+              help="With --max-batch: each slot's context, prompt + output. Default: the artifact's, or at most 2048 "
+                   "when its in-place graph has the default (scatter) attention, which reads a slot's whole context "
+                   "every pass: size it to what you serve.")
 @click.option("--queue", "queue_size", type=click.IntRange(0), default=32, show_default=True,
               help="Requests that may wait for a worker; beyond that the server answers 429 with Retry-After.")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
