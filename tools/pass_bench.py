@@ -22,10 +22,10 @@ import numpy as np
 def time_passes(contexts: dict, window: int, repeats: int, clock=time.perf_counter) -> dict[str, list[float]]:
     """Seconds of ctx.forward over a window of `window` tokens (greedy ids only), per variant; the
     variants take turns pass by pass, so load from other processes hits them alike."""
-    ids = np.full((1, window), 7, dtype=np.int64)
     samples: dict[str, list[float]] = {name: [] for name in contexts}
     for turn in range(repeats + 1):
         for name, ctx in contexts.items():
+            ids = np.full((ctx.batch, window), 7, dtype=np.int64)
             start = clock()
             ctx.forward(ids)
             if turn:  # the first turn warms up
@@ -49,11 +49,13 @@ def fill(ctx, past: int, chunk: int = 256) -> None:
 @click.option("--threads", type=int, default=2, show_default=True)
 @click.option("--repeats", type=int, default=10, show_default=True)
 @click.option("--batches", default="1", show_default=True, help="Rows per pass (the in-place graph's batch engine).")
+@click.option("--capacity", type=click.IntRange(1), default=None,
+              help="The cache's capacity (default: just enough). The in-place scatter attention reads all of it.")
 @click.option("--cpu-time", is_flag=True, help="Count the process's CPU seconds instead of wall seconds: with --threads 1, "
               "a figure that other processes on a busy machine disturb far less.")
 @click.option("--graph", "graphs", multiple=True, type=click.Choice(["portable", "inplace"]),
               help="Graph variant(s) to time (repeatable); default: every variant in the manifest.")
-def main(artifact, windows, pasts, threads, repeats, batches, cpu_time, graphs):
+def main(artifact, windows, pasts, threads, repeats, batches, capacity, cpu_time, graphs):
     """Median milliseconds per window pass, per graph variant, window and past length."""
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from jacobi_rt.runtime.manifest import load_manifest
@@ -65,18 +67,20 @@ def main(artifact, windows, pasts, threads, repeats, batches, cpu_time, graphs):
     backends = {v: OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v) for v in variants}
     print(f"{artifact}: {manifest.architecture.family}, {manifest.dtype}, quantization {manifest.quantization}, "
           f"{threads} threads; median (min) {'CPU ' if cpu_time else ''}ms of {repeats} passes")
+    bs = [int(b) for b in batches.split(",")]
+    names = {(v, b): v if bs == [1] else f"{v} x{b}" for v in variants for b in bs}  # batch > 1: the in-place graph
     rows = []
     for past in ps:
-        contexts = {v: b.context(past + max(ws) + 1) for v, b in backends.items()}
+        contexts = {name: backends[v].context(capacity or past + max(ws) + 1, batch=b) for (v, b), name in names.items()}
         for ctx in contexts.values():
             fill(ctx, past)
-        cells = {v: [] for v in variants}
+        cells = {name: [] for name in contexts}
         for w in ws:
-            for v, seconds in time_passes(contexts, w, repeats, time.process_time if cpu_time else time.perf_counter).items():
-                cells[v].append(f"{statistics.median(seconds) * 1000:.1f} ({min(seconds) * 1000:.1f})")
+            for name, seconds in time_passes(contexts, w, repeats, time.process_time if cpu_time else time.perf_counter).items():
+                cells[name].append(f"{statistics.median(seconds) * 1000:.1f} ({min(seconds) * 1000:.1f})")
         for ctx in contexts.values():
             ctx.close()
-        rows += [(v, past, cells[v]) for v in variants]
+        rows += [(name, past, cells[name]) for name in contexts]
     print("| graph | past | " + " | ".join(f"W={w}" for w in ws) + " |")
     print("|---|---|" + "---|" * len(ws))
     for v, past, cells in sorted(rows, key=lambda r: (r[0], r[1])):
