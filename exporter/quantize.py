@@ -3,7 +3,7 @@
 Each MatMul whose weight is planned becomes `com.microsoft.MatMulNBits` (no zero-point input:
 the implied 8 / 128 is the fast kernel path), plus, for blocks with an offset (GGUF Q4_1),
 
-    y = MatMulNBits(x; q, d) + ReduceSum(Reshape(x, [..., K/32, 32]), -1) @ offsets.T
+    y = MatMulNBits(x; q, d) + blocksum(x) @ offsets.T,    blocksum(x) = x @ E (E [K, K/32]: 0/1)
 
 (the block sums are computed once per distinct input). An embedding Gather whose table is
 planned becomes `com.microsoft.GatherBlockQuantized` on the same bytes. The pass works on one
@@ -168,20 +168,16 @@ class _Emitter:
         return out
 
     def blocksum(self, x: str, blocks: int, width: int) -> tuple[str, list]:
-        """ReduceSum of x over each block of `width` along its last axis: [..., K] -> [..., K/width]."""
+        """x summed over each block of `width` along its last axis, [..., K] -> [..., K/width], as one
+        MatMul with a 0/1 block-indicator matrix (one node, any rank; K/width columns, so cheap)."""
         from onnx import helper
 
         key = (x, width)
         if key in self._blocksums:
             return self._blocksums[key], []
-        lead, shape, grouped, sums = (self._name(x + s) for s in ("_lead", "_blockshape", "_blocks", "_blocksum"))
-        tail, axis = self._add(np.array([blocks, width], np.int64), x + "_blockdims"), self._add(np.array([-1], np.int64), x + "_lastaxis")
-        made = [
-            helper.make_node("Shape", [x], [lead], end=-1),
-            helper.make_node("Concat", [lead, tail], [shape], axis=0),
-            helper.make_node("Reshape", [x, shape], [grouped]),
-            helper.make_node("ReduceSum", [grouped, axis], [sums], keepdims=0),
-        ]
+        indicator = np.kron(np.eye(blocks, dtype=np.float32), np.ones((width, 1), np.float32))  # [K, K/width]
+        sums = self._name(x + "_blocksum")
+        made = [helper.make_node("MatMul", [x, self._add(indicator, x + "_blocks_of")], [sums])]
         self._blocksums[key] = sums
         return sums, made
 
