@@ -68,10 +68,16 @@ def test_agreement_with_the_float_graph(smollm2_gguf):
     assert figures["text_agreement"] >= 0.9, figures  # int8 activations round: close to the float graph, not equal
 
 
-def test_generates_text(smollm2_gguf):
+def test_jacobi_equals_greedy_on_the_portable_graph(smollm2_gguf):
+    """Level 4 rounds activations, so text may differ from the float graph at near-ties (on "What is
+    the capital of France?" its first token is "L'" where fp32 says "The"); what must hold is the
+    runtime's rule: every strategy equals this graph's own greedy. (The in-place graph at level 4
+    does not hold it yet: see the README's known issue.)"""
     from jacobi_rt.runtime import Generator
 
     folder, _ = smollm2_gguf
-    generator = Generator.load(folder)
-    result = generator.generate("What is the capital of France?", max_new_tokens=12, strategy="greedy", chat=True)
-    assert "Paris" in result.text
+    generator = Generator.load(folder, graph="portable")
+    for prompt in ("What is the capital of France?", "Write a Python function that reverses a string."):
+        greedy = generator.generate(prompt, max_new_tokens=24, strategy="greedy", chat=True)
+        jacobi = generator.generate(prompt, max_new_tokens=24, strategy="jacobi", chat=True)
+        assert greedy.text.strip() and jacobi.ids == greedy.ids
