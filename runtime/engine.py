@@ -210,7 +210,9 @@ class BatchEngine:
             self.ctx.close()
             raise BackendError(f"continuous batching needs the in-place graph (rows with their own lengths); the "
                                f"{backend.name} backend opened {type(self.ctx).__name__}: re-export the artifact "
-                               "(it adds model-inplace.onnx) and load it with graph='auto' or 'inplace'")
+                               "(it adds model-inplace.onnx) and load it with graph='auto' or 'inplace'; 'auto' keeps "
+                               "weights quantized at accuracy level 4 on the portable graph, where the in-place graph "
+                               "is not exact (export with accuracy level 0 to batch them exactly)")
         self.slots = slots
         self.prefill_chunk = prefill_chunk or limits.prefill_chunk
         self.budget = budget or PassBudget(prefill_tokens=max(self.prefill_chunk, 16))

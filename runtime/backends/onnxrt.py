@@ -100,13 +100,26 @@ class OrtBackend(Backend):
         return (OrtDeviceContext if self.device == "cuda" else OrtContext)(self, capacity, batch)
 
 
+def int8_activations(manifest: Manifest) -> bool:
+    """Weights run through MatMulNBits at accuracy level 4, which rounds each activation block to int8.
+
+    Rounding amplifies the last-bit differences between GroupQueryAttention's one-token and
+    many-token paths into different greedy ids (SmolLM2 GGUF weights: `jacobi` equal to the in-place
+    graph's own greedy on 2 of 12 bench prompts), while the portable graph's attention gives bitwise
+    equal logits at every window. So `auto` keeps such artifacts on the portable graph: exact first."""
+    if not manifest.quantization:
+        return False
+    return int((manifest.check.get("weights") or {}).get("accuracy_level", 4)) == 4
+
+
 def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
-    """The in-place graph on the CPU when the artifact has it; CUDA keeps the portable graph (DeviceKV)."""
+    """The in-place graph on the CPU when the artifact has it (and its weights keep float activations);
+    CUDA keeps the portable graph (DeviceKV)."""
     if graph not in ("auto", PORTABLE, INPLACE):
         raise BackendError(f"graph must be auto, {PORTABLE} or {INPLACE}, not {graph!r}")
     has_inplace = INPLACE in manifest.graphs
     if graph == "auto":
-        return INPLACE if has_inplace and device == "cpu" else PORTABLE
+        return INPLACE if has_inplace and device == "cpu" and not int8_activations(manifest) else PORTABLE
     if graph == INPLACE and not has_inplace:
         skipped = (manifest.check.get(INPLACE) or {}).get("skipped")
         why = f" ({skipped})" if skipped else "; re-export it with this jacobi-rt to add it"

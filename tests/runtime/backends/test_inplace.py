@@ -62,6 +62,21 @@ def test_auto_is_inplace_on_cpu(artifact):
     assert OrtBackend(folder, load_manifest(folder), "cpu", 1).graph == "inplace"
 
 
+@pytest.mark.parametrize("quantization, weights, graph", [
+    ("gguf", {"accuracy_level": 4}, "portable"),  # int8 activations: the in-place graph is not window-consistent
+    ("int4", {"accuracy_level": 4}, "portable"),
+    ("int8", None, "portable"),  # an artifact from before the weight pass recorded its level (level 4 then)
+    ("gguf", {"accuracy_level": 0}, "inplace"),  # float activations: the in-place graph stays exact
+])
+def test_auto_keeps_int8_activations_on_the_portable_graph(artifact, quantization, weights, graph):
+    folder = artifact("llama")
+    manifest = load_manifest(folder)
+    check = {**manifest.check, **({"weights": weights} if weights else {})}
+    quantized = dataclasses.replace(manifest, quantization=quantization, check=check)
+    assert OrtBackend(folder, quantized, "cpu", 1).graph == graph
+    assert OrtBackend(folder, quantized, "cpu", 1, graph="inplace").graph == "inplace"  # asked for, it is given
+
+
 def test_an_artifact_without_the_inplace_graph_loads_the_portable_one(artifact):
     folder = artifact("llama")
     old = dataclasses.replace(load_manifest(folder), graphs={"portable": "model.onnx"})  # an artifact from before
