@@ -311,17 +311,20 @@ def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | No
 
 def mark_identity(records: list[dict], reference: str = REFERENCE,
                   logit_gap: Callable[[str, list[int]], dict] | None = None,
-                  references: dict[str, str] | None = None) -> None:
+                  references: dict[str, str] | None = None,
+                  other_gaps: dict[str, Callable[[str, list[int]], dict]] | None = None) -> None:
     """Add `identical` and `divergence` ({position, reference_token, token, top2_gap, ...}) to every record.
 
     references: config -> the greedy configuration it must equal, for configurations of another
     artifact (`--also`), which are exact against their own greedy; every other config is compared
     with `reference`. logit_gap(prompt_id, reference_ids_before_position) -> {"top2_gap": float, ...}:
     the reference greedy path's logits at the divergence position (cached per prompt and position);
-    it is asked only for records compared with `reference`."""
+    it is asked only for records compared with `reference`, and `other_gaps` (reference config ->
+    the same function on that artifact) for records compared with another artifact's greedy."""
     references = references or {}
+    gap_for = {reference: logit_gap, **(other_gaps or {})}
     greedy = {(r["config"], r["prompt_id"]): r["ids"] for r in records if r["repeat"] == 0}
-    gaps: dict[tuple[str, int], dict] = {}
+    gaps: dict[tuple[str, str, int], dict] = {}
     for r in records:
         against = references.get(r["config"], reference)
         ref = greedy.get((against, r["prompt_id"]))
@@ -336,10 +339,11 @@ def mark_identity(records: list[dict], reference: str = REFERENCE,
         div = {"position": pos,
                "reference_token": ref[pos] if pos < len(ref) else None,
                "token": r["ids"][pos] if pos < len(r["ids"]) else None}
-        if logit_gap is not None and against == reference and div["reference_token"] is not None and div["token"] is not None:
-            key = (r["prompt_id"], pos)
+        gap = gap_for.get(against)
+        if gap is not None and div["reference_token"] is not None and div["token"] is not None:
+            key = (against, r["prompt_id"], pos)
             if key not in gaps:
-                gaps[key] = logit_gap(r["prompt_id"], ref[:pos])
+                gaps[key] = gap(r["prompt_id"], ref[:pos])
             div.update(gaps[key])
         r["divergence"] = div
 

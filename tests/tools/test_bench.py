@@ -82,14 +82,15 @@ def test_another_artifact_is_exact_against_its_own_greedy():
         record("gguf/auto", "a", 40.0, [1, 5, 6]),
         record("gguf/jacobi", "a", 40.0, [1, 5, 7]),
     ]
-    asked = []
+    asked, asked_gguf = [], []
     bench.mark_identity(rows, logit_gap=lambda pid, prefix: asked.append(prefix) or {"top2_gap": 1.0},
-                        references={"gguf/auto": "gguf/greedy", "gguf/jacobi": "gguf/greedy"})
+                        references={"gguf/auto": "gguf/greedy", "gguf/jacobi": "gguf/greedy"},
+                        other_gaps={"gguf/greedy": lambda pid, prefix: asked_gguf.append(prefix) or {"top2_gap": 0.5}})
     by = {r["config"]: r for r in rows}
     assert by["gguf/auto"]["identical"] is True  # against the reference greedy it would differ at token 1
-    assert by["gguf/jacobi"]["divergence"] == {"position": 2, "reference_token": 6, "token": 7}
+    assert by["gguf/jacobi"]["divergence"] == {"position": 2, "reference_token": 6, "token": 7, "top2_gap": 0.5}
     assert by["gguf/greedy"]["divergence"]["position"] == 1 and by["gguf/greedy"]["divergence"]["top2_gap"] == 1.0
-    assert asked == [[1]]
+    assert asked == [[1]] and asked_gguf == [[1, 5]]  # each gap from its own artifact's greedy path
 
 
 def test_summary_figures(records):

@@ -84,9 +84,11 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
                                     bench.sampled(s, t), engine, bench.sampled("greedy", t),
                                     {**bench.strategy_of(s)[1], **({"temperature": t, "seed": seed} if t else {})})
                for t in (temperatures or (0.0,)) for s in names]
+    other_gaps = {}
     for other in also:  # same strategies on another artifact; the draft belongs to ARTIFACT, so no speculative here
         label = Path(other).name
         extra = bench.load_generator(other, threads=threads)
+        other_gaps[f"{label}/greedy"] = lambda pid, prefix, g=extra: bench.greedy_logit_gap(g, ids[pid], prefix)
         configs += [bench.StrategyConfig(extra, s, None if s == "greedy" else window, f"{label}/{s}", f"jacobi-rt:{label}",
                                          f"{label}/greedy") for s in names if bench.strategy_of(s)[0] != "speculative"]
     ctx = peer_registry.PeerContext(Path(artifact), Path(peer_models), threads, hf_model, tuple(generator.manifest.tokens.eos_ids))
@@ -106,7 +108,8 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
 
     own = {c.name: c.baseline for c in configs if c.engine.startswith("jacobi-rt:") and c.baseline != c.name
            and (c.engine != engine or c.baseline != "greedy")}  # other artifacts, and sampling against plain sampling
-    bench.mark_identity(records, logit_gap=lambda pid, prefix: bench.greedy_logit_gap(generator, ids[pid], prefix), references=own)
+    bench.mark_identity(records, logit_gap=lambda pid, prefix: bench.greedy_logit_gap(generator, ids[pid], prefix),
+                        references=own, other_gaps=other_gaps)
     summary = bench.summarise(records, {c.name: c.baseline for c in configs})
     meta = {
         "jacobi_rt_version": __version__, "artifact": str(artifact), "draft": draft,
