@@ -12,13 +12,17 @@ py="$JACOBI_RT_VENV/bin/python"
 jrt="$JACOBI_RT_VENV/bin/jacobi-rt"
 # the bench's own extras: plots and the onnxruntime-genai peer (it needs onnxruntime>=1.31, the [cpu] one)
 "$py" -m pip install -q "$here[cpu,bench]"
+# llama.cpp as a peer: an sdist that compiles (about 6 minutes on 2 cores)
+"$py" -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=2 "$py" -m pip install -q "$here[cpu,llamacpp]"
 [ -f build/smollm2-135m/jacobi.json ] || "$jrt" export smollm2-135m --out build/smollm2-135m
 [ -f build/smollm2-135m-int8/jacobi.json ] \
   || "$jrt" export smollm2-135m --role draft --quantize int8 --out build/smollm2-135m-int8
+[ -f build/smollm2-135m-gguf/jacobi.json ] \
+  || "$jrt" export smollm2-135m --weights gguf --out build/smollm2-135m-gguf
 [ -f build/ortgenai-int4/genai_config.json ] && [ -f build/ortgenai-fp32/genai_config.json ] \
   || "$py" -m jacobi_rt.tools.peers prepare --out build
-time "$jrt" bench build/smollm2-135m --draft build/smollm2-135m-int8 \
+time "$jrt" bench build/smollm2-135m --draft build/smollm2-135m-int8 --also build/smollm2-135m-gguf \
   --strategies greedy,jacobi,lookahead,speculative,auto \
-  --peers hf,ortgenai,ortgenai-ngram,ortgenai-int4 \
-  --limit "${LIMIT:-9}" --max-new-tokens "${NEW_TOKENS:-128}" --repeats 1 --threads 2 \
+  --peers ortgenai,ortgenai-ngram,ortgenai-int4,llamacpp,llamacpp-lookup \
+  --limit "${LIMIT:-12}" --max-new-tokens "${NEW_TOKENS:-128}" --repeats 1 --threads 2 \
   --out docs/bench "$@"
