@@ -414,30 +414,14 @@ class Generator:
             policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
             tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
                             limits.max_context, eos, limits.prefill_chunk, progress, sampler)
-            for batch in tokens:
-                if not batch:  # a prefill chunk: no text, but the caller gets control between passes
-                    yield ""
-                for token in batch:
-                    ids.append(token)
-                    if token in eos:
-                        break
-                    yield text.add(detok.add(token))
-                    if text.stopped:
-                        progress.finish_reason = "stop"
-                        break
+            for batch in tokens:  # a prefill chunk is an empty batch: the caller gets control between passes
+                yield from _pass_texts(batch, ids, eos, text, detok)
                 if text.stopped:
                     tokens.close()
                     break
-            if not text.stopped:
-                yield text.add(detok.flush())
-                if text.stopped:
-                    progress.finish_reason = "stop"
-            yield text.finish()
+            yield from _closing_texts(text, detok)
             session = ctx.session_seconds
-        stats = _stats(request, progress, len(ids), started, session, proposer.stats)
-        stats.seed = None if sampler.greedy else sampler.params.seed
-        logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
-        return GenerationResult(ids, text.text, stats, logprobs)
+        return _result(request, progress, ids, started, session, proposer.stats, sampler, text)
 
     def _submit(self, engine: BatchEngine, request: Request) -> tuple[Row, Iterator[str]]:
         """Queue `request` on the engine now; the pieces come from the returned generator."""
@@ -468,28 +452,13 @@ class Generator:
                     continue
                 if batch is END:
                     break
-                if not batch:
-                    yield ""
-                for token in batch:
-                    ids.append(token)
-                    if token in eos:
-                        break
-                    yield text.add(detok.add(token))
-                    if text.stopped:
-                        break
+                yield from _pass_texts(batch, ids, eos, text, detok)
         finally:
             engine.cancel(row)  # a no-op for a finished row; frees the slot of one stopped early
         if row.error is not None:
             raise row.error
-        if not text.stopped:
-            yield text.add(detok.flush())
-        yield text.finish()
-        stats = _stats(request, row.progress, len(ids), started, row.session_seconds, row.proposer.stats)
-        if text.stopped:
-            stats.finish_reason = "stop"
-        stats.seed = None if sampler.greedy else sampler.params.seed
-        logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
-        return GenerationResult(ids, text.text, stats, logprobs)
+        yield from _closing_texts(text, detok)
+        return _result(request, row.progress, ids, started, row.session_seconds, row.proposer.stats, sampler, text)
 
     def _proposer(self, request: Request, capacity: int) -> Proposer:
         strategy = request.strategy
@@ -519,6 +488,37 @@ def _drain(pieces: Iterator[str]) -> GenerationResult:
             next(pieces)
         except StopIteration as done:
             return done.value
+
+
+def _pass_texts(batch: list[int], ids: list[int], eos: set[int], text: "_StopText", detok: Detokenizer) -> Iterator[str]:
+    """One pass's committed tokens as text pieces ("" for a pass without tokens, so the caller can
+    stop between passes); ends at EOS (kept in `ids`) or when a stop string completes."""
+    if not batch:
+        yield ""
+    for token in batch:
+        ids.append(token)
+        if token in eos:
+            return
+        yield text.add(detok.add(token))
+        if text.stopped:
+            return
+
+
+def _closing_texts(text: "_StopText", detok: Detokenizer) -> Iterator[str]:
+    """What the detokenizer and the stop-string hold back, once the tokens have ended."""
+    if not text.stopped:
+        yield text.add(detok.flush())
+    yield text.finish()
+
+
+def _result(request: Request, progress: Progress, ids: list[int], started: float, session: float, proposer: dict,
+            sampler: Sampler, text: "_StopText") -> GenerationResult:
+    stats = _stats(request, progress, len(ids), started, session, proposer)
+    if text.stopped:
+        stats.finish_reason = "stop"
+    stats.seed = None if sampler.greedy else sampler.params.seed
+    logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
+    return GenerationResult(ids, text.text, stats, logprobs)
 
 
 def _stats(request: Request, progress: Progress, new_tokens: int, started: float, session: float, proposer: dict) -> Stats:
