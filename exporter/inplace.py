@@ -15,7 +15,6 @@ rotary, q/k norms or biases, and hands them to `jacobi::gqa` with the layer's pa
 from __future__ import annotations
 
 import contextlib
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from jacobi_rt.runtime import spec
 
 from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
 from .gqa import translation
-from .quiet import torchvision_notices_hidden
 
 NAME = "jacobi_inplace"
 ATTENTION = "gqa"  # the ONNX form of jacobi::gqa: "gqa" (the contrib op: reads only each row's length) or "scatter" (standard ops: reads the whole capacity)
@@ -143,7 +141,7 @@ def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = A
     """torch.onnx.export (dynamo) of the in-place window graph, then the contract's axis names."""
     from torch.export import Dim
 
-    from .trace import TWO_GB, _weights_bytes
+    from .trace import trace_window_graph
 
     dtype = next(model.parameters()).dtype
     wrapper = InplaceWindowModel(model, shape.num_layers).eval()
@@ -156,34 +154,8 @@ def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = A
         "cache_lengths": {0: batch},
         "past": tuple({0: batch, 2: capacity} for _ in range(2 * shape.num_layers)),
     }
-    with warnings.catch_warnings(), torch.no_grad(), inplace_attention_for(model), torchvision_notices_hidden():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            wrapper,
-            sample_inputs(shape, dtype),
-            dynamo=True,
-            opset_version=opset,
-            dynamic_shapes=dynamic_shapes,
-            custom_translation_table=translation(attention),
-            input_names=spec.input_names(shape.num_layers, spec.INPLACE),
-            output_names=spec.output_names(shape.num_layers, spec.INPLACE),
-            verbose=False,
-        )
-    program.save(str(path), external_data=_weights_bytes(model) > TWO_GB)
-    name_inplace_axes(path, shape.num_layers)
-
-
-def name_inplace_axes(path: Path, num_layers: int) -> None:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    wanted = {t.name: t.axes for t in spec.graph_inputs(num_layers, spec.INPLACE) + spec.graph_outputs(num_layers, spec.INPLACE)}
-    for value in list(model.graph.input) + list(model.graph.output):
-        for dim, axis in zip(value.type.tensor_type.shape.dim, wanted[value.name]):
-            if axis in (spec.BATCH, spec.WINDOW, spec.TOTAL, spec.CAPACITY):
-                dim.ClearField("dim_value")
-                dim.dim_param = axis
-    onnx.save(model, str(path))
+    trace_window_graph(wrapper, model, inplace_attention_for, sample_inputs(shape, dtype), dynamic_shapes, path, opset,
+                       shape.num_layers, spec.INPLACE, translation(attention))
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None) -> tuple[dict, dict]:

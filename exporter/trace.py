@@ -72,35 +72,44 @@ def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> None:
         "window_mask": {0: batch, 1: window, 2: window},
         "past": tuple({0: batch, 2: past} for _ in range(2 * shape.num_layers)),
     }
-    with warnings.catch_warnings(), torch.no_grad(), grouped_attention_for(model), torchvision_notices_hidden():
+    trace_window_graph(wrapper, model, grouped_attention_for, sample_inputs(shape, dtype), dynamic_shapes, path, opset,
+                       shape.num_layers, spec.PORTABLE)
+
+
+def trace_window_graph(wrapper, model, attention, inputs: tuple, dynamic_shapes: dict, path: Path, opset: int,
+                       num_layers: int, variant: str, translation_table: dict | None = None) -> None:
+    """torch.onnx.export (dynamo) of a window graph with `attention` (a context manager) swapped into
+    `model`, saved to `path` (external data past 2 GB) with the contract's names for `variant`."""
+    with warnings.catch_warnings(), torch.no_grad(), attention(model), torchvision_notices_hidden():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             wrapper,
-            sample_inputs(shape, dtype),
+            inputs,
             dynamo=True,
             opset_version=opset,
             dynamic_shapes=dynamic_shapes,
-            input_names=spec.input_names(shape.num_layers),
-            output_names=spec.output_names(shape.num_layers),
+            custom_translation_table=translation_table,
+            input_names=spec.input_names(num_layers, variant),
+            output_names=spec.output_names(num_layers, variant),
             verbose=False,
         )
     program.save(str(path), external_data=_weights_bytes(model) > TWO_GB)
-    name_axes(path, shape.num_layers)
+    name_axes(path, num_layers, variant)
 
 
 def _weights_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def name_axes(path: Path, num_layers: int) -> None:
+def name_axes(path: Path, num_layers: int, variant: str = spec.PORTABLE) -> None:
     """Give every graph input/output dimension its contract name (the tracer invents some, e.g. 's53')."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    wanted = {t.name: t.axes for t in spec.graph_inputs(num_layers) + spec.graph_outputs(num_layers)}
+    wanted = {t.name: t.axes for t in spec.graph_inputs(num_layers, variant) + spec.graph_outputs(num_layers, variant)}
     for value in list(model.graph.input) + list(model.graph.output):
         for dim, axis in zip(value.type.tensor_type.shape.dim, wanted[value.name]):
-            if axis in (spec.BATCH, spec.WINDOW, spec.PAST, spec.TOTAL):
+            if axis in (spec.BATCH, spec.WINDOW, spec.PAST, spec.TOTAL, spec.CAPACITY):
                 dim.ClearField("dim_value")
                 dim.dim_param = axis
     onnx.save(model, str(path))
