@@ -34,13 +34,19 @@ def grouped_attention(module, query, key, value, attention_mask, scaling=None, d
 
 
 @contextlib.contextmanager
-def grouped_attention_for(model):
-    """Switch `model` to grouped attention for the duration of a trace; restore eager on exit."""
+def attention_swapped(model, name: str, function):
+    """Switch `model` to the attention `function` (registered as `name`) for the duration of a trace or
+    check; restore eager on exit."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(NAME, grouped_attention)
-    model.set_attn_implementation(NAME)
+    AttentionInterface.register(name, function)
+    model.set_attn_implementation(name)
     try:
         yield model
     finally:
         model.set_attn_implementation("eager")
+
+
+def grouped_attention_for(model):
+    """Switch `model` to grouped attention for the duration of a trace; restore eager on exit."""
+    return attention_swapped(model, NAME, grouped_attention)

@@ -14,7 +14,6 @@ rotary, q/k norms or biases, and hands them to `jacobi::gqa` with the layer's pa
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 from jacobi_rt.runtime import spec
 
 from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
+from .attention import attention_swapped
 from .gqa import translation
 
 NAME = "jacobi_inplace"
@@ -101,17 +101,9 @@ class InplaceWindowModel(torch.nn.Module):
         return (logits, logits.argmax(dim=-1), *present)
 
 
-@contextlib.contextmanager
 def inplace_attention_for(model):
     """Switch `model` to the in-place attention for the duration of a trace; restore eager on exit."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(NAME, inplace_attention)
-    model.set_attn_implementation(NAME)
-    try:
-        yield model
-    finally:
-        model.set_attn_implementation("eager")
+    return attention_swapped(model, NAME, inplace_attention)
 
 
 def unsupported(shape, attention: str = ATTENTION) -> str | None:
