@@ -133,7 +133,7 @@ class Generator:
         less than the manifest); the prefill chunk is also capped by this Generator's prefill_chunk."""
         limits = self.backend.limits
         context = limits.max_context if self.engine is None else min(limits.max_context, self.engine.capacity)
-        return BackendLimits(context, min(self.prefill_chunk, limits.prefill_chunk), limits.max_window)
+        return BackendLimits(context, min(self.prefill_chunk, limits.prefill_chunk), limits.max_window, limits.branches)
 
     @classmethod
     def load(
@@ -413,7 +413,7 @@ class Generator:
         with self.backend.context(capacity) as ctx, self._proposer(request, capacity) as proposer:
             policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
             tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
-                            limits.max_context, eos, limits.prefill_chunk, progress, sampler)
+                            limits.max_context, eos, limits.prefill_chunk, progress, sampler, limits.branches)
             for batch in tokens:  # a prefill chunk is an empty batch: the caller gets control between passes
                 yield from _pass_texts(batch, ids, eos, text, detok)
                 if text.stopped:

@@ -35,6 +35,12 @@ class BackendLimits:
     max_context: int  # KV entries of one sequence: prompt + output
     prefill_chunk: int  # prompt tokens per prefill pass
     max_window: int  # tokens in one decoding pass (the last token + guesses)
+    # Whether a window may hold several branches. A side branch's row attends to its ancestors across
+    # masked columns (the other branches); the gap moves its entries to other SIMD lanes of the softmax
+    # and attention sums, so its logits round differently from a one-token pass. Float activations
+    # absorb that last bit; int8 activations (accuracy level 4) can turn it into a whole quantization
+    # step and flip a greedy id. A single chain has no gap: its rows are bitwise those of one-token passes.
+    branches: bool = True
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy as np
 from ..errors import BackendError, require
 from ..manifest import Manifest
 from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
-from .base import Backend, BackendContext, StepOutput
+from .base import Backend, BackendContext, BackendLimits, StepOutput
 from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext, release
 from .inplace import OrtInplaceContext
@@ -93,6 +94,11 @@ class OrtBackend(Backend):
                 f"(unexpected: {sorted(names - expected)[:4]}, missing: {sorted(expected - names)[:4]}); re-export the artifact"
             )
 
+    @property
+    def limits(self) -> BackendLimits:
+        """The manifest's limits; windows stay one chain when the weights round activations to int8."""
+        return replace(super().limits, branches=not int8_activations(self.manifest))
+
     def context(self, capacity: int, batch: int = 1) -> "OrtContext":
         capacity = max(1, min(capacity, self.manifest.max_context))
         if self.graph == INPLACE:
@@ -103,10 +109,12 @@ class OrtBackend(Backend):
 def int8_activations(manifest: Manifest) -> bool:
     """Weights run through MatMulNBits at accuracy level 4, which rounds each activation block to int8.
 
-    Rounding amplifies the last-bit differences between GroupQueryAttention's one-token and
-    many-token paths into different greedy ids (SmolLM2 GGUF weights: `jacobi` equal to the in-place
-    graph's own greedy on 2 of 12 bench prompts), while the portable graph's attention gives bitwise
-    equal logits at every window. So `auto` keeps such artifacts on the portable graph: exact first."""
+    Rounding amplifies last-bit differences into different greedy ids. Two sources: GroupQueryAttention's
+    one-token and many-token paths differ (SmolLM2 GGUF weights: `jacobi` equal to the in-place graph's
+    own greedy on 2 of 12 bench prompts), and a side branch's masked gap changes the rounding of its
+    attention sums on either graph (BackendLimits.branches). The portable graph's rows of one chain are
+    bitwise those of one-token passes at every window. So `auto` keeps such artifacts on the portable
+    graph and their windows one chain: exact first."""
     if not manifest.quantization:
         return False
     return int((manifest.check.get("weights") or {}).get("accuracy_level", 4)) == 4

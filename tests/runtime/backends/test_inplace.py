@@ -74,6 +74,7 @@ def test_auto_keeps_int8_activations_on_the_portable_graph(artifact, quantizatio
     check = {**manifest.check, **({"weights": weights} if weights else {})}
     quantized = dataclasses.replace(manifest, quantization=quantization, check=check)
     assert OrtBackend(folder, quantized, "cpu", 1).graph == graph
+    assert OrtBackend(folder, quantized, "cpu", 1).limits.branches is (graph == "inplace")  # level 4: one chain a pass
     assert OrtBackend(folder, quantized, "cpu", 1, graph="inplace").graph == "inplace"  # asked for, it is given
 
 
