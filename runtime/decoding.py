@@ -61,13 +61,12 @@ def prefill_passes(ctx: BackendContext, prompt: list[int], chunk: int, sampler: 
 
 
 def step(ctx: BackendContext, last: int, proposer: Proposer, budget: int, sampler: Sampler | None = None,
-         history: list[int] | None = None, branches: bool = True) -> list[int]:
+         history: list[int] | None = None) -> list[int]:
     """One target pass over `last` and the proposer's guesses (a chain or a tree); returns the committed tokens.
 
     history: with a sampler, the committed sequence (prompt, then every new token, `last` included).
-    branches: False keeps the window one chain (BackendLimits.branches).
     """
-    tree = build_tree(last, proposer.propose(budget), max_nodes=budget + 1, branches=branches)
+    tree = build_tree(last, proposer.propose(budget), max_nodes=budget + 1)
     positions = ctx.length + np.asarray(tree.positions, dtype=np.int64)
     out = ctx.forward(np.array([tree.tokens], dtype=np.int64), positions[None], tree.window_mask[None],
                       want_logits=_sampling(sampler))
@@ -116,14 +115,12 @@ def decode(
     prefill_chunk: int,
     progress: Progress,
     sampler: Sampler | None = None,
-    branches: bool = True,
 ) -> Iterator[list[int]]:
     """Yield the new tokens pass by pass (an empty list after each prefill chunk but the last); stops after
     EOS (included), max_new_tokens or the context limit.
 
     window: a window size, or a policy (runtime.windows) that picks each pass's window.
     sampler: sample each token (runtime.sampling); None or a greedy sampler: the in-graph greedy ids.
-    branches: whether windows may hold side branches (BackendLimits.branches); else one chain.
     """
     policy = FixedWindow(window) if isinstance(window, int) else window
     started = time.perf_counter()
@@ -153,7 +150,7 @@ def decode(
             return
         w = min(policy.next(), max_new_tokens - produced, room)
         began = time.perf_counter()
-        new = step(ctx, last, proposer, w - 1, sampler, history, branches)
+        new = step(ctx, last, proposer, w - 1, sampler, history)
         if history is not None:
             history += new
         policy.observe(w, len(new), time.perf_counter() - began)

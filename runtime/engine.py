@@ -91,9 +91,8 @@ class Row:
         self._want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
         return self._want
 
-    def plan(self, width: int, length: int, branches: bool = True) -> Planned:
-        """This row's window of at most `width` tokens after its `length` cached entries (one chain unless
-        `branches`: BackendLimits.branches)."""
+    def plan(self, width: int, length: int) -> Planned:
+        """This row's window of at most `width` tokens after its `length` cached entries."""
         if self.prefilling:
             piece = self.prompt[self.fed : self.fed + width]
             last_chunk = self.fed + len(piece) >= len(self.prompt)
@@ -101,7 +100,7 @@ class Row:
                               last_chunk and _sampling(self.sampler))
         else:
             w = min(self._want, width)
-            tree = build_tree(self.last, self.proposer.propose(w - 1), max_nodes=w, branches=branches)
+            tree = build_tree(self.last, self.proposer.propose(w - 1), max_nodes=w)
             planned = Planned(tree.tokens, length + np.asarray(tree.positions, dtype=np.int64), tree.window_mask,
                               _sampling(self.sampler), tree)
         self._planned = planned
@@ -216,7 +215,6 @@ class BatchEngine:
                                "is not exact (export with accuracy level 0 to batch them exactly)")
         self.slots = slots
         self.prefill_chunk = prefill_chunk or limits.prefill_chunk
-        self.branches = limits.branches
         self.budget = budget or PassBudget(prefill_tokens=max(self.prefill_chunk, 16))
         self.clock = clock
         self.rows: list[Row] = []  # active rows; rows[i].slot == i (packed)
@@ -368,7 +366,7 @@ class BatchEngine:
         lengths = self.ctx.lengths
         width = max(1, min(width, self.capacity - int(lengths[span.start : span.stop].max())))
         rows = [self.rows[s] for s in span]
-        planned = [row.plan(width, int(lengths[row.slot]), self.branches) for row in rows]
+        planned = [row.plan(width, int(lengths[row.slot])) for row in rows]
         ids, positions, mask = _pad(planned)
         want_logits = any(p.logits for p in planned)
         before = lengths[span.start : span.stop].copy()

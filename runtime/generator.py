@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import typing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -133,7 +133,7 @@ class Generator:
         less than the manifest); the prefill chunk is also capped by this Generator's prefill_chunk."""
         limits = self.backend.limits
         context = limits.max_context if self.engine is None else min(limits.max_context, self.engine.capacity)
-        return BackendLimits(context, min(self.prefill_chunk, limits.prefill_chunk), limits.max_window, limits.branches)
+        return replace(limits, max_context=context, prefill_chunk=min(self.prefill_chunk, limits.prefill_chunk))
 
     @classmethod
     def load(
@@ -413,7 +413,7 @@ class Generator:
         with self.backend.context(capacity) as ctx, self._proposer(request, capacity) as proposer:
             policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
             tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
-                            limits.max_context, eos, limits.prefill_chunk, progress, sampler, limits.branches)
+                            limits.max_context, eos, limits.prefill_chunk, progress, sampler)
             for batch in tokens:  # a prefill chunk is an empty batch: the caller gets control between passes
                 yield from _pass_texts(batch, ids, eos, text, detok)
                 if text.stopped:
@@ -461,13 +461,16 @@ class Generator:
         return _result(request, row.progress, ids, started, row.session_seconds, row.proposer.stats, sampler, text)
 
     def _proposer(self, request: Request, capacity: int) -> Proposer:
+        """The strategy's proposer; where the backend's windows may not branch (BackendLimits.branches),
+        every proposer sends one chain a pass."""
         strategy = request.strategy
+        branches = self.limits.branches
         if strategy == "greedy":
             return NoProposer()
         if strategy == "jacobi":
             return JacobiProposer()
         if strategy == "lookahead" or (strategy == "auto" and self.draft is None):
-            return LookaheadProposer()
+            return LookaheadProposer() if branches else LookaheadProposer(branches=1)
         from .draft import DraftProposer
 
         def draft() -> DraftProposer:
@@ -477,6 +480,8 @@ class Generator:
 
         if strategy == "speculative":
             return draft()
+        if not branches:
+            return AutoProposer({"lookahead": LookaheadProposer(branches=1), "draft": draft()}, history=self.arm_history)
         # the draft's chain plus one prompt-lookup/n-gram branch when it pays: copies stay cheap
         drafting = UnionProposer({"draft": draft(), "lookahead": LookaheadProposer(branches=1)})
         return AutoProposer({"lookahead": LookaheadProposer(), "draft": drafting}, history=self.arm_history)

@@ -45,15 +45,11 @@ class Tree:
         return accept_branch(self.tokens, self.parents, predictions)
 
 
-def build_tree(root: int, candidates: Sequence[Sequence[int]], max_nodes: int | None = None,
-               branches: bool = True) -> Tree:
+def build_tree(root: int, candidates: Sequence[Sequence[int]], max_nodes: int | None = None) -> Tree:
     """Merge candidates into a trie under `root`; stop adding nodes at `max_nodes` (root counted).
 
-    Duplicates and candidates that are prefixes of others add no nodes. branches=False keeps only the
-    first candidate (BackendLimits.branches: a backend whose side branches do not round like one-token passes).
+    Duplicates and candidates that are prefixes of others add no nodes.
     """
-    if not branches:
-        candidates = candidates[:1]
     children: list[dict[int, int]] = [{}]
     tokens, parents, depth = [int(root)], [-1], [0]
     for candidate in candidates:

@@ -377,11 +377,3 @@ def test_a_chunked_prefill_hands_back_control_after_every_pass(artifact, graph):
         chunked, whole = batches(4), batches(256)
     assert chunked[:2] == [[], []] and all(chunked[2:]) and all(whole)
     assert [t for b in chunked for t in b] == [t for b in whole for t in b]
-
-
-def test_build_tree_without_branches_keeps_the_first_candidate():
-    from jacobi_rt.runtime.tree import build_tree
-
-    tree = build_tree(7, [[1, 2, 3], [1, 4], [5]], max_nodes=8, branches=False)
-    assert tree.tokens == [7, 1, 2, 3] and tree.parents == [-1, 0, 1, 2]
-    assert build_tree(7, [[1, 2, 3], [1, 4], [5]], max_nodes=8).tokens == [7, 1, 2, 3, 4, 5]

@@ -114,3 +114,25 @@ def test_concurrent_generate_equals_sequential(gen):
         threaded = list(pool.map(lambda job: gen.generate(job[0], max_new_tokens=job[2], strategy=job[1]).ids, jobs * 2))
     assert threaded == sequential * 2
 
+
+
+def test_a_backend_without_branches_gets_one_chain_proposers(artifact, monkeypatch):
+    """BackendLimits.branches False (int8-activation artifacts): lookahead sends one n-gram chain and
+    auto's draft arm drops its extra lookahead branch, so no pass holds a side branch."""
+    import dataclasses
+
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.runtime.backends.base import Backend
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+    from jacobi_rt.runtime.proposers import UnionProposer
+
+    monkeypatch.setattr(OrtBackend, "limits", property(lambda self: dataclasses.replace(Backend.limits.fget(self), branches=False)))
+    generator = Generator.load(artifact("llama"), draft=artifact("llama-draft1"))
+    request = generator._request("the fox", None, False, 8, "lookahead", None, None, None, {})
+    with generator._proposer(request, 64) as lookahead:
+        assert lookahead.branches == 1
+    with generator._proposer(dataclasses.replace(request, strategy="auto"), 64) as auto:
+        arms = auto.all_arms
+        assert arms["lookahead"].branches == 1 and not isinstance(arms["draft"], UnionProposer)
+    greedy = generator.generate("the fox", max_new_tokens=16, strategy="greedy").ids
+    assert generator.generate("the fox", max_new_tokens=16, strategy="auto").ids == greedy
