@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Set up from scratch and run every test, as CI does:
-#  1. the export environment (torch, transformers, onnx, onnxruntime) runs the whole suite,
-#     the real SmolLM2-135M export included, and exports the test artifacts;
+#  1. the export environment (torch, transformers, onnx, onnxruntime) exports the test artifacts
+#     and runs the exporter, tools and docs tests (the real SmolLM2-135M export included), plus
+#     the few runtime/server tests that need it (greedy vs transformers' generate; Ray Serve);
 #  2. a second, torch-free environment (`pip install ".[cpu,serve]"` only) runs the runtime,
-#     engine and server tests against those artifacts, proving they need no PyTorch.
+#     engine and server tests against those artifacts, proving they need no PyTorch. They run
+#     there only, not twice: a plain `pytest` in the export environment still runs everything.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -15,8 +17,9 @@ export JACOBI_RT_TEST_ARTIFACTS="$artifacts"
 echo "== exporting test artifacts to $artifacts"
 "$JACOBI_RT_VENV/bin/python" tests/make_artifacts.py "$artifacts" --smollm2
 
-echo "== full suite (export environment)"
-"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra "$@"
+echo "== exporter, tools and docs suites (export environment)"
+"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra tests/exporter tests/tools tests/test_*.py \
+    tests/runtime/test_vs_transformers.py tests/server/test_ray.py "$@"
 
 echo "== runtime suite (torch-free environment)"
 lean="$here/.venv-runtime"
