@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .backends.base import BackendContext
+from .passes import PassResult, pass_result
 from .proposers import Proposer
 from .sampling import Sampler
 from .tree import build_tree
@@ -61,15 +62,19 @@ def prefill_passes(ctx: BackendContext, prompt: list[int], chunk: int, sampler: 
 
 
 def step(ctx: BackendContext, last: int, proposer: Proposer, budget: int, sampler: Sampler | None = None,
-         history: list[int] | None = None) -> list[int]:
-    """One target pass over `last` and the proposer's guesses (a chain or a tree); returns the committed tokens.
+         history: list[int] | None = None, clock: Callable[[], float] = time.perf_counter) -> PassResult:
+    """One target pass over `last` and the proposer's guesses (a chain or a tree); returns its PassResult
+    (result.committed: the committed tokens), which the proposer has been given.
 
     history: with a sampler, the committed sequence (prompt, then every new token, `last` included).
+    clock: times the target's forward, the one measurement every cost model learns from.
     """
     tree = build_tree(last, proposer.propose(budget), max_nodes=budget + 1)
     positions = ctx.length + np.asarray(tree.positions, dtype=np.int64)
+    started = clock()
     out = ctx.forward(np.array([tree.tokens], dtype=np.int64), positions[None], tree.window_mask[None],
                       want_logits=_sampling(sampler))
+    seconds = clock() - started
     if _sampling(sampler):
         predictions = sampled_predictions(sampler, out.logits[0], tree.tokens, tree.parents, history)
     else:
@@ -82,8 +87,9 @@ def step(ctx: BackendContext, last: int, proposer: Proposer, budget: int, sample
         ctx.commit(len(verdict.keep))  # KV of last + accepted guesses; committed[-1] has no KV yet
     else:
         ctx.commit_rows(verdict.keep)  # an accepted side branch: gather its KV rows into place
-    proposer.update(tree, predictions, verdict)
-    return verdict.committed
+    result = pass_result(tree, predictions, verdict, seconds)
+    proposer.update(result)
+    return result
 
 
 def sampled_predictions(sampler: Sampler, logits: np.ndarray, tokens: list[int], parents: list[int],
@@ -115,18 +121,20 @@ def decode(
     prefill_chunk: int,
     progress: Progress,
     sampler: Sampler | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[list[int]]:
     """Yield the new tokens pass by pass (an empty list after each prefill chunk but the last); stops after
     EOS (included), max_new_tokens or the context limit.
 
     window: a window size, or a policy (runtime.windows) that picks each pass's window.
     sampler: sample each token (runtime.sampling); None or a greedy sampler: the in-graph greedy ids.
+    clock: times the prefill and each target forward (tests inject one).
     """
     policy = FixedWindow(window) if isinstance(window, int) else window
-    started = time.perf_counter()
+    started = clock()
     last = yield from prefill_passes(ctx, prompt, prefill_chunk, sampler)
     progress.prefill_passes = -(-len(prompt) // prefill_chunk)
-    progress.prefill_seconds = time.perf_counter() - started
+    progress.prefill_seconds = clock() - started
     proposer.use_sampler(sampler if _sampling(sampler) else None)
     proposer.start(prompt, last)
     history = [*prompt, last] if _sampling(sampler) else None
@@ -149,11 +157,11 @@ def decode(
             progress.finish_reason = "context"
             return
         w = min(policy.next(), max_new_tokens - produced, room)
-        began = time.perf_counter()
-        new = step(ctx, last, proposer, w - 1, sampler, history)
+        result = step(ctx, last, proposer, w - 1, sampler, history, clock)
+        new = result.committed
         if history is not None:
             history += new
-        policy.observe(w, len(new), time.perf_counter() - began)
+        policy.observe(result)
         last = new[-1]
         produced += len(new)
         progress.target_passes += 1

@@ -26,8 +26,9 @@ from .acceptance import PassCosts, matched_prefix
 from .backends.base import PREFILL_CHUNK, Backend
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
+from .passes import PassResult
 from .proposers import Proposer
-from .tree import Tree, Verdict
+from .tree import Tree
 
 CATCHUP = 8  # more pending tokens than this are fed as a catch-up before the proposal's own pass
 
@@ -172,7 +173,6 @@ class DraftProposer(Proposer):
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
         self.usable = True  # False when the prompt does not fit the draft's context
         self.sampler = None  # with sampling, the draft samples its chain (use_sampler)
-        self._sent_at = 0.0
         self.stats = _zero_stats()
 
     # -- the Proposer interface -------------------------------------------------------------
@@ -187,6 +187,7 @@ class DraftProposer(Proposer):
 
     def start(self, prompt: list[int], first: int) -> None:
         self.stats = {**_zero_stats(), "jacobi_tail": self.jacobi}
+        self.catchup_seconds = 0.0  # counted in stats["draft_seconds"] too: own_seconds takes it out
         self.tokens, self.chain, self.jacobi_guesses = [*prompt, first], [], []
         self.ctx.trim(0)
         self.usable = len(prompt) + 1 < self.ctx.capacity
@@ -198,12 +199,15 @@ class DraftProposer(Proposer):
         k = min(k, self._room()) if self.usable else 0
         self.chain = self._run_draft(k) if k > 0 else []
         self.stats["proposed"] += len(self.chain)
-        self._sent_at = time.perf_counter()  # update() times the target's pass from here
         return [self.chain] if self.chain else []
 
-    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
-        committed = verdict.committed
-        self.length.observe_target(len(tree.tokens), time.perf_counter() - self._sent_at)
+    @property
+    def own_seconds(self) -> float:
+        return self.stats["draft_seconds"] - self.catchup_seconds
+
+    def update(self, result: PassResult) -> None:
+        tree, predictions, committed = result.tree, result.predictions, result.committed
+        self.length.observe_target(result.tokens, result.seconds)
         self.jacobi_guesses = []
         if self.chain:
             chain = self.chain

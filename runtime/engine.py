@@ -31,6 +31,7 @@ import numpy as np
 from .backends.base import Backend
 from .decoding import Progress, _sampling, sampled_predictions
 from .errors import BackendError, InputError
+from .passes import pass_result
 from .proposers import Proposer
 from .sampling import Sampler
 from .scheduler import PassBudget, RowRate
@@ -108,9 +109,9 @@ class Row:
 
     # -- after the pass ---------------------------------------------------------------------------
 
-    def settle(self, greedy: np.ndarray, logits: np.ndarray | None, length: int, seconds: float) -> list[int]:
+    def settle(self, greedy: np.ndarray, logits: np.ndarray | None, length: int, seconds: float, tokens: int) -> list[int]:
         """Read this row's predictions; return the window entries whose KV to keep. `length`: the
-        row's cached entries before the pass; `seconds`: the pass's time."""
+        row's cached entries before the pass; `seconds`: the pass's forward; `tokens`: its rows x width."""
         planned, self._planned = self._planned, None
         if planned.tree is None:
             return self._settle_prefill(planned, greedy, logits)
@@ -124,10 +125,11 @@ class Row:
             for entry, token in zip(verdict.keep, verdict.committed):
                 self.sampler.record(logits[entry], token)
             self.history += verdict.committed
-        self.proposer.update(tree, predictions, verdict)
+        result = pass_result(tree, predictions, verdict, seconds, tokens)
+        self.proposer.update(result)
         new = verdict.committed
-        self.policy.observe(len(tree.tokens), len(new), seconds)
-        self.rate.observe(len(tree.tokens), len(new))
+        self.policy.observe(result)
+        self.rate.observe(result.window, len(new))
         self.last = new[-1]
         self.produced += len(new)
         self.progress.target_passes += 1
@@ -378,7 +380,8 @@ class BatchEngine:
         for i, (row, plan) in enumerate(zip(rows, planned)):
             n = len(plan.tokens)
             try:
-                keep = row.settle(out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, int(before[i]), seconds)
+                keep = row.settle(out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, int(before[i]), seconds,
+                                  ids.size)
             except Exception as exc:  # a proposer or sampler failing ends its own row only
                 row.fail(exc)
                 keep = []

@@ -2,19 +2,20 @@
 
 The loop asks `propose(budget)` for candidate continuations of the committed sequence (one
 chain, several branches, or none), verifies them all in one target pass as a tree (runtime.tree),
-and calls `update(tree, predictions, verdict)` with what the target predicted and committed, so a
-proposer can keep state: the Jacobi trajectory, an n-gram pool, a draft model's cache.
+and calls `update(result)` with the pass's PassResult (runtime.passes: the tree, what the target
+predicted and committed, and the forward's measured seconds), so a proposer can keep state (the
+Jacobi trajectory, an n-gram pool, a draft model's cache) and learn the pass's cost without timing it.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .acceptance import AcceptanceTracker
 from .ngram import Candidate, NgramPool, PromptLookup
+from .passes import PassResult
 from .tree import Tree, Verdict, leaf_paths
 
 
@@ -37,8 +38,15 @@ class Proposer(ABC):
         """Candidate continuations after the last committed token, at most `budget` tokens in all."""
 
     @abstractmethod
-    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
-        """The target saw `tree`, predicted `predictions` (one per node), and committed verdict.committed."""
+    def update(self, result: PassResult) -> None:
+        """The target saw result.tree, predicted result.predictions (one per node), and committed
+        result.committed in a forward of result.seconds."""
+
+    @property
+    def own_seconds(self) -> float:
+        """Seconds this proposer spent running its own model (a draft's passes), catch-ups excluded:
+        its cost on top of the target's pass (`auto` adds it to the arm's time). 0 for the model-free ones."""
+        return 0.0
 
     def use_sampler(self, sampler) -> None:
         """How the target chooses tokens (runtime.sampling.Sampler; None: greedy). Called before start();
@@ -63,7 +71,7 @@ class NoProposer(Proposer):
     def propose(self, budget: int) -> list[list[int]]:
         return []
 
-    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+    def update(self, result: PassResult) -> None:
         pass
 
 
@@ -89,9 +97,9 @@ class JacobiProposer(Proposer):
         fill = guesses[-1] if guesses else self.last
         return [guesses + [fill] * (budget - len(guesses))] if budget else []
 
-    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
-        self.last = verdict.committed[-1]
-        self.trajectory = list(predictions[len(verdict.committed) :])  # a chain: nodes in window order
+    def update(self, result: PassResult) -> None:
+        self.last = result.committed[-1]
+        self.trajectory = list(result.predictions[len(result.committed) :])  # a chain: nodes in window order
 
 
 class LookaheadProposer(Proposer):
@@ -113,7 +121,6 @@ class LookaheadProposer(Proposer):
         self.trajectory: list[int] = []
         self.pending: list[Candidate] = []  # this pass's candidates, scored in update
         self.sent: list[tuple[str, list[int]]] = []  # (source, tokens) of the branches in this pass
-        self.began = time.perf_counter()
         self.stats = {"proposed": 0, "accepted": 0, "accepted_by_source": {}}
 
     def start(self, prompt: list[int], first: int) -> None:
@@ -142,11 +149,11 @@ class LookaheadProposer(Proposer):
         chosen = ranked[: self.branches]
         self.sent = [(c.source, c.tokens[:length]) for _, length, c in chosen]
         self.stats["proposed"] += sum(length for _, length, _ in chosen)
-        self.began = time.perf_counter()  # propose() and update() bracket the target pass: time it
         return [tokens for _, tokens in self.sent]
 
-    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
-        self.tracker.observe_pass(len(tree.tokens), time.perf_counter() - self.began)
+    def update(self, result: PassResult) -> None:
+        tree, predictions, verdict = result.tree, result.predictions, result.verdict
+        self.tracker.observe_pass(result.tokens, result.seconds)
         committed = verdict.committed
         self._count_accepted(verdict)
         for candidate in self.pending:
@@ -159,7 +166,6 @@ class LookaheadProposer(Proposer):
         # the trajectory past the accepted node: the predictions of its descendants along the first branch
         self.trajectory = _trajectory_after(tree, predictions, verdict)
         self.pending = []
-
 
     def _count_accepted(self, verdict: Verdict) -> None:
         accepted = len(verdict.path)
@@ -184,8 +190,7 @@ def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> l
 class UnionProposer(Proposer):
     """Several proposers' guesses verified in one pass: the first part's branches, then the next
     part's within the budget left, and so on (e.g. a draft's chain plus a prompt-lookup copy).
-    Every part sees every verdict. Order matters for timing: a part that times the target pass
-    from its propose() (lookahead) must come after one whose propose() runs a model (a draft).
+    Every part sees every pass's result.
     """
 
     def __init__(self, parts: dict[str, Proposer]) -> None:
@@ -200,6 +205,10 @@ class UnionProposer(Proposer):
     @catchup_seconds.setter
     def catchup_seconds(self, value: float) -> None:  # the base class's initial 0.0; parts keep their own
         pass
+
+    @property
+    def own_seconds(self) -> float:
+        return sum(part.own_seconds for part in self.parts.values())
 
     def use_sampler(self, sampler) -> None:
         for part in self.parts.values():
@@ -218,9 +227,9 @@ class UnionProposer(Proposer):
             branches += proposed
         return branches
 
-    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+    def update(self, result: PassResult) -> None:
         for part in self.parts.values():
-            part.update(tree, predictions, verdict)
+            part.update(result)
 
     def close(self) -> None:
         for part in self.parts.values():
@@ -272,8 +281,8 @@ class ArmHistory:
 
 class AutoProposer(Proposer):
     """Several proposers as arms of a bandit: each pass goes to the arm with the most committed
-    tokens per second of measured wall time (its own cost included: a draft's passes, a wider
-    target pass; not an arm's one-time catch-up, such as a draft's prefill). Each arm first gets `warmup` passes; an arm on trial sends at most
+    tokens per second of measured time: the target's forward (PassResult.seconds) plus the arm's
+    own model time (`own_seconds`: a draft's passes; not its one-time catch-up, such as a draft's prefill). Each arm first gets `warmup` passes; an arm on trial sends at most
     `probe_budget` guesses, so trying a slow draft stays cheap; a losing arm is probed again after
     `probe_every` passes, and the wait doubles each time the probe does not make it the best
     (probing a draft costs a catch-up pass over everything it skipped). Totals decay slowly, so
@@ -297,7 +306,7 @@ class AutoProposer(Proposer):
         self.wait: dict[str, int] = {}
         self.passes = 0
         self.current = next(iter(arms))
-        self.began = self.catchup_before = 0.0
+        self.own_before = 0.0  # the current arm's own_seconds when it was asked to propose
         self.stats = {"passes_by_arm": {name: 0 for name in arms}}
 
     def use_sampler(self, sampler) -> None:
@@ -337,9 +346,8 @@ class AutoProposer(Proposer):
         return best
 
     def propose(self, budget: int) -> list[list[int]]:
-        self.began = time.perf_counter()
         self.current = self.choose()
-        self.catchup_before = self.arms[self.current].catchup_seconds
+        self.own_before = self.arms[self.current].own_seconds
         self.stats["passes_by_arm"][self.current] += 1
         if self.current != max(self.arms, key=self.rate):
             budget = min(budget, self.probe_budget)
@@ -350,14 +358,14 @@ class AutoProposer(Proposer):
                 branches = proposed
         return branches
 
-    def update(self, tree: Tree, predictions: list[int], verdict: Verdict) -> None:
+    def update(self, result: PassResult) -> None:
         for arm in self.arms.values():
-            arm.update(tree, predictions, verdict)
+            arm.update(result)
         name = self.current
         self.tried[name] += 1
-        self.tokens[name] = self.tokens[name] * self.decay + len(verdict.committed)
-        catchup = self.arms[name].catchup_seconds - self.catchup_before
-        self.seconds[name] = self.seconds[name] * self.decay + (time.perf_counter() - self.began - catchup)
+        self.tokens[name] = self.tokens[name] * self.decay + len(result.committed)
+        own = self.arms[name].own_seconds - self.own_before
+        self.seconds[name] = self.seconds[name] * self.decay + result.seconds + own
         if name == max(self.arms, key=self.rate):
             self.wait[name] = self.probe_every
 

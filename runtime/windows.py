@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .passes import PassResult
+
 
 @dataclass
 class FixedWindow:
@@ -21,7 +23,7 @@ class FixedWindow:
     def next(self) -> int:
         return self.window
 
-    def observe(self, window: int, accepted: int, seconds: float) -> None:
+    def observe(self, result: PassResult) -> None:
         pass
 
 
@@ -62,11 +64,11 @@ class AdaptiveWindow:
         arm = self.arms[w]
         return (arm.tokens or 0.0) / arm.seconds if arm.seconds else 0.0
 
-    def observe(self, window: int, accepted: int, seconds: float) -> None:
-        arm = self.arms.get(window)
+    def observe(self, result: PassResult) -> None:
+        arm = self.arms.get(result.window)
         skip, self._skip = self._skip, False
         if arm is None or skip:  # a window cut short (max_new_tokens, context) or a probe's warm-up pass
             return
-        a = self.smoothing
+        a, seconds, accepted = self.smoothing, result.seconds, len(result.committed)
         arm.seconds = seconds if arm.seconds is None else (1 - a) * arm.seconds + a * seconds
         arm.tokens = accepted if arm.tokens is None else (1 - a) * arm.tokens + a * accepted

@@ -76,9 +76,9 @@ class BranchOracle(Proposer):
         right = self.truth[self.done : self.done + 3]
         return [[(t + 1) % self.vocab for t in right], right] if right else []
 
-    def update(self, tree, predictions, verdict):
-        self.gathers += not verdict.contiguous
-        self.done += len(verdict.committed)
+    def update(self, result):
+        self.gathers += not result.verdict.contiguous
+        self.done += len(result.committed)
 
 
 def assert_side_branches_stay_greedy(backend, new: int = 40) -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from text_helpers import clean_substring
 
+from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer
 from jacobi_rt.runtime.tree import build_tree
 from make_artifacts import FAMILIES
@@ -39,7 +38,7 @@ def test_jacobi_proposer_uses_predictions_past_the_accepted_point():
     assert p.propose(3) == [[4, 4, 4]]  # nothing known yet: repeat the last token
     tree = build_tree(4, [[4, 4, 4]])
     predictions = [4, 11, 12, 13]  # one right guess: commits 4, 11
-    p.update(tree, predictions, tree.accept(predictions))
+    p.update(pass_result(tree, predictions, tree.accept(predictions), 0.01))
     assert p.propose(3) == [[12, 13, 13]]  # predictions[2:], padded with its last entry
 
 
@@ -119,6 +118,13 @@ def test_stop_string_cuts_text_and_ids(generator):
 
 
 
+def _chain_result(window: int, committed: int, seconds: float):
+    """A PassResult of a chain of `window` tokens of which the first committed-1 guesses were right."""
+    tree = build_tree(0, [list(range(1, window))])
+    predictions = [*range(1, committed), 99, *[98] * window][:window]
+    return pass_result(tree, predictions, tree.accept(predictions), seconds)
+
+
 def test_adaptive_window_settles_on_the_faster_arm():
     from jacobi_rt.runtime.windows import AdaptiveWindow
 
@@ -128,7 +134,7 @@ def test_adaptive_window_settles_on_the_faster_arm():
         w = policy.next()
         chosen.append(w)
         # greedy: 1 token in 10 ms; jacobi: 1.2 tokens in 14 ms -> greedy is faster
-        policy.observe(w, 1 if w == 1 else 2 if len(chosen) % 5 == 0 else 1, 0.010 if w == 1 else 0.014)
+        policy.observe(_chain_result(w, 1 if w == 1 else 2 if len(chosen) % 5 == 0 else 1, 0.010 if w == 1 else 0.014))
     assert chosen[:2] == [8, 1]
     assert chosen[2:].count(1) > 30 and 8 in chosen[10:]  # mostly greedy, still probing
 
@@ -168,9 +174,9 @@ class BranchOracle(Proposer):
         wrong = [(t + 1) % 300 for t in right]
         return [wrong, right] if right else []
 
-    def update(self, tree, predictions, verdict):
-        self.gathers += not verdict.contiguous
-        self.done += len(verdict.committed)
+    def update(self, result):
+        self.gathers += not result.verdict.contiguous
+        self.done += len(result.committed)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -207,8 +213,15 @@ class Scripted(Proposer):
         self.asked.append(budget)
         return [self.guess[:budget]] if budget else []
 
-    def update(self, tree, predictions, verdict):
+    def update(self, result):
         pass
+
+
+def _pass(proposer, budget=3, truth=(1, 2, 3, 4)):
+    """One pass of `proposer` against a target that predicts `truth`; the forward takes 10 ms plus 1 ms a token."""
+    tree = build_tree(0, proposer.propose(budget))
+    predictions = list(truth[: len(tree.tokens)])
+    proposer.update(pass_result(tree, predictions, tree.accept(predictions), 0.010 + 0.001 * len(tree.tokens)))
 
 
 def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing():
@@ -220,9 +233,7 @@ def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing
     auto.start([0], 0)
     chosen = []
     for _ in range(40):
-        tree = build_tree(0, auto.propose(3))
-        predictions = [1, 2, 3, 4][: len(tree.tokens)]
-        auto.update(tree, predictions, tree.accept(predictions))
+        _pass(auto)
         chosen.append(auto.current)
     assert chosen[:4] == ["bad", "bad", "good", "good"]  # each arm measured first
     assert chosen[4:].count("good") >= 30 and "bad" in chosen[14:]  # mostly the good arm, with probes
@@ -230,14 +241,10 @@ def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing
 
 
 def _auto_call(auto, passes=20) -> list[str]:
-    from jacobi_rt.runtime.tree import build_tree
-
     auto.start([0], 0)
     chosen = []
     for _ in range(passes):
-        tree = build_tree(0, auto.propose(3))
-        predictions = [1, 2, 3, 4][: len(tree.tokens)]
-        auto.update(tree, predictions, tree.accept(predictions))
+        _pass(auto)
         chosen.append(auto.current)
     auto.close()
     return chosen
@@ -281,31 +288,39 @@ def test_auto_with_a_history_equals_greedy_and_reports_what_sat_out(artifact):
             assert result.stats.proposer["arms"]["draft"]["draft"]["draft_passes"] == 0
 
 
-class CatchingUp(Scripted):
-    """A right-guessing arm whose first proposal first spends `seconds` catching up (a draft's prefill)."""
+class Modelled(Scripted):
+    """A right-guessing arm that runs a model of its own: `seconds` of model time per proposal, and a
+    one-time catch-up of `catchup` seconds on the first (a draft's prefill), reported, not slept."""
 
-    def __init__(self, guess, seconds):
+    def __init__(self, guess, seconds, catchup=0.0):
         super().__init__(guess)
-        self.seconds = seconds
+        self.seconds, self.catchup, self.model = seconds, catchup, 0.0
+
+    @property
+    def own_seconds(self):
+        return self.model
 
     def propose(self, budget):
-        if budget and self.seconds:
-            began = time.perf_counter()
-            time.sleep(self.seconds)
-            self.catchup_seconds += time.perf_counter() - began
-            self.seconds = 0
+        if budget:
+            self.catchup_seconds += self.catchup  # not own time: paid once, not per pass
+            self.catchup = 0.0
+            self.model += self.seconds
         return super().propose(budget)
 
 
-def test_auto_leaves_an_arms_one_time_catch_up_out_of_its_rate():
+def test_auto_counts_an_arms_own_model_time_but_not_its_one_time_catch_up():
     from jacobi_rt.runtime.proposers import AutoProposer
 
-    late = CatchingUp([1, 2, 3], 0.2)
+    late = Modelled([1, 2, 3], seconds=0.0, catchup=0.2)
     auto = AutoProposer({"first": Scripted([1, 2, 3]), "late": late}, warmup=2)
     _auto_call(auto, passes=6)
-    assert late.catchup_seconds >= 0.2
-    # counted, the 0.2 s would make "late" thousands of times slower than "first" (passes take microseconds)
-    assert auto.rate("late") > 0.2 * auto.rate("first")
+    assert late.catchup_seconds == 0.2
+    # counted, the 0.2 s would make "late" about ten times slower than "first" (passes take 14 ms)
+    assert auto.rate("late") == pytest.approx(auto.rate("first"))
+    slow = Modelled([1, 2, 3], seconds=0.05)  # same guesses, but 50 ms of model time a pass
+    auto = AutoProposer({"slow": slow, "free": Scripted([1, 2, 3])}, warmup=2)
+    _auto_call(auto, passes=6)
+    assert auto.rate("free") > 3 * auto.rate("slow")
 
 
 def test_union_proposer_sends_every_parts_branches_within_the_budget_and_updates_them_all():
@@ -320,7 +335,7 @@ def test_union_proposer_sends_every_parts_branches_within_the_budget_and_updates
     tree = build_tree(0, branches)
     predictions = [1, 5, 9, 9, 6]  # the second branch is right: 1, 5, then 6
     verdict = tree.accept([predictions[i] for i in range(len(tree.tokens))])
-    union.update(tree, predictions, verdict)
+    union.update(pass_result(tree, predictions, verdict, 0.01))
     assert verdict.committed[:2] == [1, 5]
     assert set(union.stats) == {"first", "second"}
 

@@ -10,6 +10,7 @@ import pytest
 
 from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, matched_prefix, pass_cost
 from jacobi_rt.runtime.ngram import Candidate, NgramPool, PromptLookup
+from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.proposers import LookaheadProposer
 from jacobi_rt.runtime.tree import accept_branch, ancestor_mask, build_tree, leaf_paths
 
@@ -438,7 +439,7 @@ def run_loop(proposer, model, prompt, new, window):
         predictions = [model(seq[:-1] + [tree.tokens[j] for j in range(len(tree.tokens)) if tree.window_mask[i, j]])
                        for i in range(len(tree.tokens))]
         verdict = tree.accept(predictions)
-        proposer.update(tree, predictions, verdict)
+        proposer.update(pass_result(tree, predictions, verdict, 0.0))  # toy passes: no time to learn from
         seq.extend(verdict.committed)
     return seq[len(prompt) :][:new], passes
 
@@ -494,7 +495,7 @@ def test_proposer_k_zero_and_empty_prompt():
     assert proposer.propose(0) == []
     assert proposer.propose(4) == []  # nothing known yet
     tree = build_tree(5, [])
-    proposer.update(tree, [6], tree.accept([6]))
+    proposer.update(pass_result(tree, [6], tree.accept([6]), 0.0))
     assert proposer.lookup.tokens == [5, 6]
 
 

@@ -1,0 +1,33 @@
+"""PassResult: what one target pass did for one row, measured once and handed to everything that learns.
+
+The loop (decoding.step for a single generation, the batch engine for each of its rows) times the
+target's forward once and builds one PassResult per row per pass. The proposer (`update`), the
+window policy and every cost model learn from it, so none of them times the pass on its own by
+bracketing propose() and update() (which also counted the loop's bookkeeping as pass time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .tree import Tree, Verdict
+
+
+@dataclass(frozen=True)
+class PassResult:
+    tree: Tree  # the row's window: the last committed token and the guesses verified with it
+    predictions: list[int]  # the target's token at each tree node (greedy, or sampled from its prefix)
+    verdict: Verdict  # what the pass committed, and which window rows' KV were kept
+    window: int  # the row's window: len(tree.tokens)
+    seconds: float  # the target's forward, timed once around it (in a batched pass: the whole pass)
+    tokens: int  # tokens the forward ran: the window, or rows x width in a batched pass (the cost curve's key)
+
+    @property
+    def committed(self) -> list[int]:
+        return self.verdict.committed
+
+
+def pass_result(tree: Tree, predictions: list[int], verdict: Verdict, seconds: float, tokens: int | None = None) -> PassResult:
+    """A PassResult for `tree`; `tokens` defaults to the window (a pass of this row alone)."""
+    window = len(tree.tokens)
+    return PassResult(tree, predictions, verdict, window, seconds, window if tokens is None else tokens)

@@ -1,0 +1,55 @@
+"""PassResult: the loop times the target's forward once and hands one result per pass to the proposer and the policy."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+from jacobi_rt.runtime.decoding import Progress, decode
+from jacobi_rt.runtime.manifest import load_manifest
+from jacobi_rt.runtime.passes import pass_result
+from jacobi_rt.runtime.proposers import JacobiProposer
+from jacobi_rt.runtime.tree import build_tree
+from jacobi_rt.runtime.windows import FixedWindow
+
+
+class Recording(JacobiProposer):
+    def __init__(self):
+        super().__init__()
+        self.results = []
+
+    def update(self, result):
+        self.results.append(result)
+        super().update(result)
+
+
+class RecordingWindow(FixedWindow):
+    def __init__(self, window):
+        super().__init__(window)
+        self.results = []
+
+    def observe(self, result):
+        self.results.append(result)
+
+
+def test_pass_result_defaults_its_tokens_to_the_window():
+    tree = build_tree(3, [[4, 5], [6]])
+    result = pass_result(tree, [4, 5, 9, 1], tree.accept([4, 5, 9, 1]), 0.02)
+    assert result.window == result.tokens == 4 and result.committed == [4, 5, 9]
+    assert pass_result(tree, [0] * 4, tree.accept([0] * 4), 0.02, tokens=64).tokens == 64  # a batched pass's size
+
+
+def test_the_loop_times_only_the_forward_and_gives_the_proposer_and_the_policy_the_same_result(artifact):
+    path = artifact("llama")
+    ticks = itertools.count()
+    clock = lambda: next(ticks) * 0.01  # every reading 10 ms later: a forward bracketed once reads 10 ms
+    proposer, policy = Recording(), RecordingWindow(4)
+    with OrtBackend(path, load_manifest(path), "cpu", 1) as backend, backend.context(64) as ctx:
+        passes = list(decode(ctx, [5, 17, 42, 8], proposer, policy, 20, 64, set(), 16, Progress(), clock=clock))
+    new = [t for batch in passes[1:] for t in batch]
+    assert proposer.results and proposer.results == policy.results  # one result per pass, to both
+    assert [r.seconds for r in proposer.results] == pytest.approx([0.01] * len(proposer.results))  # a reading before and after the forward, nothing else
+    assert all(r.window == r.tokens == len(r.tree.tokens) for r in proposer.results)
+    assert [t for r in proposer.results for t in r.committed] == new[: sum(len(r.committed) for r in proposer.results)]
