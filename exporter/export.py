@@ -26,6 +26,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 from . import sources
 from .destination import recover_interrupted
 from .options import ExportOptions, check_keep_layers, check_max_context
+from .reuse import reuse_graphs
 from . import weights as weight_step
 
 GRAPH_FILE = "model.onnx"
@@ -88,8 +89,8 @@ def export(
 def _export_into(folder: Path, source, options: ExportOptions, step, check_progress) -> Manifest:
     import torch
 
-    from .check import SHAPES, check_against_onnx, check_against_torch
-    from .trace import export_onnx, probe
+    from .check import check_against_onnx
+    from .trace import probe
 
     step(f"loading {source.name} ({source.model_type})")
     dtype, quantize, opset, keep_layers = options.torch_dtype, options.quantize, options.opset, options.keep_layers
@@ -102,21 +103,16 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     limit = min(shape.max_positions, getattr(model.config, "sliding_window", None) or shape.max_positions)
     max_context = limit if options.max_context is None else options.max_context
     check_max_context(max_context, limit)
+    source_info = source.describe()
+    if keep_layers is not None:
+        source_info["kept_layers"] = keep_layers
 
-    step(f"tracing the window graph ({shape.num_layers} layers, opset {opset})")
-    graph = folder / GRAPH_FILE
-    torch.manual_seed(0)
-    export_onnx(model, shape, graph, opset)
-
-    step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
-    report = check_against_torch(model, shape, graph, dtype, _progress(check_progress))
-    check = {"vs_pytorch": report.to_dict()}
-    graphs = {PORTABLE: GRAPH_FILE}
-    if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
-        from .inplace import add_inplace_graph
-
-        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, dtype, opset, step, _progress(check_progress))
-        graphs.update(extra)
+    if options.graphs_from:
+        step(f"reusing the checked graphs of {options.graphs_from}")
+        graphs, check = reuse_graphs(Path(options.graphs_from).expanduser(), folder, source_info, options, max_context)
+    else:
+        graphs, check = _trace_and_check(model, shape, folder, options, step, check_progress)
+    graph = folder / graphs[PORTABLE]
 
     weights = None
     if quantize or options.weights == "gguf":  # the same weight pass over every graph file
@@ -131,9 +127,6 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     tokenizer_info = _save_tokenizer(tokenizer, folder)
     eos_ids = _eos_ids(model, tokenizer)
     files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
-    source_info = source.describe()
-    if keep_layers is not None:
-        source_info["kept_layers"] = keep_layers
     return Manifest(
         format_version=FORMAT_VERSION,
         role=options.role,
@@ -152,8 +145,33 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
             "tool": f"jacobi-rt {__version__}",
             "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **({"graphs_from": str(Path(options.graphs_from).expanduser().resolve())} if options.graphs_from else {}),
         },
     )
+
+
+def _trace_and_check(model, shape, folder: Path, options: ExportOptions, step, check_progress) -> tuple[dict[str, str], dict]:
+    """Trace the portable graph (and the in-place one) into `folder`, each checked against PyTorch."""
+    import torch
+
+    from .check import SHAPES, check_against_torch
+    from .trace import export_onnx
+
+    step(f"tracing the window graph ({shape.num_layers} layers, opset {options.opset})")
+    graph = folder / GRAPH_FILE
+    torch.manual_seed(0)
+    export_onnx(model, shape, graph, options.opset)
+
+    step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
+    report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress))
+    check = {"vs_pytorch": report.to_dict()}
+    graphs = {PORTABLE: GRAPH_FILE}
+    if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
+        from .inplace import add_inplace_graph
+
+        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step, _progress(check_progress))
+        graphs.update(extra)
+    return graphs, check
 
 
 def _check_limits(source, options: ExportOptions) -> None:

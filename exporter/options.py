@@ -27,6 +27,7 @@ class ExportOptions:
     role: str = "target"  # target | draft
     keep_layers: int | None = None  # export only the first N decoder layers: a draft cut from the target
     inplace: bool = True  # also the in-place graph (onnxruntime's GroupQueryAttention, CPU) when the family maps
+    graphs_from: str | None = None  # a float-weights artifact of the same model: reuse its checked graphs, run only the weight pass
 
     def validate(self) -> None:
         """Refuse values no model accepts (limits that depend on the model are checked later)."""
@@ -40,6 +41,9 @@ class ExportOptions:
             raise OptionError(f"`opset` must be between 17 and 23, not {self.opset}", "opset")
         if self.quantize and self.weights == "gguf":
             raise OptionError("`quantize` re-rounds the weights and `weights` gguf keeps the GGUF's own: choose one", "quantize", "weights")
+        if self.graphs_from is not None and not (self.quantize or self.weights == "gguf"):
+            raise OptionError("`graphs_from` reuses an artifact's graphs for a weight pass: add `quantize` or `weights` gguf "
+                              "(without one, the export would be a copy of that artifact)", "graphs_from", "quantize", "weights")
         if self.dtype != "fp32" and (self.quantize or self.weights == "gguf"):
             raise OptionError("quantized weights (`quantize`, `weights` gguf) need `dtype` fp32", "quantize", "weights", "dtype")
 

@@ -69,10 +69,14 @@ SMOLLM2_VARIANTS = {"smollm2-135m-gguf": {"weights": "gguf"}}
 
 
 def export_smollm2_drafts(outdir: Path) -> None:
+    """The variants; the weight-pass ones reuse the float export's checked graphs when it is there."""
     from jacobi_rt.exporter import ExportOptions, export
 
+    base = outdir / SMOLLM2
     for name, options in {**SMOLLM2_DRAFTS, **SMOLLM2_VARIANTS}.items():
         print(f"exporting {name} -> {outdir / name}", flush=True)
+        if (options.get("quantize") or options.get("weights") == "gguf") and (base / "jacobi.json").is_file():
+            options = {**options, "graphs_from": str(base)}
         export(SMOLLM2, outdir / name, ExportOptions(**options), overwrite=True)
 
 

