@@ -5,11 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .config import CPU_PASS_COSTS, DEFAULTS, DecodingConfig
 from .ngram import Candidate
-
-# Relative cost of one target pass of window W vs W=1, SmolLM2-135M fp32 on 2 CPU cores (measured
-# with tools/pass_bench.py). Only a prior: PassCosts replaces it with this machine's measured costs.
-CPU_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.25, 8: 1.6, 16: 1.85, 32: 2.9}
 
 
 def pass_cost(window: int, costs: dict[int, float] = CPU_PASS_COSTS) -> float:
@@ -32,13 +29,18 @@ class PassCosts:
     GPU, where wide passes are nearly free. `learn=False` keeps the table (deterministic tests).
     """
 
-    table: dict[int, float] = field(default_factory=lambda: dict(CPU_PASS_COSTS))
-    learn: bool = True
-    smoothing: float = 0.2
-    min_samples: int = 3
+    table: dict[int, float] = field(default_factory=DEFAULTS.pass_cost_table)
+    learn: bool = DEFAULTS.learn_costs
+    smoothing: float = DEFAULTS.cost_smoothing
+    min_samples: int = DEFAULTS.cost_min_samples
     seconds: dict[int, float] = field(default_factory=dict)  # moving average of the pass time by window
     samples: dict[int, int] = field(default_factory=dict)
     _memo: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def from_config(cls, config: DecodingConfig, table: dict[int, float] | None = None) -> "PassCosts":
+        """The config's cost curve: its pass_costs table (or `table`), learned as it says."""
+        return cls(table or config.pass_cost_table(), config.learn_costs, config.cost_smoothing, config.cost_min_samples)
 
     def __call__(self, window: int) -> float:
         if window not in self._memo:
@@ -102,12 +104,17 @@ class AcceptanceTracker:
     """
 
     costs: PassCosts = field(default_factory=PassCosts)
-    prior: float = 0.5  # p before any evidence
-    prior_weight: float = 2.0  # worth that many tried tokens
-    decay: float = 0.9  # per scoring: old evidence fades, so the rate follows the text
-    max_match: int = 4  # match lengths above this share one statistic
-    margin: float = 0.03  # required gain over greedy, against noise in the cost table
+    prior: float = DEFAULTS.acceptance_prior  # the constants' reasons: runtime.config.DecodingConfig
+    prior_weight: float = DEFAULTS.acceptance_prior_weight
+    decay: float = DEFAULTS.acceptance_decay
+    max_match: int = DEFAULTS.acceptance_max_match
+    margin: float = DEFAULTS.acceptance_margin
     rates: dict[tuple[str, int], Rate] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: DecodingConfig) -> "AcceptanceTracker":
+        return cls(PassCosts.from_config(config), config.acceptance_prior, config.acceptance_prior_weight,
+                   config.acceptance_decay, config.acceptance_max_match, config.acceptance_margin)
 
     def rate(self, source: str, match_len: int) -> Rate:
         key = (source, min(match_len, self.max_match))

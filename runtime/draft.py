@@ -24,6 +24,7 @@ import numpy as np
 
 from .acceptance import PassCosts, matched_prefix
 from .backends.base import PREFILL_CHUNK, Backend
+from .config import DEFAULTS, DecodingConfig
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
 from .passes import PassResult
@@ -71,13 +72,13 @@ class DraftLength:
 
     k_max: int
     costs: PassCosts = field(default_factory=PassCosts)  # target pass costs, learned on this machine
-    prior_p: float = 0.7  # acceptance before any evidence
-    prior_weight: float = 2.0  # worth that many tried tokens
-    prior_cost: float = 0.5  # draft pass / target W=1 pass before any timing
-    decay: float = 0.9  # per pass: old evidence fades, so p follows the text
-    smoothing: float = 0.3  # of the time averages
-    margin: float = 0.03  # required gain over greedy, against timing noise
-    probe_every: int = 16
+    prior_p: float = DEFAULTS.draft_prior_acceptance  # the constants' reasons: runtime.config.DecodingConfig
+    prior_weight: float = DEFAULTS.draft_prior_weight
+    prior_cost: float = DEFAULTS.draft_prior_cost  # draft pass / target W=1 pass before any timing
+    decay: float = DEFAULTS.draft_decay
+    smoothing: float = DEFAULTS.draft_smoothing
+    margin: float = DEFAULTS.draft_margin
+    probe_every: int = DEFAULTS.draft_probe_every
     right: float = 0.0
     tried: float = 0.0
     draft_seconds: float | None = None  # one draft pass
@@ -85,6 +86,12 @@ class DraftLength:
 
     def __post_init__(self) -> None:
         self.right, self.tried = self.prior_p * self.prior_weight, self.prior_weight
+
+    @classmethod
+    def from_config(cls, config: DecodingConfig) -> "DraftLength":
+        return cls(config.draft_max_length, PassCosts.from_config(config), config.draft_prior_acceptance,
+                   config.draft_prior_weight, config.draft_prior_cost, config.draft_decay, config.draft_smoothing,
+                   config.draft_margin, config.draft_probe_every)
 
     @property
     def p(self) -> float:
@@ -151,7 +158,7 @@ class DraftProposer(Proposer):
         backend: Backend,
         capacity: int,
         k: int | None = None,
-        k_max: int = 8,
+        k_max: int = DEFAULTS.draft_max_length,
         jacobi: bool = False,
         prefill_chunk: int = PREFILL_CHUNK,
         length: DraftLength | None = None,

@@ -6,26 +6,30 @@ import time
 import typing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .acceptance import AcceptanceTracker
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
+from .config import DEFAULTS, DecodingConfig, changed_fields
 from .decoding import Progress, decode
 from .engine import END, BatchEngine, Row
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
 from .sampling import Sampler, SamplingParams, TokenLogprob, draw_seed
 from .proposers import ArmHistory, AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer, UnionProposer
+from .scheduler import PassBudget
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
 STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
-DEFAULT_WINDOW = 8  # the adaptive policy's Jacobi arm when no window is given
-DEFAULT_GUESS_WINDOW = 16  # lookahead/speculative/auto: the widest pass; the proposers send only what pays
+DEFAULT_WINDOW = DEFAULTS.jacobi_window  # the tuning constants live in runtime.config.DecodingConfig
+DEFAULT_GUESS_WINDOW = DEFAULTS.guess_window
 MAX_WINDOW = 64
 DEFAULT_BATCH_CONTEXT = 2048  # a batch engine's slot context on a graph whose attention reads the whole capacity
-DEFAULT_JACOBI_TAIL = False  # speculative: the plain draft chain (tools/bench.py speculative-chain vs -tail; README)
+DEFAULT_JACOBI_TAIL = DEFAULTS.jacobi_tail
+Overrides = DecodingConfig | Mapping[str, Any] | None  # a request's decoding config: a whole one, or some fields
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Request:
     stop: list[str]
     jacobi_tail: bool  # speculative: the target's predictions past a rejected guess seed the draft's next pass
     sampling: SamplingParams = SamplingParams()
+    config: DecodingConfig = DEFAULTS  # the generator's, with the request's overrides
 
 
 class TextStream:
@@ -118,13 +123,16 @@ class Generator:
     """A loaded artifact: `generate()` and `stream()` may be called from several threads at once;
     each call opens its own backend context (KV buffers and bindings)."""
 
-    def __init__(self, backend: Backend, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK, draft: Backend | None = None):
+    def __init__(self, backend: Backend, tokenizer: Tokenizer, prefill_chunk: int | None = None, draft: Backend | None = None,
+                 config: DecodingConfig | Mapping[str, Any] | None = None):
         self.backend = backend
         self.manifest: Manifest = backend.manifest
         self.tokenizer = tokenizer
-        self.prefill_chunk = prefill_chunk
+        overrides = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}  # the argument maps onto the config
+        self.config = DEFAULTS.with_overrides(config).with_overrides(overrides)
+        self.prefill_chunk = self.config.prefill_chunk or PREFILL_CHUNK
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
-        self.arm_history = ArmHistory()  # `auto` remembers across calls which arms lost
+        self.arm_history = ArmHistory(self.config.auto_max_sit_out)  # `auto` remembers across calls which arms lost
         self.engine: BatchEngine | None = None  # continuous batching (start_engine): every call shares its passes
 
     @property
@@ -143,8 +151,9 @@ class Generator:
         backend: str = "auto",
         threads: int | None = None,
         verify: bool = True,
-        prefill_chunk: int = PREFILL_CHUNK,
+        prefill_chunk: int | None = None,
         graph: str = "auto",
+        config: DecodingConfig | Mapping[str, Any] | None = None,
     ) -> "Generator":
         """Validate the artifact at `path` (manifest, every file's sha256) and load it.
 
@@ -155,6 +164,8 @@ class Generator:
         threads: onnxruntime intra-op threads; default the physical cores.
         graph: onnxruntime's graph variant: "auto" (the in-place cache on the CPU when the artifact has
         it), "inplace" or "portable" (the target and the draft alike).
+        config: the generator's DecodingConfig (runtime.config), or a mapping of the fields to change;
+        prefill_chunk is its field of that name.
         """
         from .backends.onnxrt import OrtBackend
 
@@ -162,6 +173,7 @@ class Generator:
             raise InputError(f"threads must be at least 1, not {threads}")
         if backend not in ("auto", "cpu", "cuda", "tensorrt"):
             raise InputError(f"backend must be auto, cpu, cuda or tensorrt, not {backend!r}")
+        decoding = DEFAULTS.with_overrides(config)  # checked before the (slow) loading
 
         def open_backend(folder, manifest):
             if backend == "tensorrt":
@@ -179,7 +191,7 @@ class Generator:
             draft_manifest = load_manifest(draft, verify=verify)
             check_draft(manifest, draft_manifest, path, draft)
             draft_backend = open_backend(draft, draft_manifest)
-        return cls(open_backend(path, manifest), tokenizer, prefill_chunk, draft_backend)
+        return cls(open_backend(path, manifest), tokenizer, prefill_chunk, draft_backend, decoding)
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The chat template rendered for `messages`, ending with the assistant's turn."""
@@ -195,6 +207,7 @@ class Generator:
         messages: list[dict] | None = None,
         chat: bool = False,
         jacobi_tail: bool | None = None,
+        config: Overrides = None,
         **sampling,
     ) -> GenerationResult:
         """Generate up to max_new_tokens after `prompt` (text or token ids), or after chat `messages`.
@@ -209,12 +222,16 @@ class Generator:
         default, DEFAULT_JACOBI_TAIL. The result equals greedy decoding token for token, whatever
         the strategy and options.
 
+        config: this call's decoding tuning (runtime.config.DecodingConfig): a whole config, or a mapping
+        of the fields to change from the generator's (`window` and `jacobi_tail` are fields too; the
+        arguments of those names win). Fields only a generator sets (ENGINE_FIELDS) are refused here.
+
         sampling: SamplingParams' fields (runtime.sampling): temperature (0, the default, is greedy),
         top_k, top_p, min_p, seed (drawn when left out: Stats.seed), repetition_penalty,
         frequency_penalty, presence_penalty, logprobs=N (the result's `logprobs`: each token's and
         the N most likely). For a seed, every strategy and window gives the same tokens.
         """
-        pieces = self._run(self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling))
+        pieces = self._run(self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling, config))
         while True:
             try:
                 next(pieces)
@@ -231,10 +248,11 @@ class Generator:
         messages: list[dict] | None = None,
         chat: bool = False,
         jacobi_tail: bool | None = None,
+        config: Overrides = None,
         **sampling,
     ) -> Iterator[str]:
         """Like generate(), yielding text pieces as tokens are committed; they join to generate()'s text."""
-        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling)
+        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling, config)
         return (piece for piece in self._run(request) if piece)
 
     def start(
@@ -247,12 +265,13 @@ class Generator:
         messages: list[dict] | None = None,
         chat: bool = False,
         jacobi_tail: bool | None = None,
+        config: Overrides = None,
         **sampling,
     ) -> "TextStream":
         """Like stream(), but the returned TextStream also holds the GenerationResult (`.result`) once
         exhausted, and `close()` ends the generation early, freeing its KV buffers. The request is
         checked (and the prompt tokenized) now; nothing runs until the first piece is asked for."""
-        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling)
+        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling, config)
         return TextStream(self._run(request), len(request.prompt_ids))
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], **options) -> list[GenerationResult | InputError]:
@@ -265,22 +284,24 @@ class Generator:
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InputError("generate_batch() takes a list of prompts (texts or token id lists); use generate() for one")
-        fields = ("max_new_tokens", "strategy", "window", "stop", "chat", "jacobi_tail")
-        base = {"max_new_tokens": 128, "strategy": "auto", "window": None, "stop": None, "chat": False, "jacobi_tail": None}
+        fields = ("max_new_tokens", "strategy", "window", "stop", "chat", "jacobi_tail", "config")
+        base = {"max_new_tokens": 128, "strategy": "auto", "window": None, "stop": None, "chat": False, "jacobi_tail": None,
+                "config": None}
         base.update({k: v for k, v in options.items() if k in fields})
         sampling = {k: v for k, v in options.items() if k not in fields}
         requests: list[Request | InputError] = []
         for prompt in prompts:
             try:
                 requests.append(self._request(prompt, None, base["chat"], base["max_new_tokens"], base["strategy"],
-                                              base["window"], base["stop"], base["jacobi_tail"], dict(sampling)))
+                                              base["window"], base["stop"], base["jacobi_tail"], dict(sampling),
+                                              base["config"]))
             except InputError as exc:
                 requests.append(exc)
         valid = [r for r in requests if isinstance(r, Request)]
         if self.engine is None and not self.backend_batches:  # the portable graph: one after another
             done = iter([_drain(self._run(r)) for r in valid])
             return [next(done) if isinstance(r, Request) else r for r in requests]
-        engine = self.engine or BatchEngine(self.backend, max(1, min(len(valid), 16)), prefill_chunk=self.limits.prefill_chunk)
+        engine = self.engine or self._engine(max(1, min(len(valid), 16)))
         try:
             runs = [self._submit(engine, r) for r in valid]
             if engine is not self.engine:
@@ -310,9 +331,14 @@ class Generator:
         if capacity is None:
             scatter = self.manifest.check.get("inplace", {}).get("attention") == "scatter"
             capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT) if scatter else None
-        chunk = self.limits.prefill_chunk
-        self.engine = BatchEngine(self.backend, slots, capacity, prefill_chunk=chunk).start()
+        self.engine = self._engine(slots, capacity).start()
         return self.engine
+
+    def _engine(self, slots: int, capacity: int | None = None) -> BatchEngine:
+        """A batch engine on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
+        chunk = self.limits.prefill_chunk
+        return BatchEngine(self.backend, slots, capacity, prefill_chunk=chunk,
+                           budget=PassBudget.from_config(self.config, chunk))
 
     def stop_engine(self) -> None:
         engine, self.engine = self.engine, None
@@ -321,25 +347,45 @@ class Generator:
 
     # -- request checking -------------------------------------------------------------------
 
-    def _request(self, prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling) -> Request:
+    def _request(self, prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling,
+                 config: Overrides = None) -> Request:
         if strategy not in STRATEGIES:
             raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
         if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
+        overrides = self._overrides(config)
+        window = overrides.pop("window", None) if window is None else window
+        jacobi_tail = overrides.pop("jacobi_tail", None) if jacobi_tail is None else jacobi_tail
+        decoding = self.config.with_overrides(overrides, per_request=True)
+        adaptive = strategy == "jacobi" and window is None and decoding.window is None
+        window = self._window(strategy, window, decoding)
+        tail = self._jacobi_tail(strategy, jacobi_tail, decoding)
         return Request(
             prompt_ids=self._prompt_ids(prompt, messages, chat),
             max_new_tokens=int(max_new_tokens),
             strategy=strategy,
-            window=self._window(strategy, window),
-            adaptive=strategy == "jacobi" and window is None,
+            window=window,
+            adaptive=adaptive,
             stop=_stop_strings(stop),
-            jacobi_tail=self._jacobi_tail(strategy, jacobi_tail),
+            jacobi_tail=tail,
             sampling=_sampling_params(sampling),
+            config=replace(decoding, window=window, jacobi_tail=tail),
         )
 
-    def _jacobi_tail(self, strategy: str, jacobi_tail) -> bool:
+    def _overrides(self, config: Overrides) -> dict[str, Any]:
+        """A request's config as the fields it changes from this generator's."""
+        if config is None:
+            return {}
+        if isinstance(config, DecodingConfig):
+            return changed_fields(self.config, config)
+        if isinstance(config, Mapping):
+            return dict(config)
+        raise InputError(f"config must be a DecodingConfig or a mapping of its fields, not {config!r}")
+
+    def _jacobi_tail(self, strategy: str, jacobi_tail, decoding: DecodingConfig) -> bool:
+        """The request's jacobi_tail (checked: it belongs to the draft's chain), else the config's."""
         if jacobi_tail is None:
-            return DEFAULT_JACOBI_TAIL
+            return decoding.jacobi_tail
         if not isinstance(jacobi_tail, (bool, np.bool_)):
             raise InputError(f"jacobi_tail must be true or false, not {jacobi_tail!r}")
         if strategy not in ("speculative", "auto") or self.draft is None:
@@ -374,7 +420,8 @@ class Generator:
             )
         return ids
 
-    def _window(self, strategy: str, window) -> int:
+    def _window(self, strategy: str, window, decoding: DecodingConfig) -> int:
+        """The request's window (checked), else the config's, else the strategy's default from the config."""
         if window is not None and (not isinstance(window, (int, np.integer)) or isinstance(window, bool)):
             raise InputError(f"window must be an integer, not {window!r}")
         if strategy == "greedy":
@@ -385,8 +432,8 @@ class Generator:
             raise InputError("strategy 'speculative' needs a draft model: Generator.load(target, draft=DRAFT_DIR) "
                              "(export one with `jacobi-rt export MODEL --role draft`)")
         widest = min(MAX_WINDOW, self.limits.max_window)
-        default = min(DEFAULT_WINDOW if strategy == "jacobi" else DEFAULT_GUESS_WINDOW, widest)
-        window = default if window is None else int(window)
+        default = decoding.window or (decoding.jacobi_window if strategy == "jacobi" else decoding.guess_window)
+        window = min(default, widest) if window is None else int(window)
         if not 1 <= window <= widest:
             raise InputError(f"window must be between 1 and {widest} tokens on this backend ({self.backend.name}), not {window}")
         return window
@@ -411,7 +458,7 @@ class Generator:
         # The target's context first: a proposer's own cache (a draft's) is opened only once it exists,
         # and closed by the `with` if anything after it fails.
         with self.backend.context(capacity) as ctx, self._proposer(request, capacity) as proposer:
-            policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
+            policy = _policy(request)
             tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
                             limits.max_context, eos, limits.prefill_chunk, progress, sampler)
             for batch in tokens:  # a prefill chunk is an empty batch: the caller gets control between passes
@@ -429,7 +476,7 @@ class Generator:
         prompt = request.prompt_ids
         max_context = min(self.limits.max_context, engine.capacity)
         capacity = min(max_context, len(prompt) + request.max_new_tokens)
-        policy = AdaptiveWindow(request.window) if request.adaptive else FixedWindow(request.window)
+        policy = _policy(request)
         sampler = Sampler(request.sampling, len(prompt))
         proposer = self._proposer(request, capacity)
         row = Row(prompt, request.max_new_tokens, proposer, sampler, policy, set(self.manifest.tokens.eos_ids), max_context)
@@ -461,30 +508,42 @@ class Generator:
         return _result(request, row.progress, ids, started, row.session_seconds, row.proposer.stats, sampler, text)
 
     def _proposer(self, request: Request, capacity: int) -> Proposer:
-        """The strategy's proposer; where the backend's windows may not branch (BackendLimits.branches),
-        every proposer sends one chain a pass."""
-        strategy = request.strategy
+        """The strategy's proposer, tuned by the request's config; where the backend's windows may not
+        branch (BackendLimits.branches), every proposer sends one chain a pass."""
+        strategy, config = request.strategy, request.config
         branches = self.limits.branches
+
+        def lookahead(most: int = config.branches) -> LookaheadProposer:
+            return LookaheadProposer(most if branches else 1, AcceptanceTracker.from_config(config))
+
         if strategy == "greedy":
             return NoProposer()
         if strategy == "jacobi":
             return JacobiProposer()
         if strategy == "lookahead" or (strategy == "auto" and self.draft is None):
-            return LookaheadProposer() if branches else LookaheadProposer(branches=1)
-        from .draft import DraftProposer
+            return lookahead()
+        from .draft import DraftLength, DraftProposer
 
         def draft() -> DraftProposer:
             chunk = min(self.prefill_chunk, self.draft.limits.prefill_chunk)
-            return DraftProposer(self.draft, capacity, jacobi=request.jacobi_tail, prefill_chunk=chunk,
+            return DraftProposer(self.draft, capacity, k=config.draft_length, k_max=config.draft_max_length,
+                                 jacobi=request.jacobi_tail, prefill_chunk=chunk, length=DraftLength.from_config(config),
                                  max_window=self.draft.limits.max_window)
 
         if strategy == "speculative":
             return draft()
+        auto = dict(warmup=config.auto_warmup, probe_every=config.auto_probe_every, decay=config.auto_decay,
+                    probe_budget=config.auto_probe_budget, history=self.arm_history)
         if not branches:
-            return AutoProposer({"lookahead": LookaheadProposer(branches=1), "draft": draft()}, history=self.arm_history)
+            return AutoProposer({"lookahead": lookahead(1), "draft": draft()}, **auto)
         # the draft's chain plus one prompt-lookup/n-gram branch when it pays: copies stay cheap
-        drafting = UnionProposer({"draft": draft(), "lookahead": LookaheadProposer(branches=1)})
-        return AutoProposer({"lookahead": LookaheadProposer(), "draft": drafting}, history=self.arm_history)
+        drafting = UnionProposer({"draft": draft(), "lookahead": lookahead(1)})
+        return AutoProposer({"lookahead": lookahead(), "draft": drafting}, **auto)
+
+
+def _policy(request: Request) -> AdaptiveWindow | FixedWindow:
+    """Each pass's window: adaptive between 1 and the window for plain Jacobi without a window, else fixed."""
+    return AdaptiveWindow.from_config(request.config, request.window) if request.adaptive else FixedWindow(request.window)
 
 
 def _drain(pieces: Iterator[str]) -> GenerationResult:

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .acceptance import AcceptanceTracker
+from .config import DEFAULTS
 from .ngram import Candidate, NgramPool, PromptLookup
 from .passes import PassResult
 from .tree import Tree, Verdict, leaf_paths
@@ -112,7 +113,7 @@ class LookaheadProposer(Proposer):
     against what the pass committed, so the rates follow the text.
     """
 
-    def __init__(self, branches: int = 2, tracker: AcceptanceTracker | None = None) -> None:
+    def __init__(self, branches: int = DEFAULTS.branches, tracker: AcceptanceTracker | None = None) -> None:
         super().__init__()
         self.branches = branches
         self.lookup = PromptLookup()
@@ -250,7 +251,7 @@ class ArmHistory:
     concurrent calls share it.
     """
 
-    def __init__(self, max_sit_out: int = 32) -> None:
+    def __init__(self, max_sit_out: int = DEFAULTS.auto_max_sit_out) -> None:
         self.max_sit_out = max_sit_out
         self.records: dict[str, ArmRecord] = {}
         self._lock = threading.Lock()
@@ -291,8 +292,9 @@ class AutoProposer(Proposer):
     `history` (one per Generator), an arm that lost in earlier calls sits some calls out.
     """
 
-    def __init__(self, arms: dict[str, Proposer], warmup: int = 2, probe_every: int = 16, decay: float = 0.95,
-                 probe_budget: int = 3, history: ArmHistory | None = None) -> None:
+    def __init__(self, arms: dict[str, Proposer], warmup: int = DEFAULTS.auto_warmup,
+                 probe_every: int = DEFAULTS.auto_probe_every, decay: float = DEFAULTS.auto_decay,
+                 probe_budget: int = DEFAULTS.auto_probe_budget, history: ArmHistory | None = None) -> None:
         super().__init__()
         self.history = history
         self.all_arms = arms

@@ -21,12 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .acceptance import PassCosts
-
-# Relative cost of a pass by its total tokens (batch x window), vs one token: SmolLM2-135M fp32 on
-# 2 CPU cores (tools/pass_bench.py figures); only a prior, PassCosts learns this machine's.
-# Measured 2026-11-30 with the in-place graph at past 128 (tools/pass_bench.py --batches 1,4,16): batch
-# 4 x W 1: 1.27, 1 x 16: 2.16, 16 x 1: 2.77, 16 x 2: 4.31, 16 x 4: 6.81 (noisy: a shared CPU).
-BATCH_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.27, 16: 2.5, 32: 4.3, 64: 6.8, 256: 25.0}
+from .config import BATCH_PASS_COSTS, DEFAULTS, DecodingConfig  # BATCH_PASS_COSTS: the prior, re-exported
 
 
 @dataclass
@@ -35,7 +30,7 @@ class RowRate:
 
     tokens: float = 1.0
     window: float = 1.0
-    smoothing: float = 0.3
+    smoothing: float = DEFAULTS.batch_rate_smoothing
 
     def observe(self, window: int, committed: int) -> None:
         if window <= 1:  # a greedy pass says nothing about the guesses
@@ -53,8 +48,15 @@ class RowRate:
 @dataclass
 class PassBudget:
     prefill_tokens: int = 256  # tokens of one prefill pass, all rows together
-    costs: PassCosts = field(default_factory=lambda: PassCosts(dict(BATCH_PASS_COSTS)))
-    optimistic_start: float = 1.5  # a row's tokens per guessing pass before it was measured
+    costs: PassCosts = field(default_factory=lambda: PassCosts(DEFAULTS.batch_cost_table()))
+    optimistic_start: float = DEFAULTS.batch_optimistic_start  # a row's tokens per guessing pass before it was measured
+    rate_smoothing: float = DEFAULTS.batch_rate_smoothing
+
+    @classmethod
+    def from_config(cls, config: DecodingConfig, prefill_chunk: int) -> "PassBudget":
+        prefill = config.batch_prefill_tokens or max(prefill_chunk, 16)
+        return cls(prefill, PassCosts.from_config(config, config.batch_cost_table()), config.batch_optimistic_start,
+                   config.batch_rate_smoothing)
 
     def decode_window(self, wanted: list[int], rates: list[RowRate]) -> int:
         """The pass's window for decoding rows that ask for `wanted` tokens each."""
@@ -94,4 +96,4 @@ class PassBudget:
         self.costs.observe(tokens, seconds)
 
     def new_rate(self) -> RowRate:
-        return RowRate(tokens=self.optimistic_start, window=2.0)
+        return RowRate(tokens=self.optimistic_start, window=2.0, smoothing=self.rate_smoothing)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .config import DEFAULTS, DecodingConfig
 from .passes import PassResult
 
 
@@ -36,8 +37,8 @@ class Arm:
 @dataclass
 class AdaptiveWindow:
     window: int  # the Jacobi arm's window
-    probe_every: int = 48
-    smoothing: float = 0.5
+    probe_every: int = DEFAULTS.window_probe_every  # the constants' reasons: runtime.config.DecodingConfig
+    smoothing: float = DEFAULTS.window_smoothing
     arms: dict[int, Arm] = field(default_factory=dict)
     passes: int = 0
     _probe: int = 0  # passes left in the current probe of the other arm
@@ -45,6 +46,10 @@ class AdaptiveWindow:
 
     def __post_init__(self) -> None:
         self.arms = {self.window: Arm(), 1: Arm()}
+
+    @classmethod
+    def from_config(cls, config: DecodingConfig, window: int) -> "AdaptiveWindow":
+        return cls(window, config.window_probe_every, config.window_smoothing)
 
     def next(self) -> int:
         self.passes += 1

@@ -254,3 +254,27 @@ def test_the_default_slot_context_is_capped_where_attention_reads_the_capacity(g
             assert gen.engine.capacity == expected
         finally:
             gen.stop_engine()
+
+
+class Recording(JacobiProposer):
+    def __init__(self):
+        super().__init__()
+        self.results = []
+
+    def update(self, result):
+        self.results.append(result)
+        super().update(result)
+
+
+def test_each_row_gets_one_pass_result_timed_once_around_the_batched_forward(gen):
+    eng = engine(gen, 2, wide=True)
+    rows = [Row(list(p), 8, Recording(), Sampler(SamplingParams(), len(p)), 4, set(gen.manifest.tokens.eos_ids),
+                gen.limits.max_context) for p in PROMPTS[:2]]
+    for r in rows:
+        eng.submit(r)
+    run_until_done(eng, rows)
+    for r in rows:
+        assert r.proposer.results and all(res.seconds == pytest.approx(0.01) for res in r.proposer.results)
+        assert all(res.window == len(res.tree.tokens) and res.tokens >= res.window for res in r.proposer.results)
+    assert any(res.tokens == 2 * 4 for res in rows[0].proposer.results)  # a shared pass: rows x width
+    eng.close()

@@ -1,0 +1,208 @@
+"""DecodingConfig: every tuning constant of decoding in one typed, frozen record (like vLLM's
+SpeculativeConfig or onnxruntime-genai's GeneratorParams).
+
+`Generator(config=...)` / `Generator.load(config=...)` sets a generator's defaults; a call may
+override the per-request fields (`generate(..., config={"branches": 1})`), the CLI takes
+`--decoding FIELD=VALUE`, the server the fields inside a request's "jacobi" object. None of them
+changes the output (every strategy equals greedy decoding token for token): they trade how much is
+guessed against what a pass costs. Each field's metadata["why"] says what it is for; `describe()`
+lists them. The classes that use a constant take their default from `DEFAULTS`, so it is written
+once, here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields, replace
+from numbers import Integral, Real
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import InputError
+
+# Relative cost of one target pass of W tokens vs W=1, SmolLM2-135M fp32 on 2 CPU cores (measured with
+# tools/pass_bench.py). Only a prior: PassCosts replaces it with this machine's measured costs.
+CPU_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.25, 8: 1.6, 16: 1.85, 32: 2.9}
+# Relative cost of a batched pass by its total tokens (batch x window), vs one token: SmolLM2-135M fp32 on
+# 2 CPU cores, measured 2026-11-30 with the in-place graph at past 128 (tools/pass_bench.py --batches 1,4,16):
+# batch 4 x W 1: 1.27, 1 x 16: 2.16, 16 x 1: 2.77, 16 x 2: 4.31, 16 x 4: 6.81 (noisy: a shared CPU).
+BATCH_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.27, 16: 2.5, 32: 4.3, 64: 6.8, 256: 25.0}
+
+Costs = tuple[tuple[int, float], ...]
+
+
+def _field(default: Any, why: str, low: float | None = None, high: float | None = None, engine: bool = False):
+    return field(default=default, metadata={"why": why, "low": low, "high": high, "engine": engine})
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    # -- the window ---------------------------------------------------------------------------
+    window: int | None = _field(None, "widest pass (last token + guesses); None: jacobi_window for jacobi "
+                                      "(adapting between 1 and it), guess_window for the others", 1, 64)
+    jacobi_window: int = _field(8, "plain Jacobi's window when none is given: W=8 passes cost 1.6x W=1 on a CPU, "
+                                   "wider ones rarely commit more", 1, 64)
+    guess_window: int = _field(16, "lookahead/speculative/auto's widest pass when none is given; the proposers "
+                                   "send only what pays, so this only caps them", 1, 64)
+    window_probe_every: int = _field(48, "adaptive Jacobi tries the slower arm (greedy or W) this often: "
+                                         "pass costs and acceptance drift as the context grows", 2)
+    window_smoothing: float = _field(0.5, "weight of the newest pass in adaptive Jacobi's per-arm averages", 0.0, 1.0)
+    # -- lookahead ----------------------------------------------------------------------------
+    branches: int = _field(2, "lookahead's candidate branches per pass: a second branch catches the runner-up "
+                              "n-gram, more widen the pass for little", 1, 16)
+    acceptance_prior: float = _field(0.5, "chance a lookahead guess is right before any evidence", 0.0, 1.0)
+    acceptance_prior_weight: float = _field(2.0, "the prior is worth this many tried tokens: small, so evidence "
+                                                 "takes over within a few passes", 0.0)
+    acceptance_decay: float = _field(0.9, "per scoring, old acceptance evidence fades by this: the rate follows the "
+                                          "text", 0.0, 1.0)
+    acceptance_max_match: int = _field(4, "n-gram match lengths above this share one acceptance statistic", 1)
+    acceptance_margin: float = _field(0.03, "guesses are sent only when they beat a greedy pass by this much: the "
+                                            "cost table is noisy", 0.0)
+    # -- the draft model ----------------------------------------------------------------------
+    draft_max_length: int = _field(8, "most draft tokens per pass: past ~8 a small draft's chain is rarely all "
+                                      "right", 1, 64)
+    draft_length: int | None = _field(None, "a fixed number of draft tokens per pass (0..draft_max_length); "
+                                            "None: chosen each pass from measured acceptance and costs", 0, 64)
+    draft_prior_acceptance: float = _field(0.7, "chance a draft token is right before any evidence (drafts of the "
+                                                "same family agree often)", 0.0, 1.0)
+    draft_prior_weight: float = _field(2.0, "the draft prior is worth this many tried tokens", 0.0)
+    draft_prior_cost: float = _field(0.5, "a draft pass in target W=1 passes before either is timed", 0.0)
+    draft_decay: float = _field(0.9, "per pass, old draft acceptance evidence fades by this", 0.0, 1.0)
+    draft_smoothing: float = _field(0.3, "weight of the newest draft pass time in its average", 0.0, 1.0)
+    draft_margin: float = _field(0.03, "the draft is run only when it beats a greedy pass by this much", 0.0)
+    draft_probe_every: int = _field(16, "passes without drafting before the draft is tried again: the text may "
+                                        "have become predictable", 1)
+    jacobi_tail: bool = _field(False, "speculative: the target's predictions past a rejected guess seed the "
+                                      "draft's next window (measured: saves few draft passes, so off)")
+    # -- auto ---------------------------------------------------------------------------------
+    auto_warmup: int = _field(2, "passes each of auto's arms gets before the faster one is picked", 1)
+    auto_probe_every: int = _field(16, "passes before a losing arm of auto is probed again (the wait doubles "
+                                       "after each losing probe)", 1)
+    auto_decay: float = _field(0.95, "per pass, auto's arm totals fade by this: slow, so one lucky pass cannot "
+                                     "decide", 0.0, 1.0)
+    auto_probe_budget: int = _field(3, "most guesses an arm on trial sends: probing a slow draft stays cheap", 0)
+    auto_max_sit_out: int = _field(32, "most calls an arm that lost in earlier calls sits out (its wait doubles "
+                                       "per loss)", 0, engine=True)
+    # -- the pass cost curve ------------------------------------------------------------------
+    pass_costs: Costs = _field(tuple(CPU_PASS_COSTS.items()), "prior cost of a pass of W tokens relative to W=1, "
+                                                              "as (W, cost) pairs; replaced by measured costs")
+    learn_costs: bool = _field(True, "learn the cost curve from measured passes (False: keep the table; tests)")
+    cost_smoothing: float = _field(0.2, "weight of the newest pass time in the measured cost curve", 0.0, 1.0)
+    cost_min_samples: int = _field(3, "passes of a width (and of W=1) timed before its measured cost replaces "
+                                      "the table", 1)
+    # -- prefill and the batch engine ---------------------------------------------------------
+    prefill_chunk: int | None = _field(None, "prompt tokens per prefill pass; None: the backend's (its profile "
+                                             "or graph limit)", 1, engine=True)
+    batch_prefill_tokens: int | None = _field(None, "tokens of one batched prefill pass, all rows together, so a "
+                                                    "burst of long prompts never stalls decoding rows; None: "
+                                                    "max(prefill_chunk, 16)", 1, engine=True)
+    batch_pass_costs: Costs = _field(tuple(BATCH_PASS_COSTS.items()), "prior cost of a batched pass by its total "
+                                                                      "tokens (rows x width), as (tokens, cost) "
+                                                                      "pairs", engine=True)
+    batch_optimistic_start: float = _field(1.5, "tokens per guessing pass a new row is credited with before it is "
+                                                "measured, so it gets to guess at all", 1.0, engine=True)
+    batch_rate_smoothing: float = _field(0.3, "weight of a row's newest pass in its measured tokens per pass",
+                                         0.0, 1.0, engine=True)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, _checked(f, getattr(self, f.name)))
+        if self.draft_length is not None and self.draft_length > self.draft_max_length:
+            raise InputError(f"draft_length ({self.draft_length}) must be at most draft_max_length "
+                             f"({self.draft_max_length}); raise draft_max_length or lower draft_length")
+
+    def with_overrides(self, overrides: Mapping[str, Any] | "DecodingConfig" | None, per_request: bool = False) -> "DecodingConfig":
+        """This config with `overrides` (a mapping of fields, or a whole config) applied.
+
+        per_request: refuse the fields only a generator's or engine's config sets (`ENGINE_FIELDS`)."""
+        if overrides is None:
+            return self
+        if isinstance(overrides, DecodingConfig):
+            overrides = changed_fields(DEFAULTS, overrides)
+        if not isinstance(overrides, Mapping):
+            raise InputError(f"the decoding config must be a DecodingConfig or a mapping of its fields, not {overrides!r}")
+        unknown = sorted(set(overrides) - set(FIELDS))
+        if unknown:
+            raise InputError(f"unknown decoding config field(s) {', '.join(map(str, unknown))}; the fields are "
+                             f"{', '.join(FIELDS)}")
+        fixed = sorted(name for name in overrides if name in ENGINE_FIELDS) if per_request else []
+        if fixed:
+            raise InputError(f"decoding config field(s) {', '.join(fixed)} are set where the generator is loaded "
+                             "(Generator.load(config=...), `jacobi-rt serve --decoding FIELD=VALUE`), not per request")
+        return replace(self, **dict(overrides))
+
+    def pass_cost_table(self) -> dict[int, float]:
+        return dict(self.pass_costs)
+
+    def batch_cost_table(self) -> dict[int, float]:
+        return dict(self.batch_pass_costs)
+
+
+def _checked(f, value: Any) -> Any:
+    """`value` for field `f`, type- and range-checked (lists of pairs become tuples); InputError otherwise."""
+    meta, name = f.metadata, f.name
+    kind = type(f.default) if f.default is not None else int
+    if value is None:
+        if f.default is None:
+            return None
+        raise InputError(f"decoding config field {name} cannot be null; leave it out for its default ({f.default!r})")
+    if name in ("pass_costs", "batch_pass_costs"):
+        return _checked_costs(name, value)
+    if kind is bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise InputError(f"decoding config field {name} must be true or false, not {value!r}")
+        return bool(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, Real)) or (kind is int and not isinstance(value, Integral)):
+        raise InputError(f"decoding config field {name} must be {'an integer' if kind is int else 'a number'}, not {value!r} "
+                         f"({meta['why']})")
+    value = int(value) if kind is int else float(value)
+    low, high = meta["low"], meta["high"]
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
+        raise InputError(f"decoding config field {name} must be {bounds}, not {value!r} ({meta['why']})")
+    return value
+
+
+def _checked_costs(name: str, value: Any) -> Costs:
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    try:
+        table = tuple(sorted((int(w), float(c)) for w, c in pairs))
+    except (TypeError, ValueError):
+        raise InputError(f"decoding config field {name} must be (width, cost) pairs or a {{width: cost}} mapping, "
+                         f"not {value!r}") from None
+    if not table or any(w < 1 or c <= 0 for w, c in table) or len({w for w, _ in table}) != len(table):
+        raise InputError(f"decoding config field {name} needs distinct widths >= 1 with positive costs, not {value!r}")
+    return table
+
+
+DEFAULTS = DecodingConfig()
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(DecodingConfig))
+# Fields a generator's (or its batch engine's) config sets once; a request cannot change them.
+ENGINE_FIELDS = frozenset(f.name for f in fields(DecodingConfig) if f.metadata["engine"])
+
+
+def changed_fields(base: DecodingConfig, config: DecodingConfig) -> dict[str, Any]:
+    """The fields of `config` that differ from `base`."""
+    return {name: getattr(config, name) for name in FIELDS if getattr(config, name) != getattr(base, name)}
+
+
+def describe() -> list[tuple[str, Any, str]]:
+    """(field, default, why) for every field: the CLI's `--decoding help` and the docs."""
+    return [(f.name, f.default if f.default is not MISSING else None, f.metadata["why"]) for f in fields(DecodingConfig)]
+
+
+def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`FIELD=VALUE` strings (the CLI's --decoding) as overrides; VALUE is JSON (8, 0.5, true, null,
+    [[1, 1.0], [8, 1.4]]), else text."""
+    import json
+
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise InputError(f"--decoding takes FIELD=VALUE (e.g. branches=1), not {item!r}; the fields are {', '.join(FIELDS)}")
+        try:
+            out[name.strip()] = json.loads(text)
+        except ValueError:
+            out[name.strip()] = text
+    return out
