@@ -80,6 +80,7 @@ class Server:
             stream = Choices([self.generator.start(call.prompt, max_new_tokens=call.max_tokens or default,
                                                    strategy=call.strategy or self.settings.default_strategy, window=call.window,
                                                    stop=call.stop or None, messages=call.messages, jacobi_tail=call.jacobi_tail,
+                                                   config=call.config or None,
                                                    seed=seed, logprobs=call.logprobs, **call.sampling)
                               for seed in call.seeds])
         except InputError as exc:

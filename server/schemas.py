@@ -16,6 +16,7 @@ from typing import Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from jacobi_rt.runtime.config import DEFAULTS, ENGINE_FIELDS, FIELDS
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.generator import STRATEGIES
 from jacobi_rt.runtime.sampling import SamplingParams, draw_seed
@@ -26,12 +27,32 @@ Number = Union[StrictInt, StrictFloat]
 
 
 class JacobiOptions(BaseModel):
-    """jacobi-rt's own knobs, in the request's "jacobi" field (openai client: extra_body={"jacobi": {...}})."""
+    """jacobi-rt's own knobs, in the request's "jacobi" field (openai client: extra_body={"jacobi": {...}}):
+    the strategy, and any per-request field of runtime.config.DecodingConfig (checked by `decoding_overrides`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     strategy: Literal[STRATEGIES] | None = None  # type: ignore[valid-type]
     window: StrictInt | None = None
     jacobi_tail: StrictBool | None = None  # speculative: target predictions seed the draft's next window
+
+
+def decoding_overrides(options: JacobiOptions) -> dict:
+    """The DecodingConfig fields of a request's "jacobi" object, each checked (a 400 naming jacobi.FIELD)."""
+    extra = dict(options.model_extra or {})
+    for name, value in extra.items():
+        if name not in FIELDS:
+            raise APIError(400, f"jacobi.{name}: not a jacobi-rt option; the options are strategy and the decoding "
+                                f"config fields {', '.join(f for f in FIELDS if f not in ENGINE_FIELDS)}",
+                           f"jacobi.{name}", "invalid_value")
+        try:
+            DEFAULTS.with_overrides({name: value}, per_request=True)
+        except InputError as exc:
+            raise APIError(400, f"jacobi.{name}: {exc}", f"jacobi.{name}", "invalid_value") from None
+    try:
+        DEFAULTS.with_overrides(extra)
+    except InputError as exc:  # fields that only fail together (draft_length over draft_max_length)
+        raise APIError(400, f"jacobi: {exc}", "jacobi", "invalid_value") from None
+    return extra
 
 
 MAX_STOPS = 4
@@ -119,6 +140,7 @@ class GenerationCall:
     strategy: str | None = None  # None: the server's default
     window: int | None = None
     jacobi_tail: bool | None = None  # None: the runtime's default
+    config: dict = field(default_factory=dict)  # DecodingConfig fields the request changes (checked)
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
@@ -237,6 +259,7 @@ def _call(request: CommonRequest, prompt, messages, max_tokens, logprobs: int | 
         strategy=options.strategy,
         window=options.window,
         jacobi_tail=options.jacobi_tail,
+        config=decoding_overrides(options),
         stream=request.stream,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         user=request.user,

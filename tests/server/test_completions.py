@@ -41,6 +41,17 @@ def test_every_strategy_gives_greedy_text(client, gen, strategy, window):
     assert stats["target_passes"] <= greedy.stats.target_passes
 
 
+def test_the_jacobi_field_takes_decoding_config_fields_and_the_text_stays_greedy(client, gen):
+    greedy = gen.generate(PROMPTS[0], 20, strategy="greedy")
+    body = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 20, "jacobi": {
+        "strategy": "jacobi", "jacobi_window": 4, "window_probe_every": 4}}).json()
+    assert body["choices"][0]["text"] == greedy.text
+    assert body["jacobi"]["window"] == 4 and body["jacobi"]["adaptive"]  # the config's Jacobi window, adapted
+    body = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 20, "jacobi": {
+        "strategy": "lookahead", "branches": 1, "acceptance_margin": 0.0, "pass_costs": {"1": 1.0, "64": 1.0}}}).json()
+    assert body["choices"][0]["text"] == greedy.text and body["jacobi"]["strategy"] == "lookahead"
+
+
 def test_token_id_prompt_and_list_of_one_prompt(client, gen):
     ids = gen.tokenizer.encode(PROMPTS[1])
     expected = gen.generate(ids, 8).text
