@@ -40,6 +40,7 @@ from typing import Any, Mapping
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
+from jacobi_rt.runtime.config import DecodingConfig
 from jacobi_rt.runtime.errors import ArtifactError, InputError, JacobiError
 from jacobi_rt.runtime.generator import Generator
 from jacobi_rt.runtime.manifest import MANIFEST_NAME, sha256_file
@@ -102,6 +103,7 @@ class ReplicaSpec:
     draft: PinnedArtifact | None = None
     backend: str = "cpu"
     verify: bool = True
+    config: DecodingConfig | None = None  # the generator's decoding config (serve --decoding)
 
     def load(self, node: str) -> Generator:
         try:
@@ -109,7 +111,7 @@ class ReplicaSpec:
                 if pinned is not None:
                     pinned.check_on(node)
             return Generator.load(self.artifact.path, draft=self.draft and self.draft.path, backend=self.backend,
-                                  threads=self.threads, verify=self.verify)
+                                  threads=self.threads, verify=self.verify, config=self.config)
         except JacobiError as exc:
             if str(exc).startswith(f"node {node}"):
                 raise

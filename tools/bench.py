@@ -266,11 +266,11 @@ class StrategyConfig:
         )
 
 
-def load_generator(artifact: str | Path, draft: str | Path | None = None, threads: int | None = None):
-    """Generator.load with the recording backend in place."""
+def load_generator(artifact: str | Path, draft: str | Path | None = None, threads: int | None = None, config=None):
+    """Generator.load (config: its DecodingConfig) with the recording backend in place."""
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(artifact, draft=draft, threads=threads)
+    generator = Generator.load(artifact, draft=draft, threads=threads, config=config)
     generator.backend = RecordingBackend(generator.backend)
     return generator
 

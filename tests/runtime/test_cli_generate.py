@@ -63,3 +63,19 @@ def test_sampling_options_reach_the_sampler(artifact, generator):
     assert data["ids"] == expected.ids and data["stats"]["seed"] == 4
     refused = run(folder, "--prompt", "x", "--temperature", "-1")
     assert refused.exit_code == 1 and "temperature must be a number >= 0" in refused.output
+
+
+def test_decoding_fields_tune_the_run_and_bad_ones_are_one_line_errors(artifact, generator):
+    folder = artifact("llama")
+    expected = generator("llama").generate("The quick brown fox", max_new_tokens=12, strategy="greedy")
+    result = run(folder, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "jacobi",
+                 "--decoding", "jacobi_window=4", "--decoding", "window_probe_every=4")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ids"] == expected.ids and data["stats"]["window"] == 4 and data["stats"]["adaptive"]
+    for bad, message in (("branchez=1", "unknown decoding config field(s) branchez"), ("branches=0", "branches must be"),
+                         ("branches", "FIELD=VALUE")):
+        result = run(folder, "--prompt", "x", "--decoding", bad)
+        assert result.exit_code == 1 and result.output.startswith("error: ") and message in result.output, result.output
+    listing = run(folder, "--decoding", "help")
+    assert listing.exit_code == 0 and "acceptance_decay = 0.9" in listing.output

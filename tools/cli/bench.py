@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from .decoding import decoding_config, decoding_option
+
 DEFAULT_STRATEGIES = "greedy,jacobi,lookahead,auto"
 
 
@@ -46,8 +48,9 @@ def _names(text: str) -> list[str]:
 @click.option("--out", type=click.Path(file_okay=False), default="build/bench", show_default=True,
               help="Where bench.json and the PNG plots go.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@decoding_option
 def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed, window, peers, peer_models, hf_model, max_new_tokens, repeats,
-                  limit, threads, out, no_plots):
+                  limit, threads, out, no_plots, decoding):
     """Benchmark ARTIFACT's strategies (and peers) on the same prompts, interleaved.
 
     Reports per configuration the median and p25-p75 of tokens per target pass, decode tokens/s, the
@@ -63,6 +66,7 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
 
     from jacobi_rt import __version__
     from jacobi_rt.runtime import InputError
+    from jacobi_rt.runtime.config import DEFAULTS, changed_fields
     from jacobi_rt.runtime.generator import STRATEGIES
 
     from .. import bench, bench_plots, peers as peer_registry
@@ -78,7 +82,8 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
     if not prompt_set:
         raise InputError("no prompts to run")
 
-    generator = bench.load_generator(artifact, draft=draft, threads=threads)
+    config = decoding_config(decoding)  # every jacobi-rt artifact of the run decodes with it
+    generator = bench.load_generator(artifact, draft=draft, threads=threads, config=config)
     engine = f"jacobi-rt:{Path(artifact).name}"
     configs = [bench.StrategyConfig(generator, bench.strategy_of(s)[0], None if s == "greedy" else window,
                                     bench.sampled(s, t), engine, bench.sampled("greedy", t),
@@ -87,7 +92,7 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
     other_gaps = {}
     for other in also:  # same strategies on another artifact; the draft belongs to ARTIFACT, so no speculative here
         label = Path(other).name
-        extra = bench.load_generator(other, threads=threads)
+        extra = bench.load_generator(other, threads=threads, config=config)
         other_gaps[f"{label}/greedy"] = lambda pid, prefix, g=extra: bench.greedy_logit_gap(g, ids[pid], prefix)
         configs += [bench.StrategyConfig(extra, s, None if s == "greedy" else window, f"{label}/{s}", f"jacobi-rt:{label}",
                                          f"{label}/greedy") for s in names if bench.strategy_of(s)[0] != "speculative"]
@@ -113,6 +118,7 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
     summary = bench.summarise(records, {c.name: c.baseline for c in configs})
     meta = {
         "jacobi_rt_version": __version__, "artifact": str(artifact), "draft": draft,
+        "decoding": {k: v for k, v in changed_fields(DEFAULTS, config).items()},  # the --decoding fields
         "quantization": generator.manifest.quantization, "max_new_tokens": max_new_tokens, "repeats": repeats,
         "prompts": len(prompt_set), "threads": threads or generator.backend.threads,
         "configs": [{"name": c.name, "engine": c.engine, "baseline": c.baseline} for c in configs],

@@ -10,6 +10,8 @@ import click
 
 from jacobi_rt.runtime.generator import STRATEGIES
 
+from .decoding import decoding_config, decoding_option
+
 
 @click.command("serve")
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
@@ -67,8 +69,10 @@ from jacobi_rt.runtime.generator import STRATEGIES
 @click.option("--address", default=None,
               help="With --ray: a running Ray cluster to deploy on ('auto': the one `ray start` made on this node). "
                    "Default: a local Ray instance. Every node needs the artifact at the same path.")
+@decoding_option
 def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, max_batch,
-                  batch_context, queue_size, request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address):
+                  batch_context, queue_size, request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address,
+                  decoding):
     """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
 
     \b
@@ -78,7 +82,8 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
       GET  /v1/models             the served model (its id: --model-name)
       GET  /health, GET /metrics  liveness; Prometheus metrics
     Output is greedy decoding: temperature must be 0 or left out. jacobi-rt's own knobs go in
-    a "jacobi" field ({"strategy": "jacobi", "window": 8}); responses carry the decoding stats
+    a "jacobi" field ({"strategy": "jacobi", "window": 8}, and any per-request --decoding field,
+    e.g. {"branches": 1}); --decoding sets the server's defaults. Responses carry the decoding stats
     (tokens per pass, passes) in a "jacobi" field too.
 
     \b
@@ -103,6 +108,7 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     from jacobi_rt.server.run import serve
     from jacobi_rt.server.settings import ServerSettings
 
+    config = decoding_config(decoding)
     settings = ServerSettings(
         model_id=model_name or Path(artifact).resolve().name,
         workers=workers,
@@ -119,19 +125,19 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     )
     if on_ray:
         return _serve_on_ray(artifact, draft, settings, backend, threads or 1, not no_verify, replicas, max_replicas,
-                             address, host, port)
+                             address, host, port, config)
     if threads is None and backend not in ("cuda", "tensorrt"):
         from jacobi_rt.runtime.backends.onnxrt import physical_cores
 
         threads = max(1, physical_cores() // (1 if max_batch else workers))  # the engine runs one pass at a time
-    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify)
+    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify, config=config)
     running = f"batch engine of {max_batch} slots" if max_batch else f"{workers} workers"
     click.echo(f"serving {artifact} as model {settings.model_id!r} on http://{host}:{port}/v1 "
                f"({running} x {threads or 'default'} threads, queue {queue_size}{', API key required' if api_key else ''})", err=True)
     serve(generator, settings, host=host, port=port, log_level=log_level)
 
 
-def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas, max_replicas, address, host, port):
+def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas, max_replicas, address, host, port, config=None):
     """Deploy on Ray Serve (server/ray_app.py) and wait for Ctrl-C; then remove the application."""
     from jacobi_rt.runtime.errors import require
 
@@ -141,7 +147,7 @@ def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas,
     from jacobi_rt.server.ray_app import APP_NAME, PinnedArtifact, RayPlan, ReplicaSpec, run
 
     spec = ReplicaSpec(PinnedArtifact.of(artifact), settings, threads=threads,
-                       draft=PinnedArtifact.of(draft) if draft else None, backend=backend, verify=verify)
+                       draft=PinnedArtifact.of(draft) if draft else None, backend=backend, verify=verify, config=config)
     plan = RayPlan(replicas, max_replicas)
     run(spec, plan, host=host, port=port, address=address)
     for stop in (signal.SIGINT, signal.SIGTERM):  # both as Ctrl-C (after ray.init, which sets its own), even where SIGINT came ignored

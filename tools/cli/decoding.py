@@ -1,0 +1,29 @@
+"""`--decoding FIELD=VALUE`: the CLI's way to set runtime.config.DecodingConfig fields (generate, serve, bench)."""
+
+from __future__ import annotations
+
+import click
+
+
+def _show_fields(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    if "help" in values:
+        from jacobi_rt.runtime.config import describe
+
+        for name, default, why in describe():
+            click.echo(f"{name} = {default!r}\n    {why}")
+        ctx.exit()
+    return values
+
+
+decoding_option = click.option(
+    "--decoding", "decoding", multiple=True, metavar="FIELD=VALUE", callback=_show_fields,
+    help="Set a decoding tuning constant (runtime.config.DecodingConfig; repeatable; VALUE is JSON): e.g. "
+         "--decoding branches=1 --decoding draft_max_length=4. The output is greedy's whatever they are. "
+         "`--decoding help` lists every field with its default and why.")
+
+
+def decoding_config(values: tuple[str, ...]):
+    """The DecodingConfig the --decoding values describe (checked: a clear InputError otherwise)."""
+    from jacobi_rt.runtime.config import DEFAULTS, parse_assignments
+
+    return DEFAULTS.with_overrides(parse_assignments(list(values)))
