@@ -11,6 +11,7 @@ import torch
 from jacobi_rt.runtime import spec
 
 from .attention import grouped_attention_for
+from .norms import fusable_norms
 from .quiet import torchvision_notices_hidden
 from .window_model import WindowModel, output_cache
 
@@ -80,7 +81,7 @@ def trace_window_graph(wrapper, model, attention, inputs: tuple, dynamic_shapes:
                        num_layers: int, variant: str, translation_table: dict | None = None) -> None:
     """torch.onnx.export (dynamo) of a window graph with `attention` (a context manager) swapped into
     `model`, saved to `path` (external data past 2 GB) with the contract's names for `variant`."""
-    with warnings.catch_warnings(), torch.no_grad(), attention(model), torchvision_notices_hidden():
+    with warnings.catch_warnings(), torch.no_grad(), attention(model), fusable_norms(model), torchvision_notices_hidden():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             wrapper,

@@ -2,12 +2,14 @@
 
     python -m jacobi_rt.tools.pass_bench build/smollm2-135m --windows 1,4,8,16 --pasts 0,256,1024
     python -m jacobi_rt.tools.pass_bench build/smollm2-135m --graph inplace --batches 1,4,16 --windows 1,2,4,8 --pasts 128
+    python -m jacobi_rt.tools.pass_bench build/before build/after --graph portable --windows 1,8 --pasts 0,256
 
 Each pass goes through the runtime's own backend context (OrtBackend with IO binding, the KV
 cache resident), so the figure is what decoding pays per pass on this machine: the graph
 (for the portable variant including its in-graph past->present copy) plus binding. The cache is
 filled to `past` by real prefill passes, and each timed window is dropped again (commit(0),
-outside the timer). A tool, not a test.
+outside the timer). Several artifacts (e.g. before and after a graph change) take turns in one
+process like the variants do. A tool, not a test.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def fill(ctx, past: int, chunk: int = 256) -> None:
 
 
 @click.command()
-@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.argument("artifacts", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--windows", default="1,4,8,16", show_default=True)
 @click.option("--pasts", default="0,256,1024", show_default=True)
 @click.option("--threads", type=int, default=2, show_default=True)
@@ -55,20 +57,14 @@ def fill(ctx, past: int, chunk: int = 256) -> None:
               "a figure that other processes on a busy machine disturb far less.")
 @click.option("--graph", "graphs", multiple=True, type=click.Choice(["portable", "inplace"]),
               help="Graph variant(s) to time (repeatable); default: every variant in the manifest.")
-def main(artifact, windows, pasts, threads, repeats, batches, capacity, cpu_time, graphs):
-    """Median milliseconds per window pass, per graph variant, window and past length."""
-    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
-    from jacobi_rt.runtime.manifest import load_manifest
-
-    manifest = load_manifest(artifact, verify=False)
-    variants = graphs or sorted(manifest.graphs)
+def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_time, graphs):
+    """Median milliseconds per window pass, per artifact, graph variant, window and past length."""
     ws = [int(w) for w in windows.split(",")]
     ps = [int(p) for p in pasts.split(",")]
-    backends = {v: OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v) for v in variants}
-    print(f"{artifact}: {manifest.architecture.family}, {manifest.dtype}, quantization {manifest.quantization}, "
-          f"{threads} threads; median (min) {'CPU ' if cpu_time else ''}ms of {repeats} passes")
+    backends = _backends(artifacts, graphs, threads)
+    print(f"{threads} threads; median (min) {'CPU ' if cpu_time else ''}ms of {repeats} passes")
     bs = [int(b) for b in batches.split(",")]
-    names = {(v, b): v if bs == [1] else f"{v} x{b}" for v in variants for b in bs}  # batch > 1: the in-place graph
+    names = {(v, b): v if bs == [1] else f"{v} x{b}" for v in backends for b in bs}  # batch > 1: the in-place graph
     rows = []
     for past in ps:
         contexts = {name: backends[v].context(capacity or past + max(ws) + 1, batch=b) for (v, b), name in names.items()}
@@ -85,6 +81,24 @@ def main(artifact, windows, pasts, threads, repeats, batches, capacity, cpu_time
     print("|---|---|" + "---|" * len(ws))
     for v, past, cells in sorted(rows, key=lambda r: (r[0], r[1])):
         print(f"| {v} | {past} | " + " | ".join(cells) + " |")
+
+
+def _backends(artifacts, graphs, threads: int) -> dict:
+    """(artifact folder name +) variant -> OrtBackend, for every requested variant each artifact has."""
+    from pathlib import Path
+
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    out = {}
+    for artifact in artifacts:
+        manifest = load_manifest(artifact, verify=False)
+        print(f"{artifact}: {manifest.architecture.family}, {manifest.dtype}, quantization {manifest.quantization}")
+        for v in graphs or sorted(manifest.graphs):
+            if v in manifest.graphs:
+                name = v if len(artifacts) == 1 else f"{Path(artifact).name}/{v}"
+                out[name] = OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v)
+    return out
 
 
 if __name__ == "__main__":
