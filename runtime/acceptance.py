@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .config import CPU_PASS_COSTS, DEFAULTS, DecodingConfig
 from .ngram import Candidate
@@ -70,6 +70,24 @@ class PassCosts:
         return None
 
 
+def best_length(p: float, limit: int, cost: Callable[[int], float], per_token: float = 0.0) -> tuple[int, float]:
+    """The one length rule: the number of guesses L in 1..limit maximising the expected committed
+    tokens per unit of time, (1 + p + ... + p^L) / (cost(L + 1) + L * per_token), and that gain
+    (a greedy pass: 1.0); (0, 1.0) when limit < 1. p: the chance a guess is right when the ones before
+    it were; cost: the target pass-cost curve; per_token: what producing one guess costs, in target
+    W=1 passes (a draft pass; 0 for free guesses such as n-grams). Lookahead's candidates and the
+    draft's chain are both cut by it; each caller decides whether the gain beats greedy by its margin."""
+    best, best_gain = 0, 0.0
+    expected, term = 1.0, 1.0
+    for length in range(1, limit + 1):
+        term *= p
+        expected += term
+        gain = expected / (cost(length + 1) + length * per_token)
+        if gain > best_gain:
+            best, best_gain = length, gain
+    return (best, best_gain) if best else (0, 1.0)
+
+
 def matched_prefix(tokens: Sequence[int], committed: Sequence[int]) -> int:
     """How many leading tokens of a guess equal the committed tokens."""
     n = 0
@@ -112,8 +130,9 @@ class AcceptanceTracker:
     rates: dict[tuple[str, int], Rate] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, config: DecodingConfig) -> "AcceptanceTracker":
-        return cls(PassCosts.from_config(config), config.acceptance_prior, config.acceptance_prior_weight,
+    def from_config(cls, config: DecodingConfig, costs: PassCosts | None = None) -> "AcceptanceTracker":
+        """costs: the request's one cost curve (shared with its other proposers); None: a new one."""
+        return cls(costs or PassCosts.from_config(config), config.acceptance_prior, config.acceptance_prior_weight,
                    config.acceptance_decay, config.acceptance_max_match, config.acceptance_margin)
 
     def rate(self, source: str, match_len: int) -> Rate:
@@ -140,17 +159,8 @@ class AcceptanceTracker:
         """Relative cost of a pass of `window` tokens (see PassCosts)."""
         return self.costs(window)
 
-    def observe_pass(self, window: int, seconds: float) -> None:
-        self.costs.observe(window, seconds)
-
     def best_length(self, p: float, available: int) -> tuple[int, float]:
-        """The number of guesses (0..available) with the best gain, and that gain (greedy: 1.0)."""
-        best, best_gain = 0, 1.0
-        expected, term = 1.0, 1.0
-        for length in range(1, available + 1):
-            term *= p
-            expected += term
-            g = expected / self.cost(length + 1)
-            if g > best_gain:
-                best, best_gain = length, g
-        return (best, best_gain) if best_gain > 1.0 + self.margin else (0, 1.0)
+        """The number of guesses (0..available) with the best gain, and that gain (greedy: 1.0): the
+        one length rule (`best_length`), 0 unless it beats a greedy pass by `margin`."""
+        length, gain = best_length(p, available, self.costs)
+        return (length, gain) if gain > 1.0 + self.margin else (0, 1.0)

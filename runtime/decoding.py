@@ -17,7 +17,7 @@ import numpy as np
 
 from .backends.base import BackendContext
 from .passes import PassResult, pass_result
-from .proposers import Proposer
+from .proposers import Proposer, observe_costs
 from .sampling import Sampler
 from .tree import build_tree
 from .windows import AdaptiveWindow, FixedWindow
@@ -88,6 +88,7 @@ def step(ctx: BackendContext, last: int, proposer: Proposer, budget: int, sample
     else:
         ctx.commit_rows(verdict.keep)  # an accepted side branch: gather its KV rows into place
     result = pass_result(tree, predictions, verdict, seconds)
+    observe_costs(proposer, result)  # the loop teaches the cost curves, once per pass
     proposer.update(result)
     return result
 

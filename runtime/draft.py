@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .acceptance import PassCosts, matched_prefix
+from .acceptance import PassCosts, best_length, matched_prefix
 from .backends.base import PREFILL_CHUNK, Backend
 from .config import DEFAULTS, DecodingConfig
 from .errors import ArtifactError, InputError
@@ -88,8 +88,9 @@ class DraftLength:
         self.right, self.tried = self.prior_p * self.prior_weight, self.prior_weight
 
     @classmethod
-    def from_config(cls, config: DecodingConfig) -> "DraftLength":
-        return cls(config.draft_max_length, PassCosts.from_config(config), config.draft_prior_acceptance,
+    def from_config(cls, config: DecodingConfig, costs: PassCosts | None = None) -> "DraftLength":
+        """costs: the request's one cost curve (shared with its other proposers); None: a new one."""
+        return cls(config.draft_max_length, costs or PassCosts.from_config(config), config.draft_prior_acceptance,
                    config.draft_prior_weight, config.draft_prior_cost, config.draft_decay, config.draft_smoothing,
                    config.draft_margin, config.draft_probe_every)
 
@@ -105,17 +106,12 @@ class DraftLength:
             return self.prior_cost
         return self.draft_seconds / unit
 
-    def gain(self, k: int) -> float:
-        """Expected committed tokens per target-W=1 time of a pass with k draft guesses (greedy: 1.0)."""
-        expected = sum(self.p**i for i in range(k + 1))
-        return expected / (self.costs(k + 1) + k * self.relative_cost)
-
     def choose(self, budget: int) -> int:
         limit = min(self.k_max, budget)
         if limit < 1:
             return 0
-        best = max(range(1, limit + 1), key=self.gain)
-        if self.gain(best) > 1.0 + self.margin:
+        best, gain = best_length(self.p, limit, self.costs, self.relative_cost)  # the one length rule (acceptance.py)
+        if gain > 1.0 + self.margin:
             self.idle = 0
             return best
         self.idle += 1
@@ -131,9 +127,6 @@ class DraftLength:
 
     def observe_draft(self, seconds: float) -> None:
         self.draft_seconds = _average(self.draft_seconds, seconds, self.smoothing)
-
-    def observe_target(self, window: int, seconds: float) -> None:
-        self.costs.observe(window, seconds)
 
 
 def _average(old: float | None, new: float, a: float) -> float:
@@ -212,9 +205,11 @@ class DraftProposer(Proposer):
     def own_seconds(self) -> float:
         return self.stats["draft_seconds"] - self.catchup_seconds
 
+    def cost_curves(self) -> list[PassCosts]:
+        return [self.length.costs]
+
     def update(self, result: PassResult) -> None:
         tree, predictions, committed = result.tree, result.predictions, result.committed
-        self.length.observe_target(result.tokens, result.seconds)
         self.jacobi_guesses = []
         if self.chain:
             chain = self.chain

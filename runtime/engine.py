@@ -32,7 +32,7 @@ from .backends.base import Backend
 from .decoding import Progress, _sampling, sampled_predictions
 from .errors import BackendError, InputError
 from .passes import pass_result
-from .proposers import Proposer
+from .proposers import Proposer, observe_costs
 from .sampling import Sampler
 from .scheduler import PassBudget, RowRate
 from .tree import Tree, build_tree
@@ -126,6 +126,7 @@ class Row:
                 self.sampler.record(logits[entry], token)
             self.history += verdict.committed
         result = pass_result(tree, predictions, verdict, seconds, tokens)
+        observe_costs(self.proposer, result)
         self.proposer.update(result)
         new = verdict.committed
         self.policy.observe(result)

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .acceptance import AcceptanceTracker
+from .acceptance import AcceptanceTracker, PassCosts
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
 from .config import DEFAULTS, DecodingConfig, changed_fields
 from .decoding import Progress, decode
@@ -512,9 +512,10 @@ class Generator:
         branch (BackendLimits.branches), every proposer sends one chain a pass."""
         strategy, config = request.strategy, request.config
         branches = self.limits.branches
+        costs = PassCosts.from_config(config)  # the request's one target cost curve, read by all its proposers
 
         def lookahead(most: int = config.branches) -> LookaheadProposer:
-            return LookaheadProposer(most if branches else 1, AcceptanceTracker.from_config(config))
+            return LookaheadProposer(most if branches else 1, AcceptanceTracker.from_config(config, costs))
 
         if strategy == "greedy":
             return NoProposer()
@@ -527,7 +528,7 @@ class Generator:
         def draft() -> DraftProposer:
             chunk = min(self.prefill_chunk, self.draft.limits.prefill_chunk)
             return DraftProposer(self.draft, capacity, k=config.draft_length, k_max=config.draft_max_length,
-                                 jacobi=request.jacobi_tail, prefill_chunk=chunk, length=DraftLength.from_config(config),
+                                 jacobi=request.jacobi_tail, prefill_chunk=chunk, length=DraftLength.from_config(config, costs),
                                  max_window=self.draft.limits.max_window)
 
         if strategy == "speculative":

@@ -13,7 +13,7 @@ import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from .acceptance import AcceptanceTracker
+from .acceptance import AcceptanceTracker, PassCosts
 from .config import DEFAULTS
 from .ngram import Candidate, NgramPool, PromptLookup
 from .passes import PassResult
@@ -48,6 +48,12 @@ class Proposer(ABC):
         """Seconds this proposer spent running its own model (a draft's passes), catch-ups excluded:
         its cost on top of the target's pass (`auto` adds it to the arm's time). 0 for the model-free ones."""
         return 0.0
+
+    def cost_curves(self) -> list[PassCosts]:
+        """The target pass-cost curves this proposer reads. The loop, not the proposer, teaches them: each
+        distinct curve observes every PassResult once (`observe_costs`), so proposers sharing a curve
+        (Generator._proposer gives a request's proposers one) do not count a pass twice."""
+        return []
 
     def use_sampler(self, sampler) -> None:
         """How the target chooses tokens (runtime.sampling.Sampler; None: greedy). Called before start();
@@ -124,6 +130,9 @@ class LookaheadProposer(Proposer):
         self.sent: list[tuple[str, list[int]]] = []  # (source, tokens) of the branches in this pass
         self.stats = {"proposed": 0, "accepted": 0, "accepted_by_source": {}}
 
+    def cost_curves(self) -> list[PassCosts]:
+        return [self.tracker.costs]
+
     def start(self, prompt: list[int], first: int) -> None:
         self.lookup.reset()
         self.pool.reset()
@@ -154,7 +163,6 @@ class LookaheadProposer(Proposer):
 
     def update(self, result: PassResult) -> None:
         tree, predictions, verdict = result.tree, result.predictions, result.verdict
-        self.tracker.observe_pass(result.tokens, result.seconds)
         committed = verdict.committed
         self._count_accepted(verdict)
         for candidate in self.pending:
@@ -210,6 +218,9 @@ class UnionProposer(Proposer):
     @property
     def own_seconds(self) -> float:
         return sum(part.own_seconds for part in self.parts.values())
+
+    def cost_curves(self) -> list[PassCosts]:
+        return [curve for part in self.parts.values() for curve in part.cost_curves()]
 
     def use_sampler(self, sampler) -> None:
         for part in self.parts.values():
@@ -315,6 +326,9 @@ class AutoProposer(Proposer):
         for arm in self.all_arms.values():
             arm.use_sampler(sampler)
 
+    def cost_curves(self) -> list[PassCosts]:
+        return [curve for arm in self.all_arms.values() for curve in arm.cost_curves()]
+
     def start(self, prompt: list[int], first: int) -> None:
         names = list(self.all_arms)
         admitted = self.history.admit(names) if self.history else names
@@ -378,3 +392,12 @@ class AutoProposer(Proposer):
                 self.history.record(tried, max(tried, key=self.rate))
         for arm in self.all_arms.values():
             arm.close()
+
+
+def observe_costs(proposer: Proposer, result: PassResult) -> None:
+    """Teach each distinct cost curve `proposer` reads the pass's measured seconds, once."""
+    seen: set[int] = set()
+    for curve in proposer.cost_curves():
+        if id(curve) not in seen:
+            seen.add(id(curve))
+            curve.observe(result.tokens, result.seconds)

@@ -266,8 +266,8 @@ def test_length_follows_measured_costs():
     length = DraftLength(k_max=8)
     for _ in range(40):
         length.observe_acceptance(8, 6)
-    length.observe_target(1, 0.030)
-    length.observe_target(5, 0.030 * pass_cost(5))
+    length.costs.observe(1, 0.030)
+    length.costs.observe(5, 0.030 * pass_cost(5))
     assert length.costs.unit_seconds() == pytest.approx(0.030, rel=1e-3)
     length.observe_draft(0.003)
     cheap = length.choose(8)

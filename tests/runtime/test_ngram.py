@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, matched_prefix, pass_cost
+from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, best_length, matched_prefix, pass_cost
 from jacobi_rt.runtime.ngram import Candidate, NgramPool, PromptLookup
 from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.proposers import LookaheadProposer
@@ -252,6 +252,15 @@ def test_tracker_keys_by_source_and_capped_match_length():
     assert tracker.rate("prompt", 7) is tracker.rate("prompt", 4)
     assert tracker.rate("prompt", 2) is not tracker.rate("prompt", 4)
     assert tracker.rate("pool", 2) is not tracker.rate("prompt", 2)
+
+
+def test_the_one_length_rule_weighs_a_guess_producers_own_cost():
+    flat = lambda window: 1.0  # wide passes free
+    assert best_length(0.9, 8, flat) == (8, pytest.approx(sum(0.9**i for i in range(9))))
+    assert best_length(0.9, 0, flat) == (0, 1.0)
+    free, drafted = best_length(0.7, 8, pass_cost)[0], best_length(0.7, 8, pass_cost, per_token=0.5)[0]
+    assert 1 <= drafted < free  # guesses that cost a draft pass each: fewer of them pay
+    assert best_length(0.1, 8, pass_cost, per_token=1.0)[1] < 1.0  # the gain says greedy is better; callers decide
 
 
 def test_best_length_grows_with_acceptance_and_is_zero_when_unsure():
@@ -503,10 +512,10 @@ def test_tracker_learns_the_cost_curve_from_measured_passes():
     tracker = AcceptanceTracker()
     assert tracker.cost(8) == pass_cost(8)  # the table until both windows are timed
     for _ in range(3):
-        tracker.observe_pass(1, 0.010)
-        tracker.observe_pass(8, 0.011)  # a GPU-like flat curve
+        tracker.costs.observe(1, 0.010)
+        tracker.costs.observe(8, 0.011)  # a GPU-like flat curve
     assert tracker.cost(8) == pytest.approx(1.1)
     assert tracker.best_length(0.5, 7)[0] == 7  # wide passes nearly free: send everything
     fixed = AcceptanceTracker(costs=PassCosts(learn=False))
-    fixed.observe_pass(1, 0.010)
+    fixed.costs.observe(1, 0.010)
     assert fixed.cost(8) == pass_cost(8)

@@ -53,3 +53,18 @@ def test_the_loop_times_only_the_forward_and_gives_the_proposer_and_the_policy_t
     assert [r.seconds for r in proposer.results] == pytest.approx([0.01] * len(proposer.results))  # a reading before and after the forward, nothing else
     assert all(r.window == r.tokens == len(r.tree.tokens) for r in proposer.results)
     assert [t for r in proposer.results for t in r.committed] == new[: sum(len(r.committed) for r in proposer.results)]
+
+
+def test_the_loop_teaches_each_distinct_cost_curve_once_per_pass(artifact):
+    from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts
+    from jacobi_rt.runtime.proposers import LookaheadProposer, UnionProposer
+
+    shared, own = PassCosts(), PassCosts()
+    union = UnionProposer({"a": LookaheadProposer(1, AcceptanceTracker(shared)), "b": LookaheadProposer(1, AcceptanceTracker(shared)),
+                           "c": LookaheadProposer(1, AcceptanceTracker(own))})
+    path = artifact("llama")
+    ticks = itertools.count()
+    progress = Progress()
+    with OrtBackend(path, load_manifest(path), "cpu", 1) as backend, backend.context(64) as ctx:
+        list(decode(ctx, [5, 17, 42, 8, 5, 17, 42], union, 4, 20, 64, set(), 16, progress, clock=lambda: next(ticks) * 0.01))
+    assert sum(shared.samples.values()) == sum(own.samples.values()) == progress.target_passes  # not twice for a shared one
