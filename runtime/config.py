@@ -99,8 +99,6 @@ class DecodingConfig:
     batch_pass_costs: Costs = _field(tuple(BATCH_PASS_COSTS.items()), "prior cost of a batched pass by its total "
                                                                       "tokens (rows x width), as (tokens, cost) "
                                                                       "pairs", engine=True)
-    batch_optimistic_start: float = _field(1.5, "tokens per guessing pass a new row is credited with before it is "
-                                                "measured, so it gets to guess at all", 1.0, engine=True)
     batch_rate_smoothing: float = _field(0.3, "weight of a row's newest pass in its measured tokens per pass",
                                          0.0, 1.0, engine=True)
 

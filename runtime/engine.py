@@ -236,6 +236,7 @@ class BatchEngine:
             if self._closed:
                 raise BackendError("the batch engine is closed")
             row.submitted = self.clock()
+            row.rate = self.budget.new_rate()  # smoothed as the engine's config says
             self.waiting.append(row)
             self._wake.notify()
         return row

@@ -49,14 +49,12 @@ class RowRate:
 class PassBudget:
     prefill_tokens: int = 256  # tokens of one prefill pass, all rows together
     costs: PassCosts = field(default_factory=lambda: PassCosts(DEFAULTS.batch_cost_table()))
-    optimistic_start: float = DEFAULTS.batch_optimistic_start  # a row's tokens per guessing pass before it was measured
-    rate_smoothing: float = DEFAULTS.batch_rate_smoothing
+    rate_smoothing: float = DEFAULTS.batch_rate_smoothing  # of each row's RowRate
 
     @classmethod
     def from_config(cls, config: DecodingConfig, prefill_chunk: int) -> "PassBudget":
         prefill = config.batch_prefill_tokens or max(prefill_chunk, 16)
-        return cls(prefill, PassCosts.from_config(config, config.batch_cost_table()), config.batch_optimistic_start,
-                   config.batch_rate_smoothing)
+        return cls(prefill, PassCosts.from_config(config, config.batch_cost_table()), config.batch_rate_smoothing)
 
     def decode_window(self, wanted: list[int], rates: list[RowRate]) -> int:
         """The pass's window for decoding rows that ask for `wanted` tokens each."""
@@ -96,4 +94,5 @@ class PassBudget:
         self.costs.observe(tokens, seconds)
 
     def new_rate(self) -> RowRate:
-        return RowRate(tokens=self.optimistic_start, window=2.0, smoothing=self.rate_smoothing)
+        """A new row's rate: unmeasured, so its first decoding passes ask for no guesses beyond its own window."""
+        return RowRate(smoothing=self.rate_smoothing)
