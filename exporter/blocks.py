@@ -66,6 +66,14 @@ class BlockMatrix:
         offsets = None if self.offsets is None else self.offsets[rows]
         return BlockMatrix(self.kind, self.bits, self.block, self.q[rows], self.scales[rows], offsets)
 
+    @staticmethod
+    def stack(parts: list["BlockMatrix"]) -> "BlockMatrix":
+        """The rows of `parts` (one block layout) as one matrix, in order."""
+        first = parts[0]
+        offsets = None if first.offsets is None else np.concatenate([p.offsets for p in parts])
+        return BlockMatrix(first.kind, first.bits, first.block, np.concatenate([p.q for p in parts]),
+                           np.concatenate([p.scales for p in parts]), offsets)
+
     @property
     def nbytes(self) -> int:
         return self.q.size * self.bits // 8 + self.scales.nbytes + (0 if self.offsets is None else self.offsets.nbytes)

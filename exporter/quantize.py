@@ -5,7 +5,10 @@ the implied 8 / 128 is the fast kernel path), plus, for blocks with an offset (G
 
     y = MatMulNBits(x; q, d) + blocksum(x) @ offsets.T,    blocksum(x) = x @ E (E [K, K/32]: 0/1)
 
-(the block sums are computed once per distinct input). An embedding Gather whose table is
+(the block sums are computed once per distinct input). Sibling MatMuls that read one input with
+blocks of one layout (q/k/v, gate/up) become one MatMulNBits over their concatenated outputs and
+a Split: each output column is computed exactly as alone, with a third of the small nodes around
+it (onnxruntime's cost here is per node, not per column). An embedding Gather whose table is
 planned becomes `com.microsoft.GatherBlockQuantized` on the same bytes. The pass works on one
 ONNX file at a time, so every graph variant of an artifact gets it; the plan comes from a GGUF
 file's own blocks (`gguf_weights.py`) or from rounding the floats (`--quantize`).
@@ -59,8 +62,9 @@ def float_planner(kind: str) -> Planner:
     return plan
 
 
-def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_level: int) -> WeightPlan:
-    """Read SOURCE (external data too), apply the planned blocks, write TARGET (+ TARGET.data when large)."""
+def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_level: int, siblings: bool = True) -> WeightPlan:
+    """Read SOURCE (external data too), apply the planned blocks, write TARGET (+ TARGET.data when large).
+    siblings: MatMuls of one input share one MatMulNBits (False: one each, as a reference)."""
     import onnx
 
     model = onnx.load(str(source))
@@ -72,7 +76,7 @@ def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_l
             del plan.matrices[key]
     matrices = {_initializer(k): v for k, v in plan.matrices.items()}
     tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}
-    rewrite(model, matrices, tables, accuracy_level)
+    rewrite(model, matrices, tables, accuracy_level, siblings)
     save_model(model, target)
     return plan
 
@@ -96,16 +100,19 @@ def weight_candidates(model) -> dict[str, np.ndarray]:
     return out
 
 
-def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_level: int) -> None:
+def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_level: int, siblings: bool = True) -> None:
     """Replace the MatMuls (and, for names in `tables`, the Gathers) of the planned initializers."""
     from onnx import helper
 
     graph = model.graph
     emit = _Emitter(graph)
+    groups = sibling_groups(graph.node, matrices, tables, siblings)
     nodes = []
     for node in graph.node:
         if node.op_type == "MatMul" and node.input[1] in matrices and node.input[1] not in tables:
-            nodes += emit.matmul(node, matrices[node.input[1]], accuracy_level)
+            group = groups.get(node.output[0])
+            if group:  # the group is emitted where its first member was; the others are dropped
+                nodes += emit.matmuls(group, [matrices[n.input[1]] for n in group], accuracy_level)
         elif node.op_type == "Gather" and node.input[0] in tables and matrices[node.input[0]].offsets is None:
             nodes += emit.gather(node, matrices[node.input[0]])
         else:
@@ -120,12 +127,30 @@ def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
 
 
+def sibling_groups(nodes, matrices: dict[str, BlockMatrix], tables: set[str], siblings: bool = True) -> dict[str, list]:
+    """Planned MatMuls grouped by (input, block layout), in graph order: first member's output -> the
+    group, every other member's output -> [] (emitted with its group). siblings=False: groups of one."""
+    groups: dict[tuple, list] = {}
+    for node in nodes:
+        if node.op_type == "MatMul" and node.input[1] in matrices and node.input[1] not in tables:
+            m = matrices[node.input[1]]
+            key = (node.input[0], m.bits, m.block, m.shape[1], m.offsets is None) if siblings else (node.output[0],)
+            groups.setdefault(key, []).append(node)
+    out: dict[str, list] = {}
+    for group in groups.values():
+        out[group[0].output[0]] = group
+        out.update({n.output[0]: [] for n in group[1:]})
+    return out
+
+
 class _Emitter:
     """Builds the quantized nodes; each BlockMatrix's arrays are stored once, however many nodes read them."""
 
     def __init__(self, graph):
         self.initializers = []
         self._arrays: dict[int, tuple[str, str, str | None]] = {}
+        self._kept: list[BlockMatrix] = []
+        self._split_sizes: dict[tuple[int, ...], str] = {}
         self._blocksums: dict[tuple[str, int], str] = {}
         self._indicators: dict[tuple[int, int], str] = {}
         self._taken = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
@@ -150,7 +175,24 @@ class _Emitter:
         if id(m) not in self._arrays:
             offsets = None if m.offsets is None else self._add(m.offsets.T, base + "_offsets")
             self._arrays[id(m)] = (self._add(m.packed(), base + "_blocks"), self._add(m.scales, base + "_scales"), offsets)
+            self._kept.append(m)  # keys are ids: the object must outlive the pass
         return self._arrays[id(m)]
+
+    def matmuls(self, nodes: list, ms: list[BlockMatrix], accuracy_level: int) -> list:
+        """MatMuls of one input: one quantized MatMul over the concatenated outputs, then a Split."""
+        from onnx import helper
+
+        if len(nodes) == 1:
+            return self.matmul(nodes[0], ms[0], accuracy_level)
+        joined = self._name(nodes[0].output[0] + "_siblings")
+        weight = self._name(nodes[0].input[1] + "_siblings")
+        fused = helper.make_node("MatMul", [nodes[0].input[0], weight], [joined], name=self._name(nodes[0].name or "matmul"))
+        sizes = tuple(m.shape[0] for m in ms)
+        if sizes not in self._split_sizes:
+            self._split_sizes[sizes] = self._add(np.array(sizes, np.int64), "split_sizes")
+        split = helper.make_node("Split", [joined, self._split_sizes[sizes]], [n.output[0] for n in nodes],
+                                 name=self._name("split"), axis=-1)
+        return self.matmul(fused, BlockMatrix.stack(ms), accuracy_level) + [split]
 
     def matmul(self, node, m: BlockMatrix, accuracy_level: int) -> list:
         from onnx import helper

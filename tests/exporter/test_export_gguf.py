@@ -48,7 +48,8 @@ def exported(request, tmp_path_factory) -> GgufExport:
 def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
     """(op, W [N, K] float32) for every MatMulNBits and GatherBlockQuantized, decoded here from the
     stored bytes: 4 bits low nibble first, zero point 2**(bits-1), plus the offset matrix that an
-    Add after MatMul(MatMul(x, E), C) contributes (E sums x over each block)."""
+    Add after MatMul(MatMul(x, E), C) contributes (E sums x over each block); a MatMulNBits of
+    siblings (q/k/v) gives one W per output of the Split that follows it."""
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
     consumers = {}
@@ -69,7 +70,7 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
         raw = raw.reshape(n, -1)
         q = raw if bits == 8 else np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(n, -1)
         w = (q.reshape(n, -1, block).astype(np.float64) - (1 << (bits - 1))) * scales[..., None]
-        users = consumers.get(node.output[0], [])
+        users, tail = consumers.get(node.output[0], []), node.output[0]
         if node.op_type == "MatMulNBits" and len(users) == 1 and users[0].op_type == "Add":
             other = producer.get([x for x in users[0].input if x != node.output[0]][0])
             sums = producer.get(other.input[0]) if other is not None and other.op_type == "MatMul" else None
@@ -77,7 +78,15 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
                 assert set(np.unique(inits[sums.input[1]])) <= {0.0, 1.0}
                 offsets = inits[other.input[1]].T.astype(np.float64)  # MatMul(blocksum, C^T)
                 w = w + offsets[..., None]
-        out.append((node.op_type, w.reshape(n, -1).astype(np.float32)))
+                tail = users[0].output[0]
+        w = w.reshape(n, -1).astype(np.float32)
+        users = consumers.get(tail, [])
+        if node.op_type == "MatMulNBits" and len(users) == 1 and users[0].op_type == "Split":
+            sizes = inits[users[0].input[1]]
+            assert sizes.sum() == n and len(sizes) == len(users[0].output)
+            out += [(node.op_type, part) for part in np.split(w, np.cumsum(sizes)[:-1])]
+        else:
+            out.append((node.op_type, w))
     return out
 
 
@@ -129,6 +138,30 @@ def test_outputs_match_the_float_export(exported, ort_session):
         q, f = run(q_session, case.feeds), run(f_session, case.feeds)
         assert np.abs(q["logits"] - f["logits"]).max() < 1e-3  # accuracy level 0: float activations
         assert np.array_equal(q["greedy_ids"], f["greedy_ids"])
+
+
+def test_siblings_compute_each_output_as_alone(exported, tmp_path):
+    """q/k/v and gate/up share one MatMulNBits (and, for Q4_1, one offset MatMul and Add) and a
+    Split: at accuracy level 4 the logits are bitwise those of one node per matrix."""
+    import onnxruntime as ort
+
+    from jacobi_rt.exporter import sources
+    from jacobi_rt.exporter.gguf_weights import GgufWeights
+    from jacobi_rt.exporter.quantize import quantize_graph_file
+
+    planner = GgufWeights(exported.gguf_file).plan
+    sessions = {}
+    for siblings in (True, False):
+        path = tmp_path / f"siblings-{siblings}.onnx"
+        quantize_graph_file(exported.float_folder / "model.onnx", path, planner, 4, siblings)
+        nbits = sum(n.op_type == "MatMulNBits" for n in onnx.load(str(path)).graph.node)
+        assert nbits == (2 * 4 if siblings else 2 * 7) + 1  # per layer qkv, o, gate/up, down (or 7); the LM head
+        sessions[siblings] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    model, _ = sources.load(sources.resolve(str(exported.gguf_file)))
+    for batch, window, past in [(1, 1, 0), (1, 8, 17), (2, 5, 6)]:
+        feeds = hf_case(model, batch, window, past, seed=window + past).feeds
+        joined, alone = run(sessions[True], feeds), run(sessions[False], feeds)
+        assert all(np.array_equal(joined[name], alone[name]) for name in alone)
 
 
 def test_manifest_records_the_weights(exported):
