@@ -3,9 +3,11 @@
 Each MatMul whose weight is planned becomes `com.microsoft.MatMulNBits` (no zero-point input:
 the implied 8 / 128 is the fast kernel path), plus, for blocks with an offset (GGUF Q4_1),
 
-    y = MatMulNBits(x; q, d) + blocksum(x) @ offsets.T,    blocksum(x) = x @ E (E [K, K/32]: 0/1)
+    y = MatMulNBits(x; q, d) + blocksum(x) @ offsets.T,    blocksum(x) = ReduceSum(Reshape(x, [.., K/32, 32]))
 
-(the block sums are computed once per distinct input). Sibling MatMuls that read one input with
+(the block sums are computed once per distinct input; as ReduceSum over a constant-shape Reshape,
+which measured faster than one MatMul with a 0/1 block matrix, the form used when x's rank is
+not recorded in the graph). Sibling MatMuls that read one input with
 blocks of one layout (q/k/v, gate/up) become one MatMulNBits over their concatenated outputs and
 a Split: each output column is computed exactly as alone, with a third of the small nodes around
 it (onnxruntime's cost here is per node, not per column). An embedding Gather whose table is
@@ -24,6 +26,7 @@ import numpy as np
 
 from .blocks import BLOCK, BlockMatrix, quantize_float
 from .gguf_weights import WeightPlan
+from .skip_norms import fuse_skip_norms
 
 BITS = {"int8": 8, "int4": 4}
 EXTERNAL_DATA_ABOVE = 3 << 29  # 1.5 GiB of initializers: protobuf cannot hold a 2 GiB file
@@ -77,6 +80,7 @@ def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_l
     matrices = {_initializer(k): v for k, v in plan.matrices.items()}
     tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}
     rewrite(model, matrices, tables, accuracy_level, siblings)
+    fuse_skip_norms(model)  # the graph holds contrib ops now: onnxruntime-only
     save_model(model, target)
     return plan
 
@@ -150,9 +154,9 @@ class _Emitter:
         self.initializers = []
         self._arrays: dict[int, tuple[str, str, str | None]] = {}
         self._kept: list[BlockMatrix] = []
-        self._split_sizes: dict[tuple[int, ...], str] = {}
         self._blocksums: dict[tuple[str, int], str] = {}
-        self._indicators: dict[tuple[int, int], str] = {}
+        self._constants: dict[tuple, str] = {}
+        self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.value_info if v.type.tensor_type.HasField("shape")}
         self._taken = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
         self._names = 0
 
@@ -187,11 +191,8 @@ class _Emitter:
         joined = self._name(nodes[0].output[0] + "_siblings")
         weight = self._name(nodes[0].input[1] + "_siblings")
         fused = helper.make_node("MatMul", [nodes[0].input[0], weight], [joined], name=self._name(nodes[0].name or "matmul"))
-        sizes = tuple(m.shape[0] for m in ms)
-        if sizes not in self._split_sizes:
-            self._split_sizes[sizes] = self._add(np.array(sizes, np.int64), "split_sizes")
-        split = helper.make_node("Split", [joined, self._split_sizes[sizes]], [n.output[0] for n in nodes],
-                                 name=self._name("split"), axis=-1)
+        sizes = self._constant([m.shape[0] for m in ms])
+        split = helper.make_node("Split", [joined, sizes], [n.output[0] for n in nodes], name=self._name("split"), axis=-1)
         return self.matmul(fused, BlockMatrix.stack(ms), accuracy_level) + [split]
 
     def matmul(self, node, m: BlockMatrix, accuracy_level: int) -> list:
@@ -211,20 +212,31 @@ class _Emitter:
         return out
 
     def blocksum(self, x: str, blocks: int, width: int) -> tuple[str, list]:
-        """x summed over each block of `width` along its last axis, [..., K] -> [..., K/width], as one
-        MatMul with a 0/1 block-indicator matrix (one node, any rank; K/width columns, so cheap)."""
+        """x summed over each block of `width` along its last axis, [..., K] -> [..., K/width]."""
         from onnx import helper
 
         key = (x, width)
         if key in self._blocksums:
             return self._blocksums[key], []
-        if (blocks, width) not in self._indicators:  # one constant per shape: per input it cost 12.5 MB on SmolLM2
-            indicator = np.kron(np.eye(blocks, dtype=np.float32), np.ones((width, 1), np.float32))  # [K, K/width]
-            self._indicators[blocks, width] = self._add(indicator, f"block_indicator_{blocks}x{width}")
         sums = self._name(x + "_blocksum")
-        made = [helper.make_node("MatMul", [x, self._indicators[blocks, width]], [sums])]
+        rank = self._ranks.get(x)
+        if rank:  # Reshape (0 keeps a dimension) and ReduceSum: two cheap nodes
+            grouped = self._name(x + "_blocks")
+            made = [helper.make_node("Reshape", [x, self._constant([0] * (rank - 1) + [blocks, width])], [grouped]),
+                    helper.make_node("ReduceSum", [grouped, self._constant([-1])], [sums], keepdims=0)]
+        else:  # any rank: one MatMul with a 0/1 block-indicator matrix [K, K/width]
+            indicator = np.kron(np.eye(blocks, dtype=np.float32), np.ones((width, 1), np.float32))
+            made = [helper.make_node("MatMul", [x, self._constant(indicator)], [sums])]
         self._blocksums[key] = sums
         return sums, made
+
+    def _constant(self, values) -> str:
+        """One initializer per distinct constant (shapes, axes, indicators), however many nodes read it."""
+        array = np.asarray(values, dtype=np.int64 if isinstance(values, list) else None)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._constants:
+            self._constants[key] = self._add(array, "constant")
+        return self._constants[key]
 
     def gather(self, node, m: BlockMatrix) -> list:
         from onnx import helper

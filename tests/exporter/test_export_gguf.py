@@ -48,7 +48,7 @@ def exported(request, tmp_path_factory) -> GgufExport:
 def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
     """(op, W [N, K] float32) for every MatMulNBits and GatherBlockQuantized, decoded here from the
     stored bytes: 4 bits low nibble first, zero point 2**(bits-1), plus the offset matrix that an
-    Add after MatMul(MatMul(x, E), C) contributes (E sums x over each block); a MatMulNBits of
+    Add after MatMul(blocksum(x), C) contributes (see is_blocksum); a MatMulNBits of
     siblings (q/k/v) gives one W per output of the Split that follows it."""
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
@@ -74,8 +74,7 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
         if node.op_type == "MatMulNBits" and len(users) == 1 and users[0].op_type == "Add":
             other = producer.get([x for x in users[0].input if x != node.output[0]][0])
             sums = producer.get(other.input[0]) if other is not None and other.op_type == "MatMul" else None
-            if sums is not None and sums.op_type == "MatMul" and sums.input[1] in inits:  # x @ E, E: 0/1 blocks
-                assert set(np.unique(inits[sums.input[1]])) <= {0.0, 1.0}
+            if is_blocksum(sums, node.input[0], block, inits, producer):
                 offsets = inits[other.input[1]].T.astype(np.float64)  # MatMul(blocksum, C^T)
                 w = w + offsets[..., None]
                 tail = users[0].output[0]
@@ -88,6 +87,17 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
         else:
             out.append((node.op_type, w))
     return out
+
+
+def is_blocksum(node, x: str, block: int, inits: dict, producer: dict) -> bool:
+    """node sums x over each block: ReduceSum(Reshape(x, [.., K/block, block]), -1) or x @ E (E: 0/1)."""
+    if node is None:
+        return False
+    if node.op_type == "MatMul" and node.input[1] in inits:
+        return node.input[0] == x and set(np.unique(inits[node.input[1]])) <= {0.0, 1.0}
+    reshape = producer.get(node.input[0])
+    return (node.op_type == "ReduceSum" and list(inits[node.input[1]]) == [-1] and reshape is not None
+            and reshape.op_type == "Reshape" and reshape.input[0] == x and inits[reshape.input[1]][-1] == block)
 
 
 def gguf_dequantized(path: Path) -> dict[str, tuple[str, np.ndarray]]:

@@ -56,6 +56,17 @@ def test_graph_uses_matmulnbits(quantized):
     assert {onnx.helper.get_attribute_value(a) for n in nbits for a in n.attribute if a.name == "accuracy_level"} == {4}
 
 
+def test_residual_adds_join_their_norms(quantized):
+    """The quantized graph is onnxruntime-only: each residual Add and the RMSNorm after it are one
+    SkipSimplifiedLayerNormalization (every norm but the first), whose fourth output is the sum."""
+    graph = onnx.load(str(quantized.folder / "model.onnx")).graph
+    layers = quantized.manifest.architecture.num_layers
+    skips = [n for n in graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
+    assert len(skips) == 2 * layers and all(n.domain == "com.microsoft" for n in skips)
+    assert sum(n.op_type == "Pow" for n in graph.node) == 1  # the first norm: onnxruntime fuses it alone
+    assert all(len(n.output) == 4 and n.output[3] for n in skips[:-1])  # the next residual Add reads the sum
+
+
 def test_quantized_graph_keeps_the_contract(quantized):
     folder, manifest = quantized.folder, quantized.manifest
     assert_graph_contract(folder / "model.onnx", manifest.architecture)
