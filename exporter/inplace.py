@@ -24,7 +24,7 @@ from jacobi_rt.runtime import spec
 from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
 from .attention import attention_swapped
 from .gqa import translation
-from .skip_norms import fuse_skip_norms_file
+from .skip_norms import fuse_skip_norms
 
 NAME = "jacobi_inplace"
 ATTENTION = "gqa"  # the ONNX form of jacobi::gqa: "gqa" (the contrib op: reads only each row's length) or "scatter" (standard ops: reads the whole capacity)
@@ -147,10 +147,9 @@ def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = A
         "cache_lengths": {0: batch},
         "past": tuple({0: batch, 2: capacity} for _ in range(2 * shape.num_layers)),
     }
+    # onnxruntime-only already (the contrib op): skip norms too; the scatter form stays standard ONNX
     trace_window_graph(wrapper, model, inplace_attention_for, sample_inputs(shape, dtype), dynamic_shapes, path, opset,
-                       shape.num_layers, spec.INPLACE, translation(attention))
-    if attention == "gqa":  # onnxruntime-only already (the contrib op); the scatter form stays standard ONNX
-        fuse_skip_norms_file(path)
+                       shape.num_layers, spec.INPLACE, translation(attention), fuse_skip_norms if attention == "gqa" else None)
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None) -> tuple[dict, dict]:

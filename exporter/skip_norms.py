@@ -4,8 +4,8 @@ onnxruntime fuses the traced RMSNorm into SimplifiedLayerNormalization by itself
 its SkipLayerNormFusion only takes LayerNormalization, so the residual Add before each norm stays
 a node of its own (60 on SmolLM2). Graphs that already hold contrib ops (the weight pass's
 MatMulNBits) get the fused node written directly: the norm's output and, as its fourth output,
-the sum that the next residual Add reads; so does the in-place graph (GroupQueryAttention), right
-after its trace, so its check against PyTorch covers the fused node. The portable float graph
+the sum that the next residual Add reads; so does the in-place graph (GroupQueryAttention), in the
+trace's own load and save, so its check against PyTorch covers the fused node. The portable float graph
 keeps the standard ops.
 """
 
@@ -49,17 +49,6 @@ def fuse_skip_norms(model) -> int:
     if fused and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return len(fused)
-
-
-def fuse_skip_norms_file(path) -> int:
-    """fuse_skip_norms on a graph file in place (weights in an external-data file stay where they are)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    fused = fuse_skip_norms(model)
-    if fused:
-        onnx.save(model, str(path))
-    return fused
 
 
 def _norm_after(pow_node, producer, consumers, constants):

@@ -78,9 +78,10 @@ def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> None:
 
 
 def trace_window_graph(wrapper, model, attention, inputs: tuple, dynamic_shapes: dict, path: Path, opset: int,
-                       num_layers: int, variant: str, translation_table: dict | None = None) -> None:
+                       num_layers: int, variant: str, translation_table: dict | None = None, rewrite=None) -> None:
     """torch.onnx.export (dynamo) of a window graph with `attention` (a context manager) swapped into
-    `model`, saved to `path` (external data past 2 GB) with the contract's names for `variant`."""
+    `model`, saved to `path` (external data past 2 GB) with the contract's names for `variant`;
+    `rewrite(onnx_model)`, if given, edits the graph in the same load and save."""
     with warnings.catch_warnings(), torch.no_grad(), attention(model), fusable_norms(model), torchvision_notices_hidden():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -95,18 +96,20 @@ def trace_window_graph(wrapper, model, attention, inputs: tuple, dynamic_shapes:
             verbose=False,
         )
     program.save(str(path), external_data=_weights_bytes(model) > TWO_GB)
-    name_axes(path, num_layers, variant)
+    name_axes(path, num_layers, variant, rewrite)
 
 
 def _weights_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def name_axes(path: Path, num_layers: int, variant: str = spec.PORTABLE) -> None:
+def name_axes(path: Path, num_layers: int, variant: str = spec.PORTABLE, rewrite=None) -> None:
     """Give every graph input/output dimension its contract name (the tracer invents some, e.g. 's53')."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
+    if rewrite is not None:
+        rewrite(model)
     wanted = {t.name: t.axes for t in spec.graph_inputs(num_layers, variant) + spec.graph_outputs(num_layers, variant)}
     for value in list(model.graph.input) + list(model.graph.output):
         for dim, axis in zip(value.type.tensor_type.shape.dim, wanted[value.name]):
