@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from .allocator import cut
 from .config import CPU_PASS_COSTS, DEFAULTS, DecodingConfig
 from .ngram import Candidate
 
@@ -22,70 +23,74 @@ def pass_cost(window: int, costs: dict[int, float] = CPU_PASS_COSTS) -> float:
 
 @dataclass
 class PassCosts:
-    """The cost of a target pass of W tokens relative to one of 1 token, learned on this machine.
+    """The cost of a target pass of `rows` rows x `width` tokens relative to one row of one token,
+    learned on this machine.
 
-    Starts from a table (`CPU_PASS_COSTS`); once a window and W=1 have both been timed a few
-    times, their measured ratio replaces the table, so the same code sends longer guesses on a
-    GPU, where wide passes are nearly free. `learn=False` keeps the table (deterministic tests).
+    Keyed by (rows, width), not by total tokens: the CPU reads the weights once per pass and a row's
+    attention is its own, so 16 rows x 2 cost about 4.3 W=1 passes but one row of 32 about 2.9.
+    Starts from two priors, `table` for one row by width (`CPU_PASS_COSTS`) and `batch_table` for
+    several rows by their total tokens (`BATCH_PASS_COSTS`); once a (rows, width) and (1, 1) have
+    both been timed a few times, their measured ratio replaces the prior, so the same code sends
+    longer guesses on a GPU, where wide passes are nearly free. `learn=False` keeps the priors
+    (deterministic tests).
     """
 
     table: dict[int, float] = field(default_factory=DEFAULTS.pass_cost_table)
     learn: bool = DEFAULTS.learn_costs
     smoothing: float = DEFAULTS.cost_smoothing
     min_samples: int = DEFAULTS.cost_min_samples
-    seconds: dict[int, float] = field(default_factory=dict)  # moving average of the pass time by window
-    samples: dict[int, int] = field(default_factory=dict)
-    _memo: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    batch_table: dict[int, float] = field(default_factory=DEFAULTS.batch_cost_table)
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # moving average of the pass time by (rows, width)
+    samples: dict[tuple[int, int], int] = field(default_factory=dict)
+    _memo: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def from_config(cls, config: DecodingConfig, table: dict[int, float] | None = None) -> "PassCosts":
-        """The config's cost curve: its pass_costs table (or `table`), learned as it says."""
-        return cls(table or config.pass_cost_table(), config.learn_costs, config.cost_smoothing, config.cost_min_samples)
+    def from_config(cls, config: DecodingConfig) -> "PassCosts":
+        """The config's cost curve: its pass_costs and batch_pass_costs priors, learned as it says."""
+        return cls(config.pass_cost_table(), config.learn_costs, config.cost_smoothing, config.cost_min_samples,
+                   config.batch_cost_table())
 
-    def __call__(self, window: int) -> float:
-        if window not in self._memo:
-            if self.samples.get(window, 0) >= self.min_samples and self.samples.get(1, 0) >= self.min_samples:
-                self._memo[window] = self.seconds[window] / self.seconds[1]
+    def __call__(self, width: int, rows: int = 1) -> float:
+        key = (rows, width)
+        if key not in self._memo:
+            if self.samples.get(key, 0) >= self.min_samples and self.samples.get((1, 1), 0) >= self.min_samples:
+                self._memo[key] = self.seconds[key] / self.seconds[(1, 1)]
             else:
-                self._memo[window] = pass_cost(window, self.table)
-        return self._memo[window]
+                self._memo[key] = self.prior(width, rows)
+        return self._memo[key]
 
-    def observe(self, window: int, seconds: float) -> None:
+    def prior(self, width: int, rows: int = 1) -> float:
+        return pass_cost(width, self.table) if rows == 1 else pass_cost(rows * width, self.batch_table)
+
+    def observe(self, width: int, seconds: float, rows: int = 1) -> None:
         if not self.learn:
             return
-        old = self.seconds.get(window)
-        self.seconds[window] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
-        self.samples[window] = self.samples.get(window, 0) + 1
-        self._memo.pop(window, None)
-        if window == 1:
+        key = (rows, width)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self.samples[key] = self.samples.get(key, 0) + 1
+        self._memo.pop(key, None)
+        if key == (1, 1):
             self._memo.clear()
 
     def unit_seconds(self) -> float | None:
-        """Seconds of a W=1 pass: measured, else estimated from the widest measured window."""
-        if 1 in self.seconds:
-            return self.seconds[1]
+        """Seconds of a one-row W=1 pass: measured, else estimated from the widest measured pass."""
+        if (1, 1) in self.seconds:
+            return self.seconds[(1, 1)]
         if self.seconds:
-            window, seconds = max(self.seconds.items())
-            return seconds / self(window)
+            (rows, width), seconds = max(self.seconds.items(), key=lambda item: item[0][0] * item[0][1])
+            return seconds / self(width, rows)
         return None
 
 
 def best_length(p: float, limit: int, cost: Callable[[int], float], per_token: float = 0.0) -> tuple[int, float]:
-    """The one length rule: the number of guesses L in 1..limit maximising the expected committed
+    """The one length rule (allocator.cut) for a constant acceptance p: the number of guesses L in 1..limit maximising the expected committed
     tokens per unit of time, (1 + p + ... + p^L) / (cost(L + 1) + L * per_token), and that gain
     (a greedy pass: 1.0); (0, 1.0) when limit < 1. p: the chance a guess is right when the ones before
     it were; cost: the target pass-cost curve; per_token: what producing one guess costs, in target
     W=1 passes (a draft pass; 0 for free guesses such as n-grams). Lookahead's candidates and the
     draft's chain are both cut by it; each caller decides whether the gain beats greedy by its margin."""
-    best, best_gain = 0, 0.0
-    expected, term = 1.0, 1.0
-    for length in range(1, limit + 1):
-        term *= p
-        expected += term
-        gain = expected / (cost(length + 1) + length * per_token)
-        if gain > best_gain:
-            best, best_gain = length, gain
-    return (best, best_gain) if best else (0, 1.0)
+    return cut((p,) * max(limit, 0), limit, cost, per_token)
 
 
 def matched_prefix(tokens: Sequence[int], committed: Sequence[int]) -> int:
@@ -116,9 +121,10 @@ class AcceptanceTracker:
     """Per source and match length, the chance p that the next guessed token is right when the
     previous ones were; sending L guesses then yields 1 + p + p^2 + ... + p^L tokens per pass.
 
-    `best_length` picks the L that maximises tokens per unit of pass cost, 0 when no L beats
-    a plain greedy pass by `margin`. Every candidate, sent or not, is scored against the tokens
-    the pass committed, so a source that is not being sent keeps being measured for free.
+    The allocator (runtime.allocator) cuts a guess to the L that maximises tokens per unit of
+    pass cost, none when no L beats a plain greedy pass by `margin` (the offer's). Every candidate,
+    sent or not, is scored against the tokens the pass committed, so a source that is not being
+    sent keeps being measured for free.
     """
 
     costs: PassCosts = field(default_factory=PassCosts)
@@ -154,13 +160,3 @@ class AcceptanceTracker:
         rate = self.rate(candidate.source, candidate.match_len)
         rate.right = rate.right * self.decay + right
         rate.tried = rate.tried * self.decay + tried
-
-    def cost(self, window: int) -> float:
-        """Relative cost of a pass of `window` tokens (see PassCosts)."""
-        return self.costs(window)
-
-    def best_length(self, p: float, available: int) -> tuple[int, float]:
-        """The number of guesses (0..available) with the best gain, and that gain (greedy: 1.0): the
-        one length rule (`best_length`), 0 unless it beats a greedy pass by `margin`."""
-        length, gain = best_length(p, available, self.costs)
-        return (length, gain) if gain > 1.0 + self.margin else (0, 1.0)

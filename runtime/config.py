@@ -23,7 +23,7 @@ from .errors import InputError
 # Relative cost of one target pass of W tokens vs W=1, SmolLM2-135M fp32 on 2 CPU cores (measured with
 # tools/pass_bench.py). Only a prior: PassCosts replaces it with this machine's measured costs.
 CPU_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.25, 8: 1.6, 16: 1.85, 32: 2.9}
-# Relative cost of a batched pass by its total tokens (batch x window), vs one token: SmolLM2-135M fp32 on
+# Relative cost of a batched pass (rows > 1) by its total tokens (rows x width), vs one token: SmolLM2-135M fp32 on
 # 2 CPU cores, measured 2026-11-30 with the in-place graph at past 128 (tools/pass_bench.py --batches 1,4,16):
 # batch 4 x W 1: 1.27, 1 x 16: 2.16, 16 x 1: 2.77, 16 x 2: 4.31, 16 x 4: 6.81 (noisy: a shared CPU).
 BATCH_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.27, 16: 2.5, 32: 4.3, 64: 6.8, 256: 25.0}
@@ -96,9 +96,10 @@ class DecodingConfig:
     batch_prefill_tokens: int | None = _field(None, "tokens of one batched prefill pass, all rows together, so a "
                                                     "burst of long prompts never stalls decoding rows; None: "
                                                     "max(prefill_chunk, 16)", 1, engine=True)
-    batch_pass_costs: Costs = _field(tuple(BATCH_PASS_COSTS.items()), "prior cost of a batched pass by its total "
-                                                                      "tokens (rows x width), as (tokens, cost) "
-                                                                      "pairs", engine=True)
+    batch_pass_costs: Costs = _field(tuple(BATCH_PASS_COSTS.items()), "prior cost of a batched pass (more than one "
+                                                                      "row) by its total tokens (rows x width), as "
+                                                                      "(tokens, cost) pairs; measured costs, keyed "
+                                                                      "by (rows, width), replace it", engine=True)
     batch_rate_smoothing: float = _field(0.3, "weight of a row's newest pass in its measured tokens per pass",
                                          0.0, 1.0, engine=True)
 

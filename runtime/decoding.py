@@ -1,4 +1,4 @@
-"""The decoding loop: prefill, then propose -> one target pass -> accept -> commit, until a stop.
+"""The decoding loop: prefill, then offer -> allocate -> one target pass -> accept -> commit, until a stop.
 
 Greedy decoding is the same loop with a window of one token and no guesses. Every committed
 token is the target's own greedy prediction, so the output equals greedy decoding. With a
@@ -17,7 +17,7 @@ import numpy as np
 
 from .backends.base import BackendContext
 from .passes import PassResult, pass_result
-from .proposers import Proposer, observe_costs
+from .proposers import Proposer, observe_costs, send
 from .sampling import Sampler
 from .tree import build_tree
 from .windows import AdaptiveWindow, FixedWindow
@@ -69,7 +69,7 @@ def step(ctx: BackendContext, last: int, proposer: Proposer, budget: int, sample
     history: with a sampler, the committed sequence (prompt, then every new token, `last` included).
     clock: times the target's forward, the one measurement every cost model learns from.
     """
-    tree = build_tree(last, proposer.propose(budget), max_nodes=budget + 1)
+    tree = build_tree(last, send(proposer, budget), max_nodes=budget + 1)  # the allocator cuts the proposer's offer
     positions = ctx.length + np.asarray(tree.positions, dtype=np.int64)
     started = clock()
     out = ctx.forward(np.array([tree.tokens], dtype=np.int64), positions[None], tree.window_mask[None],

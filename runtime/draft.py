@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .acceptance import PassCosts, best_length, matched_prefix
+from .allocator import Allocation, Guess, Offer
 from .backends.base import PREFILL_CHUNK, Backend
 from .config import DEFAULTS, DecodingConfig
 from .errors import ArtifactError, InputError
@@ -65,9 +66,10 @@ class DraftLength:
 
     With per-token acceptance p (the chance a guess is right when the ones before it were), K
     guesses commit 1 + p + ... + p^K tokens per target pass and cost costs(K+1) target
-    W=1 passes plus K draft passes of relative cost c (both measured online). K = 0 (a plain
-    greedy pass, no draft) when no K beats greedy by `margin`; then every `probe_every` target
-    passes the draft is tried again, since acceptance and costs drift with the text and context.
+    W=1 passes plus K draft passes of relative cost c (both measured online). `offer` hands the
+    allocator that chain; it cuts K by the one length rule, K = 0 (a plain greedy pass, no draft)
+    when no K beats greedy by `margin`; then every `probe_every` target passes `settle` tries the
+    draft again, since acceptance and costs drift with the text and context.
     """
 
     k_max: int
@@ -106,18 +108,29 @@ class DraftLength:
             return self.prior_cost
         return self.draft_seconds / unit
 
-    def choose(self, budget: int) -> int:
-        limit = min(self.k_max, budget)
+    def offer(self, limit: int) -> Offer:
+        """One chain of up to min(k_max, limit) draft tokens, each right with chance p, each costing a
+        draft pass: the allocator cuts it by the one length rule, or drops it when it does not beat
+        greedy by `margin`."""
+        limit = min(self.k_max, limit)
+        if limit < 1:
+            return Offer()
+        return Offer((Guess((self.p,) * limit, cost=self.relative_cost),), margin=self.margin)
+
+    def settle(self, chosen: int, limit: int) -> int:
+        """K for this pass, given the allocator's `chosen` K within `limit`: 0 means the draft sits out,
+        except every `probe_every` passes, when it runs at its best K anyway (the text may have become
+        predictable)."""
+        limit = min(self.k_max, limit)
         if limit < 1:
             return 0
-        best, gain = best_length(self.p, limit, self.costs, self.relative_cost)  # the one length rule (acceptance.py)
-        if gain > 1.0 + self.margin:
+        if chosen:
             self.idle = 0
-            return best
+            return chosen
         self.idle += 1
-        if self.idle >= self.probe_every:  # measure again: the text may have become predictable
+        if self.idle >= self.probe_every:
             self.idle = 0
-            return best
+            return best_length(self.p, limit, self.costs, self.relative_cost)[0]
         return 0
 
     def observe_acceptance(self, sent: int, accepted: int) -> None:
@@ -194,8 +207,15 @@ class DraftProposer(Proposer):
         # No prefill here: the first proposal feeds the prompt (in chunks), so a draft that is
         # never asked (K = 0 throughout, or a losing arm of `auto`) costs nothing.
 
-    def propose(self, budget: int) -> list[list[int]]:
-        k = self.length.choose(budget) if self.k is None else min(self.k, budget)
+    def offer(self, limit: int) -> Offer:
+        if self.k is None:
+            return self.length.offer(limit)
+        k = min(self.k, limit)  # a fixed K: sent whole
+        return Offer((Guess((self.length.p,) * k, cost=self.length.relative_cost),), fixed=True) if k else Offer()
+
+    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
+        chosen = allocation.picks[0][1] if allocation.picks else 0
+        k = self.length.settle(chosen, limit) if self.k is None else chosen
         k = min(k, self._room()) if self.usable else 0
         self.chain = self._run_draft(k) if k > 0 else []
         self.stats["proposed"] += len(self.chain)

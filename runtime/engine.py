@@ -32,9 +32,10 @@ from .backends.base import Backend
 from .decoding import Progress, _sampling, sampled_predictions
 from .errors import BackendError, InputError
 from .passes import pass_result
-from .proposers import Proposer, observe_costs
+from .allocator import Offer, allocate
+from .proposers import Proposer, observe_costs, own_cost
 from .sampling import Sampler
-from .scheduler import PassBudget, RowRate
+from .scheduler import Bid, PassBudget, RowRate
 from .tree import Tree, build_tree
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -78,6 +79,7 @@ class Row:
         self.cancelled = threading.Event()
         self.submitted = self.first_token_at = None  # engine clock
         self._want = 1
+        self._offer: Offer | None = None  # the proposer's offer for the next pass
         self._planned: Planned | None = None
 
     @property
@@ -86,11 +88,13 @@ class Row:
 
     # -- before the pass --------------------------------------------------------------------------
 
-    def wanted(self, length: int) -> int:
-        """The window this row asks for in its next decoding pass (its policy, within its limits)."""
+    def bid(self, length: int) -> Bid:
+        """What this row asks of its next decoding pass: the window its policy picks (within its limits)
+        and its proposer's offer for it."""
         room = self.max_context - 1 - length
         self._want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
-        return self._want
+        self._offer = self.proposer.offer(self._want - 1)
+        return Bid(self._want, self._offer, own_cost(self.proposer), self.rate)
 
     def plan(self, width: int, length: int) -> Planned:
         """This row's window of at most `width` tokens after its `length` cached entries."""
@@ -101,7 +105,8 @@ class Row:
                               last_chunk and _sampling(self.sampler))
         else:
             w = min(self._want, width)
-            tree = build_tree(self.last, self.proposer.propose(w - 1), max_nodes=w)
+            guesses = self.proposer.take(allocate(self._offer, w - 1, own_cost(self.proposer)), w - 1)
+            tree = build_tree(self.last, guesses, max_nodes=w)
             planned = Planned(tree.tokens, length + np.asarray(tree.positions, dtype=np.int64), tree.window_mask,
                               _sampling(self.sampler), tree)
         self._planned = planned
@@ -109,9 +114,10 @@ class Row:
 
     # -- after the pass ---------------------------------------------------------------------------
 
-    def settle(self, greedy: np.ndarray, logits: np.ndarray | None, length: int, seconds: float, tokens: int) -> list[int]:
+    def settle(self, greedy: np.ndarray, logits: np.ndarray | None, length: int, seconds: float,
+               shape: tuple[int, int]) -> list[int]:
         """Read this row's predictions; return the window entries whose KV to keep. `length`: the
-        row's cached entries before the pass; `seconds`: the pass's forward; `tokens`: its rows x width."""
+        row's cached entries before the pass; `seconds`: the pass's forward; `shape`: its (rows, width)."""
         planned, self._planned = self._planned, None
         if planned.tree is None:
             return self._settle_prefill(planned, greedy, logits)
@@ -125,7 +131,7 @@ class Row:
             for entry, token in zip(verdict.keep, verdict.committed):
                 self.sampler.record(logits[entry], token)
             self.history += verdict.committed
-        result = pass_result(tree, predictions, verdict, seconds, tokens)
+        result = pass_result(tree, predictions, verdict, seconds, *shape)
         observe_costs(self.proposer, result)
         self.proposer.update(result)
         new = verdict.committed
@@ -358,12 +364,11 @@ class BatchEngine:
             span = range(first, first + count)
             for s in decode:
                 if s in span:
-                    self.rows[s].wanted(int(lengths[s]))
+                    self.rows[s].bid(int(lengths[s]))
             return "prefill", span, width
         self._prefill_turn = True
         span = range(0, max(decode) + 1)
-        wanted = [self.rows[s].wanted(int(lengths[s])) for s in decode]
-        width = self.budget.decode_window(wanted, [self.rows[s].rate for s in decode])
+        width = self.budget.decode_window([self.rows[s].bid(int(lengths[s])) for s in decode])
         return "decode", span, width
 
     def _run(self, kind: str, span: range, width: int) -> PassRecord:
@@ -383,7 +388,7 @@ class BatchEngine:
             n = len(plan.tokens)
             try:
                 keep = row.settle(out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, int(before[i]), seconds,
-                                  ids.size)
+                                  ids.shape)
             except Exception as exc:  # a proposer or sampler failing ends its own row only
                 row.fail(exc)
                 keep = []
@@ -393,7 +398,7 @@ class BatchEngine:
             if row.first_token_at is None and not row.prefilling:
                 row.first_token_at = self.clock()
         self.ctx.commit_each(keeps)
-        self.budget.observe(ids.size, seconds)
+        self.budget.observe(ids.shape, seconds)
         return PassRecord(kind, len(rows), ids.shape[1], committed, seconds)
 
 

@@ -520,7 +520,7 @@ class Generator:
         if strategy == "greedy":
             return NoProposer()
         if strategy == "jacobi":
-            return JacobiProposer()
+            return JacobiProposer(AcceptanceTracker.from_config(config, costs))
         if strategy == "lookahead" or (strategy == "auto" and self.draft is None):
             return lookahead()
         from .draft import DraftLength, DraftProposer

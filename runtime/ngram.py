@@ -7,7 +7,7 @@ proposing costs microseconds, not milliseconds, at a few thousand tokens of cont
     lookup.extend(prompt); pool.extend(prompt)
     cands = lookup.lookup(None, k=15) + pool.lookup(lookup.tokens[-2:], k=15)
     best = cands[0]
-    length, _ = tracker.best_length(tracker.rate(best.source, best.match_len).p, 15)  # 0: a greedy pass
+    length, _ = allocator.cut((tracker.rate(best.source, best.match_len).p,) * 15, 15, tracker.costs)
     tree = build_tree(last, [best.tokens[:length]])      # or several candidates at once
     ... one target pass over tree.tokens with tree.positions and tree.window_mask ...
     verdict = tree.accept(predictions)                   # committed tokens == greedy decoding

@@ -20,14 +20,16 @@ class PassResult:
     verdict: Verdict  # what the pass committed, and which window rows' KV were kept
     window: int  # the row's window: len(tree.tokens)
     seconds: float  # the target's forward, timed once around it (in a batched pass: the whole pass)
-    tokens: int  # tokens the forward ran: the window, or rows x width in a batched pass (the cost curve's key)
+    rows: int  # rows in the forward: 1 for a generation alone, more in a batched pass
+    width: int  # the forward's width: the window, or in a batched pass the rows' padded width ((rows, width): the cost curve's key)
 
     @property
     def committed(self) -> list[int]:
         return self.verdict.committed
 
 
-def pass_result(tree: Tree, predictions: list[int], verdict: Verdict, seconds: float, tokens: int | None = None) -> PassResult:
-    """A PassResult for `tree`; `tokens` defaults to the window (a pass of this row alone)."""
+def pass_result(tree: Tree, predictions: list[int], verdict: Verdict, seconds: float, rows: int = 1,
+                width: int | None = None) -> PassResult:
+    """A PassResult for `tree`; by default a pass of this row alone (`width`: its window)."""
     window = len(tree.tokens)
-    return PassResult(tree, predictions, verdict, window, seconds, window if tokens is None else tokens)
+    return PassResult(tree, predictions, verdict, window, seconds, rows, window if width is None else width)

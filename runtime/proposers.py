@@ -1,8 +1,9 @@
 """Proposers fill a window's guesses. They see token ids only.
 
-The loop asks `propose(budget)` for candidate continuations of the committed sequence (one
-chain, several branches, or none), verifies them all in one target pass as a tree (runtime.tree),
-and calls `update(result)` with the pass's PassResult (runtime.passes: the tree, what the target
+The loop asks `offer(limit)` for ranked candidate continuations of the committed sequence with
+their per-token acceptance estimates (runtime.allocator.Offer), lets the allocator choose how much
+of each to send, gets them from `take(allocation, limit)` (one chain, several branches, or none),
+verifies them all in one target pass as a tree (runtime.tree), and calls `update(result)` with the pass's PassResult (runtime.passes: the tree, what the target
 predicted and committed, and the forward's measured seconds), so a proposer can keep state (the
 Jacobi trajectory, an n-gram pool, a draft model's cache) and learn the pass's cost without timing it.
 """
@@ -14,6 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .acceptance import AcceptanceTracker, PassCosts
+from .allocator import Allocation, Guess, Offer, allocate
 from .config import DEFAULTS
 from .ngram import Candidate, NgramPool, PromptLookup
 from .passes import PassResult
@@ -34,9 +36,20 @@ class Proposer(ABC):
     def start(self, prompt: list[int], first: int) -> None:
         """A new sequence: the prompt, and the first token the prefill produced."""
 
-    @abstractmethod
+    def offer(self, limit: int) -> Offer | None:
+        """Ranked guesses for the next pass, at most `limit` tokens each, with their acceptance estimates
+        (the allocator cuts them); None: this proposer still picks its own guesses in `propose`."""
+        return None
+
+    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
+        """The guesses the allocator chose from this pass's offer, in tree order (`limit`: the guessed
+        tokens the pass has room for; a proposer without an offer proposes within it)."""
+        return self.propose(limit)
+
     def propose(self, budget: int) -> list[list[int]]:
-        """Candidate continuations after the last committed token, at most `budget` tokens in all."""
+        """Candidate continuations after the last committed token, at most `budget` tokens in all (the
+        proposers that do not offer yet: union and auto)."""
+        raise NotImplementedError
 
     @abstractmethod
     def update(self, result: PassResult) -> None:
@@ -75,7 +88,10 @@ class NoProposer(Proposer):
     def start(self, prompt: list[int], first: int) -> None:
         pass
 
-    def propose(self, budget: int) -> list[list[int]]:
+    def offer(self, limit: int) -> Offer:
+        return Offer()
+
+    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
         return []
 
     def update(self, result: PassResult) -> None:
@@ -89,22 +105,41 @@ class JacobiProposer(Proposer):
     start; the first n were committed, so predictions[n:] guess the positions that follow the new
     last token. Where they run out (always at the start, and by n-1 entries after each pass),
     the window is padded with the last known token: a free guess that is right on repeats.
+    Its window is chosen by its policy (windows.AdaptiveWindow: a one-token pass leaves no
+    trajectory to score), so its offer is fixed: the whole window, with the trajectory's measured
+    acceptance (what the batch engine weighs against a wider pass).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tracker: AcceptanceTracker | None = None) -> None:
         super().__init__()
+        self.tracker = tracker or AcceptanceTracker()
         self.trajectory: list[int] = []
+        self.offered: list[int] = []  # this pass's guesses: the trajectory, padded
+        self.sent: list[list[int]] = []
         self.last = 0
 
-    def start(self, prompt: list[int], first: int) -> None:
-        self.trajectory, self.last = [], first
+    def cost_curves(self) -> list[PassCosts]:
+        return [self.tracker.costs]
 
-    def propose(self, budget: int) -> list[list[int]]:
-        guesses = self.trajectory[:budget]
+    def start(self, prompt: list[int], first: int) -> None:
+        self.trajectory, self.offered, self.sent, self.last = [], [], [], first
+
+    def offer(self, limit: int) -> Offer:
+        if limit < 1:
+            return Offer()
+        guesses = self.trajectory[:limit]
         fill = guesses[-1] if guesses else self.last
-        return [guesses + [fill] * (budget - len(guesses))] if budget else []
+        self.offered = guesses + [fill] * (limit - len(guesses))
+        return Offer((Guess((self.tracker.rate("jacobi", 0).p,) * limit, tuple(self.offered)),), fixed=True)
+
+    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
+        self.sent = [self.offered[:n] for _, n in allocation.picks]
+        return self.sent
 
     def update(self, result: PassResult) -> None:
+        for sent in self.sent:
+            self.tracker.score(Candidate(sent, "jacobi", 0), result.committed)
+        self.sent = []
         self.last = result.committed[-1]
         self.trajectory = list(result.predictions[len(result.committed) :])  # a chain: nodes in window order
 
@@ -113,8 +148,8 @@ class LookaheadProposer(Proposer):
     """Prompt lookup + the lookahead n-gram pool + the last Jacobi trajectory, sending only what pays.
 
     Every source offers candidates; the acceptance tracker keeps, per source and match length,
-    the chance that a guess is right, and each candidate is cut to the length with the best
-    expected tokens per unit of pass cost (none when a plain greedy pass is better). Up to
+    the chance that a guess is right, and the allocator cuts each candidate to the length with the
+    best expected tokens per unit of pass cost (none when a plain greedy pass is better). Up to
     `branches` candidates go into one pass as a tree. Every candidate, sent or not, is scored
     against what the pass committed, so the rates follow the text.
     """
@@ -148,17 +183,15 @@ class LookaheadProposer(Proposer):
             found.append(Candidate(self.trajectory[:k], "jacobi", 0))
         return found
 
-    def propose(self, budget: int) -> list[list[int]]:
-        self.pending = self.candidates(budget) if budget > 0 else []
-        ranked = []
-        for c in self.pending:
-            length, gain = self.tracker.best_length(self.tracker.rate(c.source, c.match_len).p, min(budget, len(c.tokens)))
-            if length:
-                ranked.append((gain, length, c))
-        ranked.sort(key=lambda item: -item[0])
-        chosen = ranked[: self.branches]
-        self.sent = [(c.source, c.tokens[:length]) for _, length, c in chosen]
-        self.stats["proposed"] += sum(length for _, length, _ in chosen)
+    def offer(self, limit: int) -> Offer:
+        self.pending = self.candidates(limit) if limit > 0 else []
+        rate = self.tracker.rate
+        guesses = tuple(Guess((rate(c.source, c.match_len).p,) * len(c.tokens), tuple(c.tokens)) for c in self.pending)
+        return Offer(guesses, self.branches, self.tracker.margin)
+
+    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
+        self.sent = [(self.pending[i].source, self.pending[i].tokens[:n]) for i, n in allocation.picks]
+        self.stats["proposed"] += sum(n for _, n in allocation.picks)
         return [tokens for _, tokens in self.sent]
 
     def update(self, result: PassResult) -> None:
@@ -234,7 +267,7 @@ class UnionProposer(Proposer):
     def propose(self, budget: int) -> list[list[int]]:
         branches: list[list[int]] = []
         for part in self.parts.values():
-            proposed = part.propose(budget)
+            proposed = send(part, budget)
             budget -= sum(len(branch) for branch in proposed)
             branches += proposed
         return branches
@@ -369,7 +402,7 @@ class AutoProposer(Proposer):
             budget = min(budget, self.probe_budget)
         branches = []
         for name, arm in self.arms.items():
-            proposed = arm.propose(budget if name == self.current else 0)
+            proposed = send(arm, budget if name == self.current else 0)
             if name == self.current:
                 branches = proposed
         return branches
@@ -394,10 +427,26 @@ class AutoProposer(Proposer):
             arm.close()
 
 
+_DEFAULT_COSTS = PassCosts(learn=False)  # the prior, for a proposer that reads no curve of its own
+
+
+def own_cost(proposer: Proposer) -> PassCosts:
+    """The one-row cost curve `proposer`'s guesses are weighed against (the request's one curve)."""
+    curves = proposer.cost_curves()
+    return curves[0] if curves else _DEFAULT_COSTS
+
+
+def send(proposer: Proposer, limit: int, cost: PassCosts | None = None) -> list[list[int]]:
+    """What a pass with room for `limit` guessed tokens sends: `proposer`'s offer, cut by the allocator
+    (cost: the curve to weigh it against; default the proposer's own), taken."""
+    allocation = allocate(proposer.offer(limit), limit, cost or own_cost(proposer))
+    return proposer.take(allocation, limit)
+
+
 def observe_costs(proposer: Proposer, result: PassResult) -> None:
     """Teach each distinct cost curve `proposer` reads the pass's measured seconds, once."""
     seen: set[int] = set()
     for curve in proposer.cost_curves():
         if id(curve) not in seen:
             seen.add(id(curve))
-            curve.observe(result.tokens, result.seconds)
+            curve.observe(result.width, result.seconds, result.rows)

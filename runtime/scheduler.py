@@ -1,16 +1,19 @@
 """PassBudget: how many tokens a batched pass spends, and how they are split between rows.
 
-A pass over k rows padded to one window W costs about what k*W tokens cost (the CPU reads the
-weights once per pass; each token adds compute), so the allocator picks the pass's window from
-the measured cost curve (`PassCosts`, keyed by the pass's total tokens): every row gets its next
-token first; a wider window is taken only when the rows' measured acceptance pays for it:
+A pass over k rows padded to one window W costs cost(k, W) from the measured cost curve
+(`PassCosts`, keyed by (rows, width): 16 rows x 2 cost more than one row of 32), so the allocator
+picks the pass's window: every row gets its next token first; a wider window is taken only when
+the rows' offers pay for it:
 
-    value(W) = sum_b expected_b(min(W, wanted_b)) / cost(k * W)
+    value(W) = sum_b expected_b(W) / (cost(k, W) + sum_b production_b(W))
 
-expected_b(w) = 1 + (tokens_b - 1) * min(1, (w - 1) / (used_b - 1)), where tokens_b is row b's
-committed tokens per pass and used_b its window, both measured (moving averages). A lone row gets
-the window it asks for (its own policy and proposer decide, exactly as a single generation does);
-as rows join, the guesses shrink toward greedy because k*W grows the cost faster than they pay.
+expected_b(W) and production_b(W) are the expected committed tokens and guess-production cost of
+what row b would send in min(W, wanted_b) tokens: its proposer's offer cut by the allocator
+(runtime.allocator.allocate, the rule a single generation uses). A proposer that does not offer yet
+(the draft, union, auto) is credited its measured RowRate instead: expected_b(w) = 1 + (tokens_b - 1)
+* min(1, (w - 1) / (used_b - 1)). A lone row gets the window it asks for (its own policy and offer
+decide, exactly as a single generation does);
+as rows join, the guesses shrink toward greedy because wider rows grow the cost faster than they pay.
 Prefill passes take at most `prefill_tokens` tokens in all (one row may take a whole chunk), first
 come first served, so a burst of long prompts never makes one pass long enough to stall the others
 and the earliest request gets its first token first.
@@ -21,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .acceptance import PassCosts
+from .allocator import Cost, Offer, allocate
 from .config import BATCH_PASS_COSTS, DEFAULTS, DecodingConfig  # BATCH_PASS_COSTS: the prior, re-exported
 
 
@@ -46,27 +50,54 @@ class RowRate:
 
 
 @dataclass
+class Bid:
+    """What one decoding row asks of a pass: its widest window, its proposer's offer (None: a proposer
+    that still picks its own guesses; its RowRate stands in) and the one-row cost curve the offer is
+    cut against (the allocator's rule, as in a single generation)."""
+
+    want: int
+    offer: Offer | None
+    cost: Cost
+    rate: RowRate
+    _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
+
+    def expected(self, width: int) -> tuple[float, float]:
+        """Expected committed tokens at a pass `width` wide, and what producing its guesses costs."""
+        w = min(width, self.want)
+        if w not in self._memo:  # every width past `want` gives the same
+            if self.offer is None:
+                self._memo[w] = self.rate.expected(w), 0.0
+            else:
+                allocation = allocate(self.offer, w - 1, self.cost)
+                self._memo[w] = allocation.expected, allocation.production
+        return self._memo[w]
+
+
+@dataclass
 class PassBudget:
     prefill_tokens: int = 256  # tokens of one prefill pass, all rows together
-    costs: PassCosts = field(default_factory=lambda: PassCosts(DEFAULTS.batch_cost_table()))
+    costs: PassCosts = field(default_factory=PassCosts)
     rate_smoothing: float = DEFAULTS.batch_rate_smoothing  # of each row's RowRate
 
     @classmethod
     def from_config(cls, config: DecodingConfig, prefill_chunk: int) -> "PassBudget":
         prefill = config.batch_prefill_tokens or max(prefill_chunk, 16)
-        return cls(prefill, PassCosts.from_config(config, config.batch_cost_table()), config.batch_rate_smoothing)
+        return cls(prefill, PassCosts.from_config(config), config.batch_rate_smoothing)
 
-    def decode_window(self, wanted: list[int], rates: list[RowRate]) -> int:
-        """The pass's window for decoding rows that ask for `wanted` tokens each."""
-        if len(wanted) == 1:
-            return wanted[0]  # a lone row decodes exactly as a single generation would
-        k, widest = len(wanted), max(wanted)
+    def decode_window(self, bids: list[Bid]) -> int:
+        """The pass's window for decoding rows with these bids."""
+        if len(bids) == 1:
+            return bids[0].want  # a lone row decodes exactly as a single generation would
+        k, widest = len(bids), max(bid.want for bid in bids)
         best, best_value = 1, -1.0
         for w in sorted({1, 2, 4, 8, 16, 32, widest} - {0}):
             if w > widest:
                 continue
-            gain = sum(rate.expected(min(w, want)) for want, rate in zip(wanted, rates))
-            value = gain / self.costs(k * w)
+            gain = production = 0.0
+            for bid in bids:
+                tokens, made = bid.expected(w)
+                gain, production = gain + tokens, production + made
+            value = gain / (self.costs(w, k) + production)
             if value >= best_value:  # ties go to the wider window: its guesses come free
                 best, best_value = w, value
         return best
@@ -89,9 +120,10 @@ class PassBudget:
             n -= 1
         return n, width
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """A pass of `tokens` tokens (batch x window) took `seconds`."""
-        self.costs.observe(tokens, seconds)
+    def observe(self, shape: tuple[int, int], seconds: float) -> None:
+        """A pass of shape (rows, width) took `seconds`."""
+        rows, width = shape
+        self.costs.observe(width, seconds, rows)
 
     def new_rate(self) -> RowRate:
         """A new row's rate: unmeasured, so its first decoding passes ask for no guesses beyond its own window."""

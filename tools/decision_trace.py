@@ -19,6 +19,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact")
     parser.add_argument("--strategy", default="lookahead")
+    parser.add_argument("--draft", help="a draft artifact (speculative, auto)")
     parser.add_argument("--no-learn", action="store_true", help="keep the cost tables: deterministic decisions")
     parser.add_argument("--limit", type=int, default=6)
     parser.add_argument("-n", "--max-new-tokens", type=int, default=64)
@@ -29,7 +30,7 @@ def main() -> None:
     from jacobi_rt.tools import bench
 
     if args.no_learn:
-        acceptance.PassCosts.observe = lambda self, window, seconds: None
+        acceptance.PassCosts.observe = lambda self, width, seconds, rows=1: None
     widths: list[int] = []
     build = decoding.build_tree
 
@@ -39,7 +40,7 @@ def main() -> None:
         return tree
 
     decoding.build_tree = recorded  # the loop's own module global: every pass goes through it
-    gen = Generator.load(args.artifact, threads=args.threads, verify=False)
+    gen = Generator.load(args.artifact, draft=args.draft, threads=args.threads, verify=False)
     for prompt in bench.load_prompts(None, args.limit):
         widths.clear()
         result = gen.generate(bench.prompt_ids(gen, prompt), max_new_tokens=args.max_new_tokens, strategy=args.strategy)

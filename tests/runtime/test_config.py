@@ -65,7 +65,7 @@ def test_the_classes_take_their_defaults_from_the_config():
     assert LookaheadProposer().branches == DEFAULTS.branches
     assert AutoProposer({"a": LookaheadProposer()}).probe_budget == DEFAULTS.auto_probe_budget
     assert AdaptiveWindow(8).probe_every == DEFAULTS.window_probe_every
-    assert PassBudget().costs.table == DEFAULTS.batch_cost_table()
+    assert PassBudget().costs.batch_table == DEFAULTS.batch_cost_table()
 
 
 def test_from_config_carries_every_tuned_field():
@@ -78,6 +78,6 @@ def test_from_config_carries_every_tuned_field():
     assert (length.prior_cost, length.probe_every, length.costs.table) == (0.9, 3, {1: 1.0, 8: 1.1})
     assert AdaptiveWindow.from_config(config, 4).probe_every == 7
     budget = PassBudget.from_config(config, prefill_chunk=256)
-    assert (budget.prefill_tokens, budget.costs.table, budget.new_rate().smoothing) == (40, {1: 1.0, 64: 2.0}, 0.5)
+    assert (budget.prefill_tokens, budget.costs.batch_table, budget.new_rate().smoothing) == (40, {1: 1.0, 64: 2.0}, 0.5)
     assert budget.new_rate().expected(8) == 1.0  # unmeasured: no guesses credited
     assert PassBudget.from_config(DEFAULTS, prefill_chunk=8).prefill_tokens == 16  # max(chunk, 16)

@@ -6,7 +6,7 @@ import pytest
 from text_helpers import clean_substring
 
 from jacobi_rt.runtime.passes import pass_result
-from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer
+from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer, send
 from jacobi_rt.runtime.tree import build_tree
 from make_artifacts import FAMILIES
 
@@ -35,11 +35,25 @@ def test_accept(guesses, predictions, n):
 def test_jacobi_proposer_uses_predictions_past_the_accepted_point():
     p = JacobiProposer()
     p.start([1, 2, 3], first=4)
-    assert p.propose(3) == [[4, 4, 4]]  # nothing known yet: repeat the last token
+    assert send(p, 3) == [[4, 4, 4]]  # nothing known yet: repeat the last token
     tree = build_tree(4, [[4, 4, 4]])
     predictions = [4, 11, 12, 13]  # one right guess: commits 4, 11
     p.update(pass_result(tree, predictions, tree.accept(predictions), 0.01))
-    assert p.propose(3) == [[12, 13, 13]]  # predictions[2:], padded with its last entry
+    assert send(p, 3) == [[12, 13, 13]]  # predictions[2:], padded with its last entry
+
+
+def test_jacobi_offers_its_whole_window_with_the_trajectorys_measured_acceptance():
+    p = JacobiProposer()
+    p.start([1, 2, 3], first=4)
+    prior = p.offer(3).guesses[0].accept[0]
+    for wrong in range(100, 104):
+        (chain,) = send(p, 3)
+        tree = build_tree(p.last, [chain])
+        predictions = [wrong] * len(tree.tokens)  # a new token every pass: every guess wrong
+        p.update(pass_result(tree, predictions, tree.accept(predictions), 0.01))
+    offer = p.offer(3)
+    assert offer.fixed and len(offer.guesses[0].tokens) == 3  # its policy chose the window: sent whole
+    assert offer.guesses[0].accept[0] < prior / 2  # wrong trajectories lower the estimate the engine weighs
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -23,7 +23,8 @@ from jacobi_rt.runtime.decoding import Progress, decode, prefill, step
 from jacobi_rt.runtime.draft import DraftLength, DraftProposer, check_draft
 from jacobi_rt.runtime.errors import ArtifactError, InputError
 from jacobi_rt.runtime.manifest import load_manifest
-from jacobi_rt.runtime.proposers import NoProposer
+from jacobi_rt.runtime.allocator import allocate
+from jacobi_rt.runtime.proposers import NoProposer, send
 from make_artifacts import FAMILIES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,8 +191,8 @@ def test_budget_caps_the_chain(backend):
     target = backend("llama")
     with DraftProposer(target, 64, k=8) as proposer:
         proposer.start([5, 17, 33], greedy(target, [5, 17, 33], 1)[0])
-        assert proposer.propose(0) == [] and proposer.stats["draft_passes"] == 0  # nothing asked: no draft work
-        assert [len(c) for c in proposer.propose(2)] == [2]
+        assert send(proposer, 0) == [] and proposer.stats["draft_passes"] == 0  # nothing asked: no draft work
+        assert [len(c) for c in send(proposer, 2)] == [2]
 
 
 # -- the draft's cache through rollbacks ---------------------------------------------------------
@@ -244,21 +245,27 @@ def test_k_zero_is_greedy_with_no_draft_pass(backend):
     assert proposer.stats["draft_passes"] == 0 and proposer.stats["proposed"] == 0  # never asked: never run
 
 
+def choose(length: DraftLength, limit: int) -> int:
+    """K for one pass: the draft's offer cut by the allocator, then its probe rule."""
+    picks = allocate(length.offer(limit), limit, length.costs).picks
+    return length.settle(picks[0][1] if picks else 0, limit)
+
+
 def test_length_grows_with_acceptance_and_cheap_drafts():
     length = DraftLength(k_max=8)
-    length.draft_seconds, length.costs.seconds = 0.1, {1: 1.0}
+    length.draft_seconds, length.costs.seconds = 0.1, {(1, 1): 1.0}
     for _ in range(40):
         length.observe_acceptance(8, 8)
-    assert length.p > 0.95 and length.choose(8) == 8
-    assert length.choose(3) == 3  # never past the budget
+    assert length.p > 0.95 and choose(length, 8) == 8
+    assert choose(length, 3) == 3  # never past the budget
 
 
 def test_length_is_zero_when_the_draft_does_not_pay_then_probes():
     length = DraftLength(k_max=8, probe_every=5)
-    length.draft_seconds, length.costs.seconds = 1.0, {1: 1.0}  # the draft costs a target pass
+    length.draft_seconds, length.costs.seconds = 1.0, {(1, 1): 1.0}  # the draft costs a target pass
     for _ in range(40):
         length.observe_acceptance(4, 1)
-    choices = [length.choose(8) for _ in range(10)]
+    choices = [choose(length, 8) for _ in range(10)]
     assert choices.count(0) == 8 and all(c >= 1 for i, c in enumerate(choices) if i % 5 == 4)
 
 
@@ -270,9 +277,9 @@ def test_length_follows_measured_costs():
     length.costs.observe(5, 0.030 * pass_cost(5))
     assert length.costs.unit_seconds() == pytest.approx(0.030, rel=1e-3)
     length.observe_draft(0.003)
-    cheap = length.choose(8)
+    cheap = choose(length, 8)
     length.draft_seconds = 0.020
-    assert 1 <= length.choose(8) < cheap
+    assert 1 <= choose(length, 8) < cheap
 
 
 def test_adaptive_proposer_stops_drafting_when_the_draft_is_as_slow_as_the_target(backend):

@@ -34,7 +34,8 @@ def clock():
 
 def engine(gen, slots, chunk=256, wide=False):
     """wide: a flat cost curve (wide passes free, as on a GPU), so every row gets the window it asks for."""
-    budget = PassBudget(costs=PassCosts({1: 1.0, 4096: 1.0}, learn=False)) if wide else None
+    flat = {1: 1.0, 4096: 1.0}
+    budget = PassBudget(costs=PassCosts(flat, learn=False, batch_table=flat)) if wide else None
     return BatchEngine(gen.backend, slots, prefill_chunk=chunk, budget=budget, clock=clock())
 
 
@@ -275,6 +276,6 @@ def test_each_row_gets_one_pass_result_timed_once_around_the_batched_forward(gen
     run_until_done(eng, rows)
     for r in rows:
         assert r.proposer.results and all(res.seconds == pytest.approx(0.01) for res in r.proposer.results)
-        assert all(res.window == len(res.tree.tokens) and res.tokens >= res.window for res in r.proposer.results)
-    assert any(res.tokens == 2 * 4 for res in rows[0].proposer.results)  # a shared pass: rows x width
+        assert all(res.window == len(res.tree.tokens) and res.width >= res.window for res in r.proposer.results)
+    assert any((res.rows, res.width) == (2, 4) for res in rows[0].proposer.results)  # a shared pass
     eng.close()

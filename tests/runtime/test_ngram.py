@@ -11,7 +11,8 @@ import pytest
 from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, best_length, matched_prefix, pass_cost
 from jacobi_rt.runtime.ngram import Candidate, NgramPool, PromptLookup
 from jacobi_rt.runtime.passes import pass_result
-from jacobi_rt.runtime.proposers import LookaheadProposer
+from jacobi_rt.runtime.allocator import Guess, Offer, allocate
+from jacobi_rt.runtime.proposers import LookaheadProposer, send
 from jacobi_rt.runtime.tree import accept_branch, ancestor_mask, build_tree, leaf_paths
 
 
@@ -263,20 +264,26 @@ def test_the_one_length_rule_weighs_a_guess_producers_own_cost():
     assert best_length(0.1, 8, pass_cost, per_token=1.0)[1] < 1.0  # the gain says greedy is better; callers decide
 
 
+def tracked_length(tracker: AcceptanceTracker, p: float, available: int) -> int:
+    """What the allocator sends of one guess of `available` tokens right with chance p, against the tracker's curve and margin."""
+    picks = allocate(Offer((Guess((p,) * available),), margin=tracker.margin), available, tracker.costs).picks
+    return picks[0][1] if picks else 0
+
+
 def test_best_length_grows_with_acceptance_and_is_zero_when_unsure():
     tracker = AcceptanceTracker()
-    lengths = [tracker.best_length(p, 15)[0] for p in (0.05, 0.3, 0.6, 0.8, 0.97)]
+    lengths = [tracked_length(tracker, p, 15) for p in (0.05, 0.3, 0.6, 0.8, 0.97)]
     assert lengths[0] == 0
     assert lengths == sorted(lengths) and lengths[-1] == 15
-    assert tracker.best_length(0.97, 0) == (0, 1.0)
-    assert tracker.best_length(0.97, 3)[0] == 3
+    assert tracked_length(tracker, 0.97, 0) == 0
+    assert tracked_length(tracker, 0.97, 3) == 3
 
 
 def test_tracker_learns_to_stop_sending_bad_guesses_and_resumes_on_good_ones():
     tracker = AcceptanceTracker()
 
     def suggested(available: int) -> int:
-        return tracker.best_length(tracker.rate("pool", 1).p, available)[0]
+        return tracked_length(tracker, tracker.rate("pool", 1).p, available)
 
     bad = Candidate([9, 9, 9], "pool", 1)
     assert suggested(3) > 0  # the prior is worth a try
@@ -444,7 +451,7 @@ def run_loop(proposer, model, prompt, new, window):
     passes = 0
     while len(seq) - len(prompt) < new:
         passes += 1
-        tree = build_tree(seq[-1], proposer.propose(window - 1), max_nodes=window)
+        tree = build_tree(seq[-1], send(proposer, window - 1), max_nodes=window)
         predictions = [model(seq[:-1] + [tree.tokens[j] for j in range(len(tree.tokens)) if tree.window_mask[i, j]])
                        for i in range(len(tree.tokens))]
         verdict = tree.accept(predictions)
@@ -501,8 +508,8 @@ def test_proposer_sends_nothing_when_guesses_keep_failing():
 def test_proposer_k_zero_and_empty_prompt():
     proposer = LookaheadProposer()
     proposer.start([], 5)
-    assert proposer.propose(0) == []
-    assert proposer.propose(4) == []  # nothing known yet
+    assert send(proposer, 0) == []
+    assert send(proposer, 4) == []  # nothing known yet
     tree = build_tree(5, [])
     proposer.update(pass_result(tree, [6], tree.accept([6]), 0.0))
     assert proposer.lookup.tokens == [5, 6]
@@ -510,12 +517,23 @@ def test_proposer_k_zero_and_empty_prompt():
 
 def test_tracker_learns_the_cost_curve_from_measured_passes():
     tracker = AcceptanceTracker()
-    assert tracker.cost(8) == pass_cost(8)  # the table until both windows are timed
+    assert tracker.costs(8) == pass_cost(8)  # the table until both windows are timed
     for _ in range(3):
         tracker.costs.observe(1, 0.010)
         tracker.costs.observe(8, 0.011)  # a GPU-like flat curve
-    assert tracker.cost(8) == pytest.approx(1.1)
-    assert tracker.best_length(0.5, 7)[0] == 7  # wide passes nearly free: send everything
+    assert tracker.costs(8) == pytest.approx(1.1)
+    assert tracked_length(tracker, 0.5, 7) == 7  # wide passes nearly free: send everything
     fixed = AcceptanceTracker(costs=PassCosts(learn=False))
     fixed.costs.observe(1, 0.010)
-    assert fixed.cost(8) == pass_cost(8)
+    assert fixed.costs(8) == pass_cost(8)
+
+
+def test_the_cost_curve_is_keyed_by_rows_and_width_not_total_tokens():
+    costs = PassCosts(min_samples=1)
+    assert costs(32) == pass_cost(32) and costs(2, rows=16) == pass_cost(32, costs.batch_table)  # the two priors
+    assert costs(2, rows=16) > costs(32)  # 16 rows x 2 cost more than one row of 32
+    costs.observe(1, 0.010)
+    costs.observe(16, 0.050, rows=1)
+    costs.observe(1, 0.030, rows=16)  # a batched pass of 16 tokens teaches (16, 1), never one row of 16
+    assert costs(16) == pytest.approx(5.0) and costs(1, rows=16) == pytest.approx(3.0)
+    assert costs.unit_seconds() == pytest.approx(0.010)

@@ -34,11 +34,12 @@ class RecordingWindow(FixedWindow):
         self.results.append(result)
 
 
-def test_pass_result_defaults_its_tokens_to_the_window():
+def test_pass_result_defaults_to_a_pass_of_the_row_alone():
     tree = build_tree(3, [[4, 5], [6]])
     result = pass_result(tree, [4, 5, 9, 1], tree.accept([4, 5, 9, 1]), 0.02)
-    assert result.window == result.tokens == 4 and result.committed == [4, 5, 9]
-    assert pass_result(tree, [0] * 4, tree.accept([0] * 4), 0.02, tokens=64).tokens == 64  # a batched pass's size
+    assert (result.rows, result.width, result.window) == (1, 4, 4) and result.committed == [4, 5, 9]
+    batched = pass_result(tree, [0] * 4, tree.accept([0] * 4), 0.02, rows=16, width=8)
+    assert (batched.rows, batched.width, batched.window) == (16, 8, 4)  # a batched pass's shape
 
 
 def test_the_loop_times_only_the_forward_and_gives_the_proposer_and_the_policy_the_same_result(artifact):
@@ -51,7 +52,7 @@ def test_the_loop_times_only_the_forward_and_gives_the_proposer_and_the_policy_t
     new = [t for batch in passes[1:] for t in batch]
     assert proposer.results and proposer.results == policy.results  # one result per pass, to both
     assert [r.seconds for r in proposer.results] == pytest.approx([0.01] * len(proposer.results))  # a reading before and after the forward, nothing else
-    assert all(r.window == r.tokens == len(r.tree.tokens) for r in proposer.results)
+    assert all(r.window == r.width == len(r.tree.tokens) and r.rows == 1 for r in proposer.results)
     assert [t for r in proposer.results for t in r.committed] == new[: sum(len(r.committed) for r in proposer.results)]
 
 
