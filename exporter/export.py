@@ -168,8 +168,9 @@ def _trace_and_check(model, shape, folder: Path, options: ExportOptions, step, c
     graphs = {PORTABLE: GRAPH_FILE}
     if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
         from .inplace import add_inplace_graph
+        from .inplace_check import CASES
 
-        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step, _progress(check_progress))
+        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step, _progress(check_progress, len(CASES)))
         graphs.update(extra)
     return graphs, check
 
@@ -196,10 +197,11 @@ def keep_first_layers(model, n: int) -> None:
         model.config.layer_types = model.config.layer_types[:n]
 
 
-def _progress(factory):
+def _progress(factory, checks: int | None = None):
+    """A progress callable for `checks` checked shapes (default: the portable check's)."""
     from .check import SHAPES
 
-    return factory(len(SHAPES)) if factory else None
+    return factory(checks or len(SHAPES)) if factory else None
 
 
 def _check_destination(out: Path, overwrite: bool) -> None:

@@ -145,3 +145,17 @@ def test_without_onnxruntime_the_export_says_what_to_install_before_any_work(inv
     result = invoke("export", "no-such-model", "--out", tmp_path / "artifact")
     assert_one_line_error(result, "`onnxruntime` is not installed", '".[cpu]"')
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_check_bar_counts_its_own_shapes(tiny_model, tmp_path):
+    """The command's progress bars (one per check: portable, in-place, quantized) end full, not past their total."""
+    from jacobi_rt.exporter import ExportOptions, export
+
+    bars: list[list[int]] = []
+
+    def bar(total: int):
+        bars.append([total, 0])
+        return lambda: bars[-1].__setitem__(1, bars[-1][1] + 1)
+
+    export(str(tiny_model("llama")), tmp_path / "a", ExportOptions(quantize="int8"), check_progress=bar)
+    assert len(bars) == 3 and all(ticks == total for total, ticks in bars), bars
