@@ -17,6 +17,8 @@ from jacobi_rt.runtime.sampling import Sampler, SamplingParams
 from jacobi_rt.runtime.scheduler import PassBudget
 from jacobi_rt.runtime.windows import AdaptiveWindow
 
+from recording import Recording
+
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13, 11, 12, 13, 11, 12], [40, 41, 42], [7, 7, 7, 7, 100, 101, 102, 7, 7, 7],
            list(range(20, 60))]
 PROPOSERS = {"greedy": (NoProposer, 1), "jacobi": (JacobiProposer, 4), "lookahead": (LookaheadProposer, 8)}
@@ -255,16 +257,6 @@ def test_the_default_slot_context_is_capped_where_attention_reads_the_capacity(g
             assert gen.engine.capacity == expected
         finally:
             gen.stop_engine()
-
-
-class Recording(JacobiProposer):
-    def __init__(self):
-        super().__init__()
-        self.results = []
-
-    def update(self, result):
-        self.results.append(result)
-        super().update(result)
 
 
 def test_each_row_gets_one_pass_result_timed_once_around_the_batched_forward(gen):

@@ -10,28 +10,9 @@ from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.decoding import Progress, decode
 from jacobi_rt.runtime.manifest import load_manifest
 from jacobi_rt.runtime.passes import pass_result
-from jacobi_rt.runtime.proposers import JacobiProposer
 from jacobi_rt.runtime.tree import build_tree
-from jacobi_rt.runtime.windows import FixedWindow
 
-
-class Recording(JacobiProposer):
-    def __init__(self):
-        super().__init__()
-        self.results = []
-
-    def update(self, result):
-        self.results.append(result)
-        super().update(result)
-
-
-class RecordingWindow(FixedWindow):
-    def __init__(self, window):
-        super().__init__(window)
-        self.results = []
-
-    def observe(self, result):
-        self.results.append(result)
+from recording import Recording, RecordingWindow
 
 
 def test_pass_result_defaults_to_a_pass_of_the_row_alone():
