@@ -3,7 +3,9 @@ generation loop (decoding.step) and for every row of the batch engine.
 
 A proposer only ranks: `offer(limit)` returns its candidate guesses (`Guess`: per-token
 acceptance estimates, the tokens when they exist already, and what producing a token costs) and
-`take(lengths)` returns the guesses cut to the lengths chosen here. Each guess is cut by the one
+`take(allocation, limit)` returns the guesses cut to the lengths chosen here. A union's offer is its
+parts' guesses side by side (each with its own margin, `Offer.parts` capping each part's branches)
+sharing one limit; `auto` compares its arms by `Allocation.value`. Each guess is cut by the one
 length rule (`cut`: the L maximising expected committed tokens per unit of pass cost), a guess
 that does not beat a greedy pass by the offer's margin is dropped, and the best `branches` go into
 the pass. The batch engine (runtime.scheduler) reads `expected_tokens` of the same decision at
@@ -13,7 +15,7 @@ gets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 Cost = Callable[[int], float]  # a one-row pass of W tokens, in W=1 passes (acceptance.PassCosts)
@@ -26,6 +28,9 @@ class Guess:
     accept: tuple[float, ...]
     tokens: tuple[int, ...] | None = None  # None: produced only once its length is known (a draft's chain)
     cost: float = 0.0  # producing one token, in target W=1 passes (a draft pass; 0 for n-grams)
+    margin: float | None = None  # sent only when it beats a greedy pass by this much; None: the offer's margin
+    fixed: bool = False  # sent whole within the limit (a fixed-K draft inside a union); Offer.fixed: all are
+    part: int = 0  # in a union's offer: the part it comes from (Offer.parts caps each part's branches)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,12 @@ class Offer:
     branches: int = 1  # most guesses one pass takes
     margin: float = 0.0  # a guess is sent only when it beats a greedy pass by this much
     fixed: bool = False  # send every guess whole (a window the proposer's own policy chose: plain Jacobi)
+    parts: tuple[int, ...] = ()  # a union's offer: each part's most branches; the guesses sent then share one limit
+
+    def cut_to(self, most: int) -> "Offer":
+        """This offer with every guess at most `most` tokens (an arm on trial)."""
+        return replace(self, guesses=tuple(replace(g, accept=g.accept[:most], tokens=None if g.tokens is None else g.tokens[:most])
+                                           for g in self.guesses))
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,19 @@ class Allocation:
     picks: list[tuple[int, int]]  # (guess index in the offer, tokens sent), in the order they go into the tree
     expected: float = 1.0  # expected committed tokens of the pass (1: a greedy pass)
     production: float = 0.0  # producing the guesses sent, in target W=1 passes
+
+    @property
+    def sent(self) -> int:
+        """Guessed tokens sent (the pass's window is at most this plus the last token)."""
+        return sum(n for _, n in self.picks)
+
+    def units(self, cost: Cost) -> float:
+        """What the pass costs in target W=1 passes, producing its guesses included."""
+        return cost(self.sent + 1) + self.production
+
+    def value(self, cost: Cost) -> float:
+        """Expected committed tokens per target W=1 pass of cost (a greedy pass: 1 / cost(1))."""
+        return self.expected / self.units(cost)
 
     def lengths(self, count: int) -> list[int]:
         """Tokens sent per guess of an offer of `count` guesses (0: not sent)."""
@@ -75,19 +99,47 @@ def expected_tokens(guess: Guess, length: int) -> float:
     return expected
 
 
-def allocate(offer: Offer | None, limit: int, cost: Cost) -> Allocation:
+def allocate(offer: Offer, limit: int, cost: Cost) -> Allocation:
     """The guesses one row sends within `limit` guessed tokens (its window minus the last token)."""
-    if offer is None or limit < 1 or not offer.guesses:
+    if limit < 1 or not offer.guesses:
         return Allocation([])
     if offer.fixed:
         return _allocation(offer, [(i, min(limit, len(g.accept))) for i, g in enumerate(offer.guesses)])
     ranked = []
     for i, guess in enumerate(offer.guesses):
-        length, gain = cut(guess.accept, limit, cost, guess.cost)
-        if length and gain > 1.0 + offer.margin:
+        length, gain = _ranked(guess, limit, cost, offer.margin)
+        if length:
             ranked.append((gain, i, length))
     ranked.sort(key=lambda item: -item[0])  # stable: equal gains keep the offer's order
-    return _allocation(offer, [(i, length) for _, i, length in ranked[: offer.branches]])
+    if not offer.parts:
+        return _allocation(offer, [(i, length) for _, i, length in ranked[: offer.branches]])
+    return _allocation(offer, _shared(offer, ranked, limit, cost))
+
+
+def _ranked(guess: Guess, limit: int, cost: Cost, margin: float) -> tuple[int, float]:
+    """(length, gain) of `guess` within `limit` by the length rule; length 0 when it does not beat greedy by its margin.
+    A fixed guess is sent whole and ahead of the others."""
+    if guess.fixed:
+        return min(limit, len(guess.accept)), float("inf")
+    length, gain = cut(guess.accept, limit, cost, guess.cost)
+    return (length, gain) if gain > 1.0 + (margin if guess.margin is None else guess.margin) else (0, 1.0)
+
+
+def _shared(offer: Offer, ranked: list[tuple[float, int, int]], limit: int, cost: Cost) -> list[tuple[int, int]]:
+    """A union's picks: best first, each part within its own branches, all within one limit (a later
+    guess is cut again to the room left, and dropped if it no longer pays)."""
+    picks, taken, room = [], [0] * len(offer.parts), limit
+    for _, i, length in ranked:
+        guess = offer.guesses[i]
+        if room < 1 or taken[guess.part] >= offer.parts[guess.part]:
+            continue
+        if length > room:
+            length = _ranked(guess, room, cost, offer.margin)[0]
+        if length:
+            picks.append((i, length))
+            taken[guess.part] += 1
+            room -= length
+    return picks
 
 
 def _allocation(offer: Offer, picks: list[tuple[int, int]]) -> Allocation:
