@@ -100,8 +100,6 @@ class DecodingConfig:
                                                                       "row) by its total tokens (rows x width), as "
                                                                       "(tokens, cost) pairs; measured costs, keyed "
                                                                       "by (rows, width), replace it", engine=True)
-    batch_rate_smoothing: float = _field(0.3, "weight of a row's newest pass in its measured tokens per pass",
-                                         0.0, 1.0, engine=True)
 
     def __post_init__(self) -> None:
         for f in fields(self):

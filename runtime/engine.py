@@ -35,7 +35,7 @@ from .passes import pass_result
 from .allocator import Offer, allocate
 from .proposers import Proposer, observe_costs, own_cost
 from .sampling import Sampler
-from .scheduler import Bid, PassBudget, RowRate
+from .scheduler import Bid, PassBudget
 from .tree import Tree, build_tree
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -72,14 +72,13 @@ class Row:
         self.last: int | None = None  # the last committed token (its KV not written yet); None while prefilling
         self.produced = 0
         self.history: list[int] | None = None  # with a sampler: prompt + every new token
-        self.rate: RowRate = RowRate()
         self.session_seconds = 0.0  # this row's share of the passes it took part in
         self.error: BaseException | None = None
         self.finished = False
         self.cancelled = threading.Event()
         self.submitted = self.first_token_at = None  # engine clock
         self._want = 1
-        self._offer: Offer | None = None  # the proposer's offer for the next pass
+        self._offer = Offer()  # the proposer's offer for the next pass
         self._planned: Planned | None = None
 
     @property
@@ -94,7 +93,7 @@ class Row:
         room = self.max_context - 1 - length
         self._want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
         self._offer = self.proposer.offer(self._want - 1)
-        return Bid(self._want, self._offer, own_cost(self.proposer), self.rate)
+        return Bid(self._want, self._offer, own_cost(self.proposer))
 
     def plan(self, width: int, length: int) -> Planned:
         """This row's window of at most `width` tokens after its `length` cached entries."""
@@ -136,7 +135,6 @@ class Row:
         self.proposer.update(result)
         new = verdict.committed
         self.policy.observe(result)
-        self.rate.observe(result.window, len(new))
         self.last = new[-1]
         self.produced += len(new)
         self.progress.target_passes += 1
@@ -242,7 +240,6 @@ class BatchEngine:
             if self._closed:
                 raise BackendError("the batch engine is closed")
             row.submitted = self.clock()
-            row.rate = self.budget.new_rate()  # smoothed as the engine's config says
             self.waiting.append(row)
             self._wake.notify()
         return row

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .acceptance import AcceptanceTracker, PassCosts
 from .allocator import Allocation, Guess, Offer, allocate
@@ -24,7 +24,7 @@ from .tree import Tree, Verdict, leaf_paths
 
 class Proposer(ABC):
     stats: dict  # counters merged into the generation's statistics
-    # Seconds propose() spent feeding tokens the proposer had not seen yet (a draft's prefill, or its
+    # Seconds take() spent feeding tokens the proposer had not seen yet (a draft's prefill, or its
     # catch-up after sitting out): paid once, not per pass, so `auto` leaves it out of per-pass rates.
     catchup_seconds: float = 0.0
 
@@ -36,20 +36,15 @@ class Proposer(ABC):
     def start(self, prompt: list[int], first: int) -> None:
         """A new sequence: the prompt, and the first token the prefill produced."""
 
-    def offer(self, limit: int) -> Offer | None:
+    @abstractmethod
+    def offer(self, limit: int) -> Offer:
         """Ranked guesses for the next pass, at most `limit` tokens each, with their acceptance estimates
-        (the allocator cuts them); None: this proposer still picks its own guesses in `propose`."""
-        return None
+        (the allocator cuts them)."""
 
+    @abstractmethod
     def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        """The guesses the allocator chose from this pass's offer, in tree order (`limit`: the guessed
-        tokens the pass has room for; a proposer without an offer proposes within it)."""
-        return self.propose(limit)
-
-    def propose(self, budget: int) -> list[list[int]]:
-        """Candidate continuations after the last committed token, at most `budget` tokens in all (the
-        proposers that do not offer yet: union and auto)."""
-        raise NotImplementedError
+        """The guesses the allocator chose from this pass's offer (`allocation`), in tree order (`limit`:
+        the guessed tokens the pass has room for)."""
 
     @abstractmethod
     def update(self, result: PassResult) -> None:
@@ -230,14 +225,18 @@ def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> l
 
 
 class UnionProposer(Proposer):
-    """Several proposers' guesses verified in one pass: the first part's branches, then the next
-    part's within the budget left, and so on (e.g. a draft's chain plus a prompt-lookup copy).
-    Every part sees every pass's result.
+    """Several proposers' guesses verified in one pass (e.g. a draft's chain plus a prompt-lookup copy).
+
+    Its offer is the parts' offers side by side: each guess keeps its own acceptance, production
+    cost and margin, each part sends at most its own branches, and all of them share the pass's one
+    limit (runtime.allocator). `take` hands each part the share of the allocation that is its own
+    (and the room the other parts left), and sends what they all send. Every part sees every pass's result.
     """
 
     def __init__(self, parts: dict[str, Proposer]) -> None:
         super().__init__()
         self.parts = parts
+        self.spans: list[range] = []  # each part's guesses in the last offer
         self.stats = {name: part.stats for name, part in parts.items()}
 
     @property
@@ -262,15 +261,29 @@ class UnionProposer(Proposer):
     def start(self, prompt: list[int], first: int) -> None:
         for part in self.parts.values():
             part.start(prompt, first)
+        self.spans = []
         self.stats = {name: part.stats for name, part in self.parts.items()}  # parts may replace theirs
 
-    def propose(self, budget: int) -> list[list[int]]:
-        branches: list[list[int]] = []
-        for part in self.parts.values():
-            proposed = send(part, budget)
-            budget -= sum(len(branch) for branch in proposed)
-            branches += proposed
-        return branches
+    def offer(self, limit: int) -> Offer:
+        guesses: list[Guess] = []
+        branches: list[int] = []
+        self.spans = []
+        for index, part in enumerate(self.parts.values()):
+            offer = part.offer(limit)
+            start = len(guesses)
+            guesses += [replace(g, margin=offer.margin if g.margin is None else g.margin, fixed=g.fixed or offer.fixed,
+                                part=index) for g in offer.guesses]
+            self.spans.append(range(start, len(guesses)))
+            branches.append(len(offer.guesses) if offer.fixed else offer.branches)
+        return Offer(tuple(guesses), sum(branches), parts=tuple(branches))
+
+    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
+        sent: list[list[int]] = []
+        for span, part in zip(self.spans, self.parts.values()):
+            own = [(i - span.start, n) for i, n in allocation.picks if i in span]
+            others = sum(n for i, n in allocation.picks if i not in span)
+            sent += part.take(Allocation(own), max(0, limit - others))
+        return sent
 
     def update(self, result: PassResult) -> None:
         for part in self.parts.values():
@@ -313,7 +326,7 @@ class ArmHistory:
             return admitted
 
     def record(self, tried: list[str], best: str) -> None:
-        """After a call: the arms that got a fair trial, and the one with the best rate."""
+        """After a call: the arms that got a fair trial, and the one that won the most passes."""
         with self._lock:
             for name in tried:
                 record = self.records.setdefault(name, ArmRecord())
@@ -324,16 +337,34 @@ class ArmHistory:
                     record.sit_out = min(2 ** (record.losses - 1), self.max_sit_out)
 
 
+@dataclass
+class _Pass:
+    """The arm `auto` gave a pass to, and what that arm's allocation predicted for it."""
+
+    arm: str
+    expected: float = 1.0  # committed tokens
+    units: float = 1.0  # target W=1 passes of cost, the guesses' production included
+    own_before: float = 0.0  # the arm's own_seconds before its guesses were made
+
+
 class AutoProposer(Proposer):
-    """Several proposers as arms of a bandit: each pass goes to the arm with the most committed
-    tokens per second of measured time: the target's forward (PassResult.seconds) plus the arm's
-    own model time (`own_seconds`: a draft's passes; not its one-time catch-up, such as a draft's prefill). Each arm first gets `warmup` passes; an arm on trial sends at most
-    `probe_budget` guesses, so trying a slow draft stays cheap; a losing arm is probed again after
-    `probe_every` passes, and the wait doubles each time the probe does not make it the best
-    (probing a draft costs a catch-up pass over everything it skipped). Totals decay slowly, so
-    one lucky pass cannot decide. The arms not chosen still see every pass (they are asked for
-    nothing), so their state follows the sequence and they can take over at once. With a
-    `history` (one per Generator), an arm that lost in earlier calls sits some calls out.
+    """Several proposers as arms: each pass goes to the arm whose offer is worth most.
+
+    Every arm offers each pass; the allocator cuts each offer and prices it (`Allocation.value`:
+    expected committed tokens per target W=1 pass of cost, a draft's production included). The
+    measured record checks those prices: per arm, the committed tokens per second of measured
+    time (the target's forward, PassResult.seconds, plus the arm's own model time, `own_seconds`,
+    not its one-time catch-up such as a draft's prefill) over the tokens per unit its offers
+    predicted on the same passes gives the units per second the arm really delivers; an arm's score
+    is its offer's value times that, so an arm whose estimates run optimistic (a draft slower than
+    its timing says, acceptance below its prior) loses passes to the others. Each arm first gets
+    `warmup` passes; an arm on trial (warming up or probed) offers at most `probe_budget` guesses,
+    so trying a slow draft stays cheap; an arm that has not been the best for `probe_every` passes is
+    probed (when its offer sends anything), and the wait doubles each time it is probed and still
+    not the best. Totals decay slowly, so one lucky pass cannot decide. The arms not chosen still
+    see every pass, so their state follows the sequence and they can take over at once. With a
+    `history` (one per Generator), an arm that won fewer passes than another in earlier calls sits
+    some calls out.
     """
 
     def __init__(self, arms: dict[str, Proposer], warmup: int = DEFAULTS.auto_warmup,
@@ -345,14 +376,18 @@ class AutoProposer(Proposer):
         self.arms = arms
         self.warmup, self.probe_every, self.decay = warmup, probe_every, decay
         self.probe_budget = probe_budget  # an arm on trial guesses at most this many tokens: cheap probes
-        self.tokens: dict[str, float] = {}
-        self.seconds: dict[str, float] = {}
+        self.tokens: dict[str, float] = {}  # measured, decayed: committed tokens
+        self.seconds: dict[str, float] = {}  # and the seconds they took
+        self.predicted: dict[str, float] = {}  # predicted, decayed: committed tokens
+        self.units: dict[str, float] = {}  # and the W=1 pass units they would cost
         self.tried: dict[str, int] = {}
-        self.due: dict[str, int] = {}  # pass count at which a losing arm is probed next
+        self.wins: dict[str, int] = {}  # passes each arm got as the best
+        self.due: dict[str, int] = {}  # pass count at which an arm that is not the best is probed next
         self.wait: dict[str, int] = {}
         self.passes = 0
         self.current = next(iter(arms))
-        self.own_before = 0.0  # the current arm's own_seconds when it was asked to propose
+        self.on_trial = False
+        self.pending: _Pass | None = None  # the pass being verified
         self.stats = {"passes_by_arm": {name: 0 for name in arms}}
 
     def use_sampler(self, sampler) -> None:
@@ -370,59 +405,88 @@ class AutoProposer(Proposer):
         self.stats["sat_out"] = [name for name in names if name not in admitted]
         for arm in self.arms.values():
             arm.start(prompt, first)
-        self.tokens = {name: 0.0 for name in self.arms}
-        self.seconds = {name: 0.0 for name in self.arms}
+        for totals in (self.tokens, self.seconds, self.predicted, self.units):
+            totals.clear()
+            totals.update({name: 0.0 for name in self.arms})
         self.tried = {name: 0 for name in self.arms}
+        self.wins = {name: 0 for name in self.arms}
         self.wait = {name: self.probe_every for name in self.arms}
-        self.due = {name: 0 for name in self.arms}
-        self.passes = 0
+        self.due = {name: self.probe_every for name in self.arms}  # just measured in its warmup
+        self.passes, self.pending = 0, None
         self.stats["arms"] = {name: arm.stats for name, arm in self.all_arms.items()}
 
     def rate(self, name: str) -> float:
+        """Measured committed tokens per second of the passes `name` got."""
         return self.tokens[name] / self.seconds[name] if self.seconds[name] else 0.0
 
-    def choose(self) -> str:
-        self.passes += 1
-        for name, tried in self.tried.items():
-            if tried < self.warmup:
-                return name
-        best = max(self.arms, key=self.rate)
-        for name in self.arms:
-            if name != best and self.passes >= self.due[name]:
-                self.due[name] = self.passes + self.wait[name]
-                self.wait[name] *= 2  # reset when the arm becomes the best (update)
-                return name
-        return best
+    def calibration(self, name: str) -> float:
+        """Measured tokens per second over the tokens per unit its offers predicted: the W=1 pass units per
+        second the arm really delivers (the best known one for an arm not measured yet)."""
+        known = {arm: self.rate(arm) * self.units[arm] / self.predicted[arm] for arm in self.arms if self.seconds[arm]}
+        return known.get(name, max(known.values(), default=1.0))
 
-    def propose(self, budget: int) -> list[list[int]]:
-        self.current = self.choose()
-        self.own_before = self.arms[self.current].own_seconds
+    def offer(self, limit: int) -> Offer:
+        if limit < 1:
+            self.pending = None
+            return Offer()
+        self.passes += 1
+        offers = {name: arm.offer(limit) for name, arm in self.arms.items()}
+        self.current, self.on_trial = self.choose(offers, limit)
+        self.pending = _Pass(self.current)
         self.stats["passes_by_arm"][self.current] += 1
-        if self.current != max(self.arms, key=self.rate):
-            budget = min(budget, self.probe_budget)
-        branches = []
-        for name, arm in self.arms.items():
-            proposed = send(arm, budget if name == self.current else 0)
-            if name == self.current:
-                branches = proposed
-        return branches
+        offer = offers[self.current]
+        return offer.cut_to(self.probe_budget) if self.on_trial else offer
+
+    def choose(self, offers: dict[str, Offer], limit: int) -> tuple[str, bool]:
+        """The arm for this pass, and whether it is on trial (warming up or probed)."""
+        for index, (name, tried) in enumerate(self.tried.items()):
+            if tried < self.warmup:
+                return name, index > 0  # the first arm runs as it would alone
+        scores = {name: self._allocation(name, offer, limit).value(own_cost(self.arms[name])) * self.calibration(name)
+                  for name, offer in offers.items()}
+        best = max(self.arms, key=scores.__getitem__)  # ties: the earlier arm
+        self.due[best], self.wait[best] = self.passes + self.probe_every, self.probe_every
+        for name, offer in offers.items():
+            if name != best and self.passes >= self.due[name]:
+                if not self._allocation(name, offer.cut_to(self.probe_budget), limit).sent:
+                    continue  # nothing to try: probing it now would be a greedy pass
+                self.due[name] = self.passes + self.wait[name]
+                self.wait[name] *= 2  # back to probe_every once it is the best again
+                return name, True
+        self.wins[best] += 1
+        return best, False
+
+    def _allocation(self, name: str, offer: Offer, limit: int) -> Allocation:
+        return allocate(offer, limit, own_cost(self.arms[name]))
+
+    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
+        if self.pending is None:
+            return []
+        arm = self.arms[self.current]
+        self.pending.expected = allocation.expected
+        self.pending.units = allocation.units(own_cost(arm))
+        self.pending.own_before = arm.own_seconds
+        return arm.take(allocation, min(limit, self.probe_budget) if self.on_trial else limit)
 
     def update(self, result: PassResult) -> None:
         for arm in self.arms.values():
             arm.update(result)
-        name = self.current
+        done, self.pending = self.pending, None
+        if done is None:
+            return
+        name, d = done.arm, self.decay
         self.tried[name] += 1
-        self.tokens[name] = self.tokens[name] * self.decay + len(result.committed)
-        own = self.arms[name].own_seconds - self.own_before
-        self.seconds[name] = self.seconds[name] * self.decay + result.seconds + own
-        if name == max(self.arms, key=self.rate):
-            self.wait[name] = self.probe_every
+        own = self.arms[name].own_seconds - done.own_before
+        self.tokens[name] = self.tokens[name] * d + len(result.committed)
+        self.seconds[name] = self.seconds[name] * d + result.seconds + own
+        self.predicted[name] = self.predicted[name] * d + done.expected
+        self.units[name] = self.units[name] * d + done.units
 
     def close(self) -> None:
         if self.history and self.passes >= self.probe_every:  # a few passes of a short answer prove nothing
             tried = [name for name, count in self.tried.items() if count >= self.warmup]
             if len(tried) > 1:
-                self.history.record(tried, max(tried, key=self.rate))
+                self.history.record(tried, max(tried, key=self.wins.__getitem__))
         for arm in self.all_arms.values():
             arm.close()
 

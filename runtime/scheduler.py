@@ -9,11 +9,10 @@ the rows' offers pay for it:
 
 expected_b(W) and production_b(W) are the expected committed tokens and guess-production cost of
 what row b would send in min(W, wanted_b) tokens: its proposer's offer cut by the allocator
-(runtime.allocator.allocate, the rule a single generation uses). A proposer that does not offer yet
-(the draft, union, auto) is credited its measured RowRate instead: expected_b(w) = 1 + (tokens_b - 1)
-* min(1, (w - 1) / (used_b - 1)). A lone row gets the window it asks for (its own policy and offer
-decide, exactly as a single generation does);
-as rows join, the guesses shrink toward greedy because wider rows grow the cost faster than they pay.
+(runtime.allocator.allocate, the rule a single generation uses), for every strategy (a union's
+offer is its parts' guesses, auto's its chosen arm's). A lone row gets the window it asks for (its
+own policy and offer decide, exactly as a single generation does); as rows join, the guesses
+shrink toward greedy because wider rows grow the cost faster than they pay.
 Prefill passes take at most `prefill_tokens` tokens in all (one row may take a whole chunk), first
 come first served, so a burst of long prompts never makes one pass long enough to stall the others
 and the earliest request gets its first token first.
@@ -25,51 +24,25 @@ from dataclasses import dataclass, field
 
 from .acceptance import PassCosts
 from .allocator import Cost, Offer, allocate
-from .config import BATCH_PASS_COSTS, DEFAULTS, DecodingConfig  # BATCH_PASS_COSTS: the prior, re-exported
-
-
-@dataclass
-class RowRate:
-    """What one row's passes gave: committed tokens per pass and the window used (moving averages)."""
-
-    tokens: float = 1.0
-    window: float = 1.0
-    smoothing: float = DEFAULTS.batch_rate_smoothing
-
-    def observe(self, window: int, committed: int) -> None:
-        if window <= 1:  # a greedy pass says nothing about the guesses
-            return
-        a = self.smoothing
-        self.tokens = (1 - a) * self.tokens + a * committed
-        self.window = (1 - a) * self.window + a * window
-
-    def expected(self, window: int) -> float:
-        if window <= 1 or self.window <= 1:
-            return 1.0
-        return 1.0 + (self.tokens - 1.0) * min(1.0, (window - 1) / (self.window - 1))
+from .config import BATCH_PASS_COSTS, DecodingConfig  # BATCH_PASS_COSTS: the prior, re-exported
 
 
 @dataclass
 class Bid:
-    """What one decoding row asks of a pass: its widest window, its proposer's offer (None: a proposer
-    that still picks its own guesses; its RowRate stands in) and the one-row cost curve the offer is
-    cut against (the allocator's rule, as in a single generation)."""
+    """What one decoding row asks of a pass: its widest window, its proposer's offer and the one-row
+    cost curve the offer is cut against (the allocator's rule, as in a single generation)."""
 
     want: int
-    offer: Offer | None
+    offer: Offer
     cost: Cost
-    rate: RowRate
     _memo: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
 
     def expected(self, width: int) -> tuple[float, float]:
         """Expected committed tokens at a pass `width` wide, and what producing its guesses costs."""
         w = min(width, self.want)
         if w not in self._memo:  # every width past `want` gives the same
-            if self.offer is None:
-                self._memo[w] = self.rate.expected(w), 0.0
-            else:
-                allocation = allocate(self.offer, w - 1, self.cost)
-                self._memo[w] = allocation.expected, allocation.production
+            allocation = allocate(self.offer, w - 1, self.cost)
+            self._memo[w] = allocation.expected, allocation.production
         return self._memo[w]
 
 
@@ -77,12 +50,11 @@ class Bid:
 class PassBudget:
     prefill_tokens: int = 256  # tokens of one prefill pass, all rows together
     costs: PassCosts = field(default_factory=PassCosts)
-    rate_smoothing: float = DEFAULTS.batch_rate_smoothing  # of each row's RowRate
 
     @classmethod
     def from_config(cls, config: DecodingConfig, prefill_chunk: int) -> "PassBudget":
         prefill = config.batch_prefill_tokens or max(prefill_chunk, 16)
-        return cls(prefill, PassCosts.from_config(config), config.batch_rate_smoothing)
+        return cls(prefill, PassCosts.from_config(config))
 
     def decode_window(self, bids: list[Bid]) -> int:
         """The pass's window for decoding rows with these bids."""
@@ -124,7 +96,3 @@ class PassBudget:
         """A pass of shape (rows, width) took `seconds`."""
         rows, width = shape
         self.costs.observe(width, seconds, rows)
-
-    def new_rate(self) -> RowRate:
-        """A new row's rate: unmeasured, so its first decoding passes ask for no guesses beyond its own window."""
-        return RowRate(smoothing=self.rate_smoothing)

@@ -4,7 +4,7 @@
     python -m jacobi_rt.tools.decision_trace ARTIFACT --strategy lookahead --no-learn --limit 6 -n 64
 
 Prints per prompt: target passes, guesses proposed, a hash of the width sequence and the tokens the
-passes computed. --no-learn keeps the pass-cost tables (no measured timings): the decisions are then
+passes computed (auto: and its passes per arm). --no-learn keeps the pass-cost tables (no measured timings): the decisions are then
 deterministic, so equal hashes mean equal decisions.
 """
 
@@ -45,7 +45,9 @@ def main() -> None:
         widths.clear()
         result = gen.generate(bench.prompt_ids(gen, prompt), max_new_tokens=args.max_new_tokens, strategy=args.strategy)
         digest = hashlib.md5(json.dumps(widths).encode()).hexdigest()[:8]
-        print(prompt.id, result.stats.target_passes, result.stats.proposer.get("proposed"), digest, sum(widths))
+        arms = result.stats.proposer.get("passes_by_arm")  # auto: target passes per arm
+        print(prompt.id, result.stats.target_passes, result.stats.proposer.get("proposed"), digest, sum(widths),
+              *([json.dumps(arms, separators=(",", ":"))] if arms else []))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jacobi_rt.runtime.allocator import Guess, Offer
 from jacobi_rt.runtime.decoding import Progress, decode
 from jacobi_rt.runtime.proposers import NoProposer, Proposer
 
@@ -72,9 +73,13 @@ class BranchOracle(Proposer):
     def start(self, prompt, first):
         self.done = 1
 
-    def propose(self, budget):
+    def offer(self, limit):
         right = self.truth[self.done : self.done + 3]
-        return [[(t + 1) % self.vocab for t in right], right] if right else []
+        self.offered = [[(t + 1) % self.vocab for t in right], right] if right else []
+        return Offer(tuple(Guess((1.0,) * len(g), tuple(g)) for g in self.offered), fixed=True)
+
+    def take(self, allocation, limit):
+        return [self.offered[i][:n] for i, n in allocation.picks]
 
     def update(self, result):
         self.gathers += not result.verdict.contiguous

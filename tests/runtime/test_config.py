@@ -71,13 +71,12 @@ def test_the_classes_take_their_defaults_from_the_config():
 def test_from_config_carries_every_tuned_field():
     config = DecodingConfig(acceptance_prior=0.2, acceptance_margin=0.1, learn_costs=False, pass_costs=((1, 1.0), (8, 1.1)),
                             draft_prior_cost=0.9, draft_probe_every=3, window_probe_every=7, batch_prefill_tokens=40,
-                            batch_pass_costs=((1, 1.0), (64, 2.0)), batch_rate_smoothing=0.5)
+                            batch_pass_costs=((1, 1.0), (64, 2.0)))
     tracker = AcceptanceTracker.from_config(config)
     assert (tracker.prior, tracker.margin, tracker.costs.learn, tracker.costs.table) == (0.2, 0.1, False, {1: 1.0, 8: 1.1})
     length = DraftLength.from_config(config)
     assert (length.prior_cost, length.probe_every, length.costs.table) == (0.9, 3, {1: 1.0, 8: 1.1})
     assert AdaptiveWindow.from_config(config, 4).probe_every == 7
     budget = PassBudget.from_config(config, prefill_chunk=256)
-    assert (budget.prefill_tokens, budget.costs.batch_table, budget.new_rate().smoothing) == (40, {1: 1.0, 64: 2.0}, 0.5)
-    assert budget.new_rate().expected(8) == 1.0  # unmeasured: no guesses credited
+    assert (budget.prefill_tokens, budget.costs.batch_table) == (40, {1: 1.0, 64: 2.0})
     assert PassBudget.from_config(DEFAULTS, prefill_chunk=8).prefill_tokens == 16  # max(chunk, 16)

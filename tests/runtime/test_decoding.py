@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from text_helpers import clean_substring
 
+from jacobi_rt.runtime.allocator import Guess, Offer
 from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer, send
 from jacobi_rt.runtime.tree import build_tree
@@ -183,10 +184,14 @@ class BranchOracle(Proposer):
     def start(self, prompt, first):
         self.done = 1
 
-    def propose(self, budget):
+    def offer(self, limit):
         right = self.truth[self.done : self.done + 3]
         wrong = [(t + 1) % 300 for t in right]
-        return [wrong, right] if right else []
+        self.offered = [wrong, right] if right else []
+        return Offer(tuple(Guess((1.0,) * len(g), tuple(g)) for g in self.offered), fixed=True)
+
+    def take(self, allocation, limit):
+        return [self.offered[i][:n] for i, n in allocation.picks]
 
     def update(self, result):
         self.gathers += not result.verdict.contiguous
@@ -213,78 +218,6 @@ def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, f
         assert oracle.gathers >= 5  # the side branch really was accepted, pass after pass
 
 
-class Scripted(Proposer):
-    """An arm that always proposes the same fixed guess (right or wrong)."""
-
-    def __init__(self, guess: list[int]):
-        super().__init__()
-        self.guess, self.asked = guess, []
-
-    def start(self, prompt, first):
-        pass
-
-    def propose(self, budget):
-        self.asked.append(budget)
-        return [self.guess[:budget]] if budget else []
-
-    def update(self, result):
-        pass
-
-
-def _pass(proposer, budget=3, truth=(1, 2, 3, 4)):
-    """One pass of `proposer` against a target that predicts `truth`; the forward takes 10 ms plus 1 ms a token."""
-    tree = build_tree(0, proposer.propose(budget))
-    predictions = list(truth[: len(tree.tokens)])
-    proposer.update(pass_result(tree, predictions, tree.accept(predictions), 0.010 + 0.001 * len(tree.tokens)))
-
-
-def test_auto_proposer_tries_every_arm_then_prefers_the_faster_and_keeps_probing():
-    from jacobi_rt.runtime.proposers import AutoProposer
-    from jacobi_rt.runtime.tree import build_tree
-
-    good, bad = Scripted([1, 2, 3]), Scripted([9, 9, 9])
-    auto = AutoProposer({"bad": bad, "good": good}, warmup=2, probe_every=10)
-    auto.start([0], 0)
-    chosen = []
-    for _ in range(40):
-        _pass(auto)
-        chosen.append(auto.current)
-    assert chosen[:4] == ["bad", "bad", "good", "good"]  # each arm measured first
-    assert chosen[4:].count("good") >= 30 and "bad" in chosen[14:]  # mostly the good arm, with probes
-    assert all(b == 0 for b, who in zip(bad.asked, chosen) if who != "bad")  # idle arms are asked for nothing
-
-
-def _auto_call(auto, passes=20) -> list[str]:
-    auto.start([0], 0)
-    chosen = []
-    for _ in range(passes):
-        _pass(auto)
-        chosen.append(auto.current)
-    auto.close()
-    return chosen
-
-
-def test_auto_history_benches_a_losing_arm_for_doubling_calls_and_a_win_resets_it():
-    from jacobi_rt.runtime.proposers import ArmHistory, AutoProposer
-
-    history = ArmHistory(max_sit_out=4)
-    good, bad = Scripted([1, 2, 3]), Scripted([9, 9, 9])
-    tried = []
-    for _ in range(12):
-        chosen = _auto_call(AutoProposer({"good": good, "bad": bad}, warmup=2, history=history))
-        tried.append("bad" in chosen)
-    # lose -> sit out 1 call; lose -> 2; -> 4; -> 4 (capped)
-    assert tried == [True, False, True, False, False, True, False, False, False, False, True, False]
-    # the same arm, now winning: one win and it is back in every call
-    history.records["bad"].sit_out = 0
-    for _ in range(3):
-        assert "bad" in _auto_call(AutoProposer({"good": bad, "bad": Scripted([1, 2, 3])}, warmup=2, history=history))
-    assert history.records["bad"].losses == 0
-    # a short answer (fewer passes than probe_every) is no fair trial: nothing is recorded
-    _auto_call(AutoProposer({"good": good, "bad": bad}, warmup=2, probe_every=16, history=history), passes=10)
-    assert history.records["bad"].losses == 0 and history.records["bad"].sit_out == 0
-
-
 def test_auto_with_a_history_equals_greedy_and_reports_what_sat_out(artifact):
     from jacobi_rt.runtime import Generator
 
@@ -300,58 +233,6 @@ def test_auto_with_a_history_equals_greedy_and_reports_what_sat_out(artifact):
         if benched:
             assert result.stats.proposer["passes_by_arm"]["draft"] == 0
             assert result.stats.proposer["arms"]["draft"]["draft"]["draft_passes"] == 0
-
-
-class Modelled(Scripted):
-    """A right-guessing arm that runs a model of its own: `seconds` of model time per proposal, and a
-    one-time catch-up of `catchup` seconds on the first (a draft's prefill), reported, not slept."""
-
-    def __init__(self, guess, seconds, catchup=0.0):
-        super().__init__(guess)
-        self.seconds, self.catchup, self.model = seconds, catchup, 0.0
-
-    @property
-    def own_seconds(self):
-        return self.model
-
-    def propose(self, budget):
-        if budget:
-            self.catchup_seconds += self.catchup  # not own time: paid once, not per pass
-            self.catchup = 0.0
-            self.model += self.seconds
-        return super().propose(budget)
-
-
-def test_auto_counts_an_arms_own_model_time_but_not_its_one_time_catch_up():
-    from jacobi_rt.runtime.proposers import AutoProposer
-
-    late = Modelled([1, 2, 3], seconds=0.0, catchup=0.2)
-    auto = AutoProposer({"first": Scripted([1, 2, 3]), "late": late}, warmup=2)
-    _auto_call(auto, passes=6)
-    assert late.catchup_seconds == 0.2
-    # counted, the 0.2 s would make "late" about ten times slower than "first" (passes take 14 ms)
-    assert auto.rate("late") == pytest.approx(auto.rate("first"))
-    slow = Modelled([1, 2, 3], seconds=0.05)  # same guesses, but 50 ms of model time a pass
-    auto = AutoProposer({"slow": slow, "free": Scripted([1, 2, 3])}, warmup=2)
-    _auto_call(auto, passes=6)
-    assert auto.rate("free") > 3 * auto.rate("slow")
-
-
-def test_union_proposer_sends_every_parts_branches_within_the_budget_and_updates_them_all():
-    from jacobi_rt.runtime.proposers import UnionProposer
-    from jacobi_rt.runtime.tree import build_tree
-
-    first, second = Scripted([1, 2, 3]), Scripted([1, 5, 6, 7])
-    union = UnionProposer({"first": first, "second": second})
-    union.start([0], 0)
-    branches = union.propose(5)
-    assert branches == [[1, 2, 3], [1, 5]] and second.asked == [2]  # the second part gets what is left
-    tree = build_tree(0, branches)
-    predictions = [1, 5, 9, 9, 6]  # the second branch is right: 1, 5, then 6
-    verdict = tree.accept([predictions[i] for i in range(len(tree.tokens))])
-    union.update(pass_result(tree, predictions, verdict, 0.01))
-    assert verdict.committed[:2] == [1, 5]
-    assert set(union.stats) == {"first", "second"}
 
 
 def test_auto_with_a_draft_and_lookahead_in_one_arm_equals_greedy_on_every_family(artifact):

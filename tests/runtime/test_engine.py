@@ -271,3 +271,31 @@ def test_each_row_gets_one_pass_result_timed_once_around_the_batched_forward(gen
         assert all(res.window == len(res.tree.tokens) and res.width >= res.window for res in r.proposer.results)
     assert any((res.rows, res.width) == (2, 4) for res in rows[0].proposer.results)  # a shared pass
     eng.close()
+
+
+def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifact):
+    from jacobi_rt.runtime.allocator import Offer
+    from jacobi_rt.runtime.draft import DraftProposer
+    from jacobi_rt.runtime.proposers import AutoProposer, UnionProposer
+
+    gen = Generator.load(artifact("llama"), draft=artifact("llama-draft1"), graph="inplace", threads=1)
+
+    def union():
+        return UnionProposer({"draft": DraftProposer(gen.draft, 128), "lookahead": LookaheadProposer(1)})
+
+    proposers = [union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, warmup=1, probe_every=4),
+                 union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, warmup=1, probe_every=4)]
+    eng = engine(gen, slots=4, wide=True)
+    bids, decide = [], eng.budget.decode_window
+    eng.budget.decode_window = lambda b: bids.append(b) or decide(b)
+    rows = [eng.submit(Row(list(p), 20, proposer, Sampler(SamplingParams(), len(p)), 8, set(gen.manifest.tokens.eos_ids),
+                           gen.limits.max_context)) for p, proposer in zip(PROMPTS, proposers)]
+    run_until_done(eng, rows)
+    assert [drained(r) for r in rows] == [solo(gen, p, 20) for p in PROMPTS[:4]]
+    offers = [bid.offer for pass_bids in bids for bid in pass_bids]
+    assert offers and all(isinstance(offer, Offer) for offer in offers)  # every row offers: no measured-rate stand-in
+    assert any(offer.parts for offer in offers)  # the unions' offers (and auto's drafting arm's) reach the budget
+    assert any(r.proposer.stats["draft"]["draft_passes"] for r in rows[::2])  # the drafts' chains were sent
+    for r in rows[1::2]:  # auto gave each pass with room for a guess to one arm (the last pass may have none)
+        assert r.progress.target_passes - 1 <= sum(r.proposer.stats["passes_by_arm"].values()) <= r.progress.target_passes
+    eng.close()

@@ -499,8 +499,8 @@ def test_proposer_sends_nothing_when_guesses_keep_failing():
     out, passes = run_loop(proposer, model, prompt, 120, window=8)
     assert out == greedy_oracle(model, prompt, 120)
     sent = []
-    original = proposer.propose
-    proposer.propose = lambda k: sent.append(original(k)) or sent[-1]
+    original = proposer.take
+    proposer.take = lambda allocation, limit: sent.append(original(allocation, limit)) or sent[-1]
     run_loop(proposer, model, prompt, 30, window=8)
     assert sum(len(branch) for s in sent[-10:] for branch in s) <= 2  # settled on (nearly) plain greedy passes
 

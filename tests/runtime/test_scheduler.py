@@ -1,10 +1,10 @@
-"""PassBudget: a lone row gets its own window; rows share a pass by what their offers (or measured rates) pay."""
+"""PassBudget: a lone row gets its own window; rows share a pass by what their offers pay."""
 
 from __future__ import annotations
 
 from jacobi_rt.runtime.acceptance import PassCosts
 from jacobi_rt.runtime.allocator import Guess, Offer
-from jacobi_rt.runtime.scheduler import BATCH_PASS_COSTS, Bid, PassBudget, RowRate
+from jacobi_rt.runtime.scheduler import BATCH_PASS_COSTS, Bid, PassBudget
 
 SOLO = PassCosts(learn=False)  # a row's own one-row curve (the CPU prior)
 
@@ -13,45 +13,50 @@ def budget(**costs) -> PassBudget:
     return PassBudget(prefill_tokens=64, costs=PassCosts(learn=False, batch_table=costs or dict(BATCH_PASS_COSTS)))
 
 
-def measured(tokens: float, window: int) -> RowRate:
-    rate = RowRate(smoothing=1.0)
-    rate.observe(window, tokens)
-    return rate
-
-
-def bids(wanted: list[int], rates: list[RowRate]) -> list[Bid]:
-    """Rows whose proposers do not offer (a draft's): their measured rate stands in."""
-    return [Bid(want, None, SOLO, rate) for want, rate in zip(wanted, rates)]
-
-
 def offering(want: int, p: float, cost: float = 0.0) -> Bid:
     """A row offering one chain of want - 1 guesses, each right with chance p."""
-    return Bid(want, Offer((Guess((p,) * (want - 1), cost=cost),), branches=1, margin=0.03), SOLO, RowRate())
+    return Bid(want, Offer((Guess((p,) * (want - 1), cost=cost),), branches=1, margin=0.03), SOLO)
+
+
+def union(want: int, draft_p: float, copy_p: float) -> Bid:
+    """A union row (runtime.proposers.UnionProposer's offer): a draft's chain (a draft pass a token) beside a free copy."""
+    guesses = (Guess((draft_p,) * (want - 1), cost=0.3, margin=0.03, part=0), Guess((copy_p,) * (want - 1), margin=0.03, part=1))
+    return Bid(want, Offer(guesses, branches=2, parts=(1, 1)), SOLO)
 
 
 def test_a_lone_row_gets_the_window_it_asks_for():
-    assert budget().decode_window(bids([16], [measured(1.0, 16)])) == 16
-    assert budget().decode_window(bids([1], [RowRate()])) == 1
+    assert budget().decode_window([offering(16, 0.05)]) == 16  # its own policy decided, as in a single generation
+    assert budget().decode_window([offering(1, 0.9)]) == 1
 
 
 def test_many_rows_that_rarely_accept_decode_greedily():
-    rows = 16
-    assert budget().decode_window(bids([8] * rows, [measured(1.05, 8)] * rows)) == 1
+    assert budget().decode_window([offering(8, 0.05)] * 16) == 1
 
 
 def test_rows_whose_guesses_pay_get_wider_passes_and_fewer_rows_wider_still():
-    good = measured(3.0, 8)
-    assert budget().decode_window(bids([8, 8], [good, good])) > 1
-    assert budget().decode_window(bids([8] * 2, [good] * 2)) >= budget().decode_window(bids([8] * 16, [good] * 16))
+    assert budget().decode_window([offering(8, 0.8)] * 2) > 1
+    assert budget().decode_window([offering(8, 0.8)] * 2) >= budget().decode_window([offering(8, 0.8)] * 16)
 
 
 def test_a_flat_cost_curve_gives_every_row_its_widest_window():
     flat = {1: 1.0, 4096: 1.0}
-    assert PassBudget(costs=PassCosts(flat, learn=False, batch_table=flat)).decode_window(bids([4, 8, 2], [measured(1.5, 4)] * 3)) == 8
+    bids = [offering(4, 0.5), offering(8, 0.5), offering(2, 0.5)]
+    assert PassBudget(costs=PassCosts(flat, learn=False, batch_table=flat)).decode_window(bids) == 8
 
 
 def test_no_window_is_wider_than_any_row_asks():
-    assert budget().decode_window(bids([2, 1, 2], [measured(2.0, 2)] * 3)) <= 2
+    assert budget().decode_window([offering(2, 0.9), offering(1, 0.9), offering(2, 0.9)]) <= 2
+
+
+def test_union_rows_bid_their_best_parts_guess_with_its_production_cost():
+    copy_only = union(8, draft_p=0.0, copy_p=0.9)
+    assert copy_only.expected(8) == offering(8, 0.9).expected(8)  # the draft's chain that never hits is not sent
+    assert copy_only.expected(8)[1] == 0.0  # and costs nothing
+    drafted = union(8, draft_p=0.9, copy_p=0.0)
+    tokens, made = drafted.expected(8)
+    assert tokens > 2 and made > 0  # the draft's chain, priced
+    assert budget().decode_window([union(8, 0.9, 0.9)] * 2) > 1
+    assert budget().decode_window([union(8, 0.05, 0.05)] * 16) == 1
 
 
 def test_a_prefill_pass_serves_the_first_arrivals_first_within_its_tokens():
@@ -61,14 +66,6 @@ def test_a_prefill_pass_serves_the_first_arrivals_first_within_its_tokens():
     assert b.prefill_pass([20, 30, 5, 40], chunk=256) == (2, 30)  # a third row would make 3 x 30 > 64
     assert b.prefill_pass([8, 0, 8, 8, 8, 8, 8, 8, 8, 8], chunk=256) == (8, 8)  # a decoding row inside costs its place
     assert b.prefill_pass([8, 0, 0, 0, 0, 0, 0, 0, 100], chunk=256) == (1, 8)  # never ends on a decoding row
-
-
-def test_a_greedy_pass_says_nothing_about_a_rows_guesses():
-    rate = RowRate()
-    rate.observe(1, 1)
-    assert rate.expected(8) == 1.0 and (rate.tokens, rate.window) == (1.0, 1.0)
-    rate.observe(8, 4)
-    assert rate.expected(8) > rate.expected(2) > 1.0
 
 
 def test_the_width_follows_the_rows_offers():
