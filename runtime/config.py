@@ -75,11 +75,12 @@ class DecodingConfig:
     jacobi_tail: bool = _field(False, "speculative: the target's predictions past a rejected guess seed the "
                                       "draft's next window (measured: saves few draft passes, so off)")
     # -- auto ---------------------------------------------------------------------------------
-    auto_warmup: int = _field(2, "passes each of auto's arms gets before the faster one is picked", 1)
-    auto_probe_every: int = _field(16, "passes before a losing arm of auto is probed again (the wait doubles "
-                                       "after each losing probe)", 1)
-    auto_decay: float = _field(0.95, "per pass, auto's arm totals fade by this: slow, so one lucky pass cannot "
-                                     "decide", 0.0, 1.0)
+    auto_warmup: int = _field(2, "passes each of auto's arms gets (measuring it) before each pass goes to the arm "
+                                 "whose offer is worth most", 1)
+    auto_probe_every: int = _field(16, "passes an arm of auto may go without being the best before it is probed "
+                                       "(the wait doubles after each probe that leaves it behind)", 1)
+    auto_decay: float = _field(0.95, "per pass, auto's measured and predicted arm totals (the check on each arm's "
+                                     "offers) fade by this: slow, so one lucky pass cannot decide", 0.0, 1.0)
     auto_probe_budget: int = _field(3, "most guesses an arm on trial sends: probing a slow draft stays cheap", 0)
     auto_max_sit_out: int = _field(32, "most calls an arm that lost in earlier calls sits out (its wait doubles "
                                        "per loss)", 0, engine=True)

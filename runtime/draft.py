@@ -10,7 +10,7 @@ decides how many target passes it takes.
     proposer.close()
 
 The draft's cache holds the KV of a prefix of the committed sequence (`tokens`) and, between
-`propose` and `update`, of the proposed chain's first K-1 tokens. Committed tokens the draft has
+`take` and `update`, of the sent chain's first K-1 tokens. Committed tokens the draft has
 not run yet (the last one always; two when every guess was accepted; more after the draft sat
 out some passes) are fed as one window at the start of the next proposal.
 """
