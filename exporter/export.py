@@ -117,7 +117,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     weights = None
     if quantize or options.weights == "gguf":  # the same weight pass over every graph file
         gguf_path = source.folder / source.gguf_file if source.gguf_file else None
-        weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step)
+        weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step, max_positions=shape.max_positions)
         sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][: max_context]
         report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), model, shape, sample_ids, _progress(check_progress))
         check[f"{weights.kind}_vs_fp"] = report.to_dict()

@@ -105,7 +105,8 @@ def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias
 
     _register_schema()
     msft = Opset("com.microsoft", 1)
-    window = op.Cast(op.Gather(op.Shape(query), op.Constant(value_int=1)), to=6)  # int32 scalar W
+    # W from the bias every layer shares (not from this layer's query): one copy per pass after onnxruntime's CSE
+    window = op.Cast(op.Shape(bias, start=2, end=3), to=6)  # [1] int32
     query_seqlens = op.Expand(window, op.Shape(seqlens_k))  # [B] = W: every row's window is whole
     bias = op.Slice(bias, op.Constant(value_ints=[0]), op.Reshape(op.Cast(total_len, to=7), op.Constant(value_ints=[1])),
                     op.Constant(value_ints=[3]))  # [B, 1, W, T]: the kernel indexes the bias by total_sequence_length

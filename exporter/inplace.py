@@ -15,6 +15,7 @@ rotary, q/k norms or biases, and hands them to `jacobi::gqa` with the layer's pa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,6 +25,8 @@ from jacobi_rt.runtime import spec
 from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
 from .attention import attention_swapped
 from .gqa import translation
+from .gqa_layout import feed_gqa_3d
+from .rotary import fuse_rotary
 from .skip_norms import fuse_skip_norms
 
 NAME = "jacobi_inplace"
@@ -147,9 +150,17 @@ def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = A
         "cache_lengths": {0: batch},
         "past": tuple({0: batch, 2: capacity} for _ in range(2 * shape.num_layers)),
     }
-    # onnxruntime-only already (the contrib op): skip norms too; the scatter form stays standard ONNX
+    # onnxruntime-only already (the contrib op): skip norms, rotary, GQA's own layout too; the scatter form stays standard ONNX
     trace_window_graph(wrapper, model, inplace_attention_for, sample_inputs(shape, dtype), dynamic_shapes, path, opset,
-                       shape.num_layers, spec.INPLACE, translation(attention), fuse_skip_norms if attention == "gqa" else None)
+                       shape.num_layers, spec.INPLACE, translation(attention),
+                       partial(onnxruntime_fusions, max_positions=shape.max_positions) if attention == "gqa" else None)
+
+
+def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
+    """The contrib-op rewrites of the gqa form, in the trace's own load and save (so its check covers them)."""
+    fuse_skip_norms(onnx_model)
+    fuse_rotary(onnx_model, max_positions)
+    feed_gqa_3d(onnx_model)
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None) -> tuple[dict, dict]:

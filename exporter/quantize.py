@@ -26,6 +26,7 @@ import numpy as np
 
 from .blocks import BLOCK, BlockMatrix, quantize_float
 from .gguf_weights import WeightPlan
+from .rotary import fuse_rotary
 from .skip_norms import fuse_skip_norms
 
 BITS = {"int8": 8, "int4": 4}
@@ -65,9 +66,11 @@ def float_planner(kind: str) -> Planner:
     return plan
 
 
-def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_level: int, siblings: bool = True) -> WeightPlan:
+def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_level: int, siblings: bool = True,
+                        max_positions: int | None = None) -> WeightPlan:
     """Read SOURCE (external data too), apply the planned blocks, write TARGET (+ TARGET.data when large).
-    siblings: MatMuls of one input share one MatMulNBits (False: one each, as a reference)."""
+    siblings: MatMuls of one input share one MatMulNBits (False: one each, as a reference).
+    max_positions: the rotary tables' length, for com.microsoft.RotaryEmbedding (rotary.py); None leaves rotary as traced."""
     import onnx
 
     model = onnx.load(str(source))
@@ -81,6 +84,8 @@ def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_l
     tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}
     rewrite(model, matrices, tables, accuracy_level, siblings)
     fuse_skip_norms(model)  # the graph holds contrib ops now: onnxruntime-only
+    if max_positions is not None:
+        fuse_rotary(model, max_positions)
     save_model(model, target)
     return plan
 

@@ -17,8 +17,10 @@ from .quantize import WeightReport, float_planner, quantize_graph_file
 STAGING = ".weights"
 
 
-def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None, options: ExportOptions, step) -> WeightReport:
-    """Write folder/.weights/<file> for each graph file; return what was done (the same for each file)."""
+def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None, options: ExportOptions, step,
+                    max_positions: int | None = None) -> WeightReport:
+    """Write folder/.weights/<file> for each graph file; return what was done (the same for each file).
+    max_positions: the model's, for the rotary tables (None: rotary stays as traced)."""
     kind = "gguf" if options.weights == "gguf" else options.quantize
     if kind == "gguf":
         step(f"mapping {gguf_path.name}'s quantized blocks onto MatMulNBits (accuracy level {options.accuracy_level})")
@@ -30,7 +32,7 @@ def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None
     staging.mkdir(exist_ok=True)
     report = WeightReport(kind, options.accuracy_level)
     for name in dict.fromkeys(graphs.values()):
-        plan = quantize_graph_file(folder / name, staging / name, planner, options.accuracy_level)
+        plan = quantize_graph_file(folder / name, staging / name, planner, options.accuracy_level, max_positions=max_positions)
         report.tensor_types, report.kept_float = plan.tensor_types(), plan.kept_types()
         report.messages = sorted({why for _, why in plan.kept_float.values()})
         report.graph_bytes[name] = sum(p.stat().st_size for p in (staging / name, staging / (name + ".data")) if p.is_file())
