@@ -326,7 +326,7 @@ class ArmHistory:
             return admitted
 
     def record(self, tried: list[str], best: str) -> None:
-        """After a call: the arms that got a fair trial, and the one that won the most passes."""
+        """After a call: the arms that got a fair trial, and the one that won (`AutoProposer.close`)."""
         with self._lock:
             for name in tried:
                 record = self.records.setdefault(name, ArmRecord())
@@ -345,6 +345,7 @@ class _Pass:
     expected: float = 1.0  # committed tokens
     units: float = 1.0  # target W=1 passes of cost, the guesses' production included
     own_before: float = 0.0  # the arm's own_seconds before its guesses were made
+    best: bool = False  # the arm got the pass as the best (not warming up, not probed)
 
 
 class AutoProposer(Proposer):
@@ -363,8 +364,8 @@ class AutoProposer(Proposer):
     probed (when its offer sends anything), and the wait doubles each time it is probed and still
     not the best. Totals decay slowly, so one lucky pass cannot decide. The arms not chosen still
     see every pass, so their state follows the sequence and they can take over at once. With a
-    `history` (one per Generator), an arm that won fewer passes than another in earlier calls sits
-    some calls out.
+    `history` (one per Generator), an arm that lost earlier calls sits
+    some calls out: the arm whose passes as the best committed the most tokens won the call.
     """
 
     def __init__(self, arms: dict[str, Proposer], warmup: int = DEFAULTS.auto_warmup,
@@ -381,7 +382,7 @@ class AutoProposer(Proposer):
         self.predicted: dict[str, float] = {}  # predicted, decayed: committed tokens
         self.units: dict[str, float] = {}  # and the W=1 pass units they would cost
         self.tried: dict[str, int] = {}
-        self.wins: dict[str, int] = {}  # passes each arm got as the best
+        self.won: dict[str, int] = {}  # tokens committed by the passes each arm got as the best
         self.due: dict[str, int] = {}  # pass count at which an arm that is not the best is probed next
         self.wait: dict[str, int] = {}
         self.passes = 0
@@ -409,7 +410,7 @@ class AutoProposer(Proposer):
             totals.clear()
             totals.update({name: 0.0 for name in self.arms})
         self.tried = {name: 0 for name in self.arms}
-        self.wins = {name: 0 for name in self.arms}
+        self.won = {name: 0 for name in self.arms}
         self.wait = {name: self.probe_every for name in self.arms}
         self.due = {name: self.probe_every for name in self.arms}  # just measured in its warmup
         self.passes, self.pending = 0, None
@@ -432,7 +433,7 @@ class AutoProposer(Proposer):
         self.passes += 1
         offers = {name: arm.offer(limit) for name, arm in self.arms.items()}
         self.current, self.on_trial = self.choose(offers, limit)
-        self.pending = _Pass(self.current)
+        self.pending = _Pass(self.current, best=not self.on_trial)
         self.stats["passes_by_arm"][self.current] += 1
         offer = offers[self.current]
         return offer.cut_to(self.probe_budget) if self.on_trial else offer
@@ -453,7 +454,6 @@ class AutoProposer(Proposer):
                 self.due[name] = self.passes + self.wait[name]
                 self.wait[name] *= 2  # back to probe_every once it is the best again
                 return name, True
-        self.wins[best] += 1
         return best, False
 
     def _allocation(self, name: str, offer: Offer, limit: int) -> Allocation:
@@ -476,6 +476,7 @@ class AutoProposer(Proposer):
             return
         name, d = done.arm, self.decay
         self.tried[name] += 1
+        self.won[name] += len(result.committed) if done.best else 0
         own = self.arms[name].own_seconds - done.own_before
         self.tokens[name] = self.tokens[name] * d + len(result.committed)
         self.seconds[name] = self.seconds[name] * d + result.seconds + own
@@ -486,7 +487,7 @@ class AutoProposer(Proposer):
         if self.history and self.passes >= self.probe_every:  # a few passes of a short answer prove nothing
             tried = [name for name, count in self.tried.items() if count >= self.warmup]
             if len(tried) > 1:
-                self.history.record(tried, max(tried, key=self.wins.__getitem__))
+                self.history.record(tried, max(tried, key=self.won.__getitem__))
         for arm in self.all_arms.values():
             arm.close()
 
