@@ -3,11 +3,14 @@
 Each MatMul whose weight is planned becomes `com.microsoft.MatMulNBits` (no zero-point input:
 the implied 8 / 128 is the fast kernel path), plus, for blocks with an offset (GGUF Q4_1),
 
-    y = MatMulNBits(x; q, d) + blocksum(x) @ offsets.T,    blocksum(x) = ReduceSum(Reshape(x, [.., K/32, 32]))
+    y = MatMulNBits(x; q, d) + blocksum(x) @ offsets.T
 
-(the block sums are computed once per distinct input; as ReduceSum over a constant-shape Reshape,
-which measured faster than one MatMul with a 0/1 block matrix, the form used when x's rank is
-not recorded in the graph). Sibling MatMuls that read one input with
+where blocksum(x) (x summed over each block of 32) comes out of the same MatMulNBits as K/32 extra
+output columns (`with_block_sums`: one indicator row per block, scale 1, exact in 4 bits), split
+off and shared by every later MatMul of that input (BLOCK_SUMS = "columns": 120 fewer nodes on
+SmolLM2 than the Reshape + ReduceSum form, "reduce", which stays as an option; a 0/1 block-matrix
+MatMul when x's rank is not recorded). At accuracy level 4 the sums are those of the int8-rounded
+activations the kernel multiplies, as llama.cpp's Q4_1 x Q8_1 dot product uses. Sibling MatMuls that read one input with
 blocks of one layout (q/k/v, gate/up) become one MatMulNBits over their concatenated outputs and
 a Split: each output column is computed exactly as alone, with a third of the small nodes around
 it (onnxruntime's cost here is per node, not per column). An embedding Gather whose table is
@@ -32,6 +35,7 @@ from .skip_norms import fuse_skip_norms
 BITS = {"int8": 8, "int4": 4}
 EXTERNAL_DATA_ABOVE = 3 << 29  # 1.5 GiB of initializers: protobuf cannot hold a 2 GiB file
 MS_DOMAIN = "com.microsoft"
+BLOCK_SUMS = "reduce"  # Q4_1 block sums: "reduce" (Reshape + ReduceSum) or "columns" (K/32 extra MatMulNBits outputs: not faster, measured)
 
 Planner = Callable[[dict[str, np.ndarray]], WeightPlan]
 
@@ -204,6 +208,8 @@ class _Emitter:
         from onnx import helper
 
         x, weight = node.input[0], node.input[1]
+        if m.offsets is not None and BLOCK_SUMS == "columns" and (x, m.block) not in self._blocksums:
+            return self.matmul_with_sums(node, m, accuracy_level)
         n, k = m.shape
         blocks, scales, offsets = self.arrays(m, weight)
         y = node.output[0]
@@ -215,6 +221,23 @@ class _Emitter:
             correction = self._name(y + "_offset")
             out += made + [helper.make_node("MatMul", [sums, offsets], [correction]), helper.make_node("Add", [main, correction], [y])]
         return out
+
+    def matmul_with_sums(self, node, m: BlockMatrix, accuracy_level: int) -> list:
+        """The offset form with x's block sums computed by the MatMulNBits itself, as K/32 extra output
+        columns (an indicator row per block: scale 1, q = zero + 1 in its block, zero elsewhere), then
+        Split(main, sums), MatMul(sums, offsets) and Add: no Reshape/ReduceSum."""
+        from onnx import helper
+
+        x, y = node.input[0], node.output[0]
+        n, k = m.shape
+        nb = k // m.block
+        offsets = self._add(m.offsets.T, node.input[1] + "_offsets")
+        joined = self._name(y + "_withsums")
+        out = self.matmul(helper.make_node("MatMul", [x, node.input[1] + "_sums"], [joined], name=node.name), with_block_sums(m), accuracy_level)
+        main, sums, correction = self._name(y + "_nbits"), self._name(x + "_blocksum"), self._name(y + "_offset")
+        self._blocksums[(x, m.block)] = sums
+        return out + [helper.make_node("Split", [joined, self._constant([n, nb])], [main, sums], name=self._name("split"), axis=-1),
+                      helper.make_node("MatMul", [sums, offsets], [correction]), helper.make_node("Add", [main, correction], [y])]
 
     def blocksum(self, x: str, blocks: int, width: int) -> tuple[str, list]:
         """x summed over each block of `width` along its last axis, [..., K] -> [..., K/width]."""
@@ -255,6 +278,17 @@ class _Emitter:
             helper.make_node("GatherBlockQuantized", [flat, ids, scales], [node.output[0]], name=self._name(node.name or "gather"),
                              domain=MS_DOMAIN, gather_axis=0, quantize_axis=1, block_size=m.block, bits=m.bits),
         ]
+
+
+def with_block_sums(m: BlockMatrix) -> BlockMatrix:
+    """m's rows without offsets, then one indicator row per block (q = zero + 1 inside it, zero outside,
+    scale 1): MatMulNBits over it gives x @ (m's first term).T and x's sum over each block."""
+    n, k = m.shape
+    nb = k // m.block
+    indicator = np.full((nb, nb, m.block), m.zero, np.uint8)
+    indicator[np.arange(nb), np.arange(nb)] = m.zero + 1
+    return BlockMatrix(m.kind, m.bits, m.block, np.concatenate([m.q, indicator.reshape(nb, k)]),
+                       np.concatenate([m.scales, np.ones((nb, nb), np.float32)]))
 
 
 def save_model(model, path: Path) -> None:

@@ -71,7 +71,13 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
         q = raw if bits == 8 else np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(n, -1)
         w = (q.reshape(n, -1, block).astype(np.float64) - (1 << (bits - 1))) * scales[..., None]
         users, tail = consumers.get(node.output[0], []), node.output[0]
-        if node.op_type == "MatMulNBits" and len(users) == 1 and users[0].op_type == "Add":
+        columns = block_sum_columns(node, users, inits, consumers, producer, block)
+        if columns is not None:  # the block sums are the last K/block output columns (quantize.with_block_sums)
+            sums, offsets, tail = columns
+            n -= sums
+            assert is_indicator(q.reshape(n + sums, -1)[n:], scales[n:], block, 1 << (bits - 1))
+            w = w[:n] + offsets.T.astype(np.float64)[..., None]
+        elif node.op_type == "MatMulNBits" and len(users) == 1 and users[0].op_type == "Add":
             other = producer.get([x for x in users[0].input if x != node.output[0]][0])
             sums = producer.get(other.input[0]) if other is not None and other.op_type == "MatMul" else None
             if is_blocksum(sums, node.input[0], block, inits, producer):
@@ -87,6 +93,28 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
         else:
             out.append((node.op_type, w))
     return out
+
+
+def block_sum_columns(node, users, inits, consumers, producer, block):
+    """(K/block, C, the Add's output) when the node's output is Split into (main, block sums) and
+    main + MatMul(sums, C) follows; else None."""
+    if node.op_type != "MatMulNBits" or len(users) != 1 or users[0].op_type != "Split" or len(users[0].output) != 2:
+        return None
+    main, sums = users[0].output
+    after = consumers.get(sums, [])
+    if len(after) != 1 or after[0].op_type != "MatMul" or after[0].input[1] not in inits:
+        return None
+    add = consumers.get(main, [])
+    if len(add) != 1 or add[0].op_type != "Add" or set(add[0].input) != {main, after[0].output[0]}:
+        return None
+    return int(inits[users[0].input[1]][1]), inits[after[0].input[1]], add[0].output[0]
+
+
+def is_indicator(q: np.ndarray, scales: np.ndarray, block: int, zero: int) -> bool:
+    """Rows that sum x over one block each: scale 1, q = zero + 1 inside block j, zero outside."""
+    expected = np.full((len(q), q.shape[1] // block, block), zero)
+    expected[np.arange(len(q)), np.arange(len(q))] = zero + 1
+    return bool(np.all(scales == 1.0)) and np.array_equal(q, expected.reshape(len(q), -1))
 
 
 def is_blocksum(node, x: str, block: int, inits: dict, producer: dict) -> bool:
