@@ -5,12 +5,12 @@ the implied 8 / 128 is the fast kernel path), plus, for blocks with an offset (G
 
     y = MatMulNBits(x; q, d) + blocksum(x) @ offsets.T
 
-where blocksum(x) (x summed over each block of 32) comes out of the same MatMulNBits as K/32 extra
-output columns (`with_block_sums`: one indicator row per block, scale 1, exact in 4 bits), split
-off and shared by every later MatMul of that input (BLOCK_SUMS = "columns": 120 fewer nodes on
-SmolLM2 than the Reshape + ReduceSum form, "reduce", which stays as an option; a 0/1 block-matrix
-MatMul when x's rank is not recorded). At accuracy level 4 the sums are those of the int8-rounded
-activations the kernel multiplies, as llama.cpp's Q4_1 x Q8_1 dot product uses. Sibling MatMuls that read one input with
+where blocksum(x) sums x over each block of 32, once per distinct input, as ReduceSum over a
+constant-shape Reshape (BLOCK_SUMS = "reduce"; a 0/1 block-matrix MatMul when x's rank is not
+recorded). BLOCK_SUMS = "columns" instead has the same MatMulNBits emit them as K/32 extra output
+columns (`with_block_sums`: one indicator row per block, scale 1, exact in 4 bits), so at level 4
+they are the sums of the int8-rounded activations, as llama.cpp's Q4_1 x Q8_1 dot product uses:
+120 fewer nodes on SmolLM2, but not measurably faster, so not the default. Sibling MatMuls that read one input with
 blocks of one layout (q/k/v, gate/up) become one MatMulNBits over their concatenated outputs and
 a Split: each output column is computed exactly as alone, with a third of the small nodes around
 it (onnxruntime's cost here is per node, not per column). An embedding Gather whose table is
