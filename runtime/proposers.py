@@ -433,7 +433,8 @@ class AutoProposer(Proposer):
         self.passes += 1
         offers = {name: arm.offer(limit) for name, arm in self.arms.items()}
         self.current, self.on_trial = self.choose(offers, limit)
-        self.pending = _Pass(self.current, best=not self.on_trial)
+        warm = all(tried >= self.warmup for tried in self.tried.values())
+        self.pending = _Pass(self.current, best=warm and not self.on_trial)
         self.stats["passes_by_arm"][self.current] += 1
         offer = offers[self.current]
         return offer.cut_to(self.probe_budget) if self.on_trial else offer

@@ -149,6 +149,7 @@ def test_auto_tries_every_arm_then_prefers_the_one_that_delivers_and_keeps_probi
     assert probes == [9, 19, 39]  # probed when due, the wait doubling: 10, 20
     assert len(bad.asked) == chosen.count("bad") and bad.asked[2:] == [2, 2, 2]  # only the chosen arm is taken from
     assert auto.calibration("good") > 3 * auto.calibration("bad")
+    assert auto.won == {"bad": 0, "good": 4 * chosen[4:].count("good")}  # the call's winner: warm-ups and probes not counted
 
 
 def test_auto_gives_each_pass_to_the_arm_whose_offer_is_worth_most():
