@@ -29,6 +29,7 @@ import numpy as np
 
 from .blocks import BLOCK, BlockMatrix, quantize_float
 from .gguf_weights import WeightPlan
+from .gqa_rows import pad_attention_rows
 from .rotary import fuse_rotary
 from .skip_norms import fuse_skip_norms
 
@@ -50,10 +51,12 @@ class WeightReport:
     kept_float: dict[str, int] = field(default_factory=dict)  # tensor type -> tensors left float
     messages: list[str] = field(default_factory=list)  # why, one line each, naming tensor and type
     graph_bytes: dict[str, int] = field(default_factory=dict)  # file -> size on disk
+    attention_extra_row: bool = False  # the in-place graph's attention has gqa_rows.py's extra row
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "accuracy_level": self.accuracy_level, "tensor_types": self.tensor_types,
-                "kept_float": self.kept_float, "exact": self.kind == "gguf", "graph_bytes": self.graph_bytes}
+                "kept_float": self.kept_float, "exact": self.kind == "gguf", "graph_bytes": self.graph_bytes,
+                "attention_extra_row": self.attention_extra_row}
 
 
 def float_planner(kind: str) -> Planner:
@@ -88,6 +91,8 @@ def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_l
     tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}
     rewrite(model, matrices, tables, accuracy_level, siblings)
     fuse_skip_norms(model)  # the graph holds contrib ops now: onnxruntime-only
+    if accuracy_level == 4:  # int8 activations: GroupQueryAttention's one-row path must not be taken (gqa_rows.py)
+        plan.padded_attention = pad_attention_rows(model)
     if max_positions is not None:
         fuse_rotary(model, max_positions)
     save_model(model, target)

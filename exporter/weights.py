@@ -34,6 +34,7 @@ def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None
     for name in dict.fromkeys(graphs.values()):
         plan = quantize_graph_file(folder / name, staging / name, planner, options.accuracy_level, max_positions=max_positions)
         report.tensor_types, report.kept_float = plan.tensor_types(), plan.kept_types()
+        report.attention_extra_row |= plan.padded_attention > 0
         report.messages = sorted({why for _, why in plan.kept_float.values()})
         report.graph_bytes[name] = sum(p.stat().st_size for p in (staging / name, staging / (name + ".data")) if p.is_file())
     for message in report.messages:

@@ -218,8 +218,9 @@ class BatchEngine:
             raise BackendError(f"continuous batching needs the in-place graph (rows with their own lengths); the "
                                f"{backend.name} backend opened {type(self.ctx).__name__}: re-export the artifact "
                                "(it adds model-inplace.onnx) and load it with graph='auto' or 'inplace'; 'auto' keeps "
-                               "weights quantized at accuracy level 4 on the portable graph, where the in-place graph "
-                               "is not exact (export with accuracy level 0 to batch them exactly)")
+                               "weights quantized at accuracy level 4 on the portable graph (faster for one sequence): "
+                               "load those with graph='inplace' (exact when re-exported with this jacobi-rt, which gives "
+                               "their attention an extra row)")
         self.slots = slots
         self.prefill_chunk = prefill_chunk or limits.prefill_chunk
         self.budget = budget or PassBudget(prefill_tokens=max(self.prefill_chunk, 16))

@@ -51,7 +51,7 @@ def zeroed_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 class OrtInplaceContext(BackendContext):
     def __init__(self, backend, capacity: int, batch: int):
-        from .onnxrt import _binders
+        from .onnxrt import _binders, attention_extra_row
 
         arch = backend.manifest.architecture
         self.backend = backend
@@ -62,7 +62,9 @@ class OrtInplaceContext(BackendContext):
         self.vocab = arch.vocab_size
         dtype = DTYPES[backend.manifest.dtype]
         # Zeroed, not np.empty: the graph may read the whole capacity (masked), and garbage could be NaN.
-        self._kv = zeroed_pages((2 * arch.num_layers, batch, arch.kv_heads, capacity, arch.head_dim), dtype)
+        # One spare entry when the attention writes an extra row past each window (onnxrt.attention_extra_row).
+        spare = 1 if attention_extra_row(backend.manifest) else 0
+        self._kv = zeroed_pages((2 * arch.num_layers, batch, arch.kv_heads, capacity + spare, arch.head_dim), dtype)
         self._ones = np.ones(batch * capacity, dtype=np.int64)  # any prefix is an all-ones [B, T] mask
         self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))
         self._greedy = np.empty(batch * capacity, dtype=np.int64)

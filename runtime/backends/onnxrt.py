@@ -113,16 +113,27 @@ def int8_activations(manifest: Manifest) -> bool:
     one-token and many-token paths differ (SmolLM2 GGUF weights: `jacobi` equal to the in-place graph's
     own greedy on 2 of 12 bench prompts), and a side branch's masked gap changes the rounding of its
     attention sums on either graph (BackendLimits.branches). The portable graph's rows of one chain are
-    bitwise those of one-token passes at every window. So `auto` keeps such artifacts on the portable
+    bitwise those of one-token passes at every window, and so are the in-place graph's when its attention
+    never takes the one-row path (`attention_extra_row`). So `auto` keeps such artifacts on the portable
     graph and their windows one chain: exact first."""
     if not manifest.quantization:
         return False
     return int((manifest.check.get("weights") or {}).get("accuracy_level", 4)) == 4
 
 
+def attention_extra_row(manifest: Manifest) -> bool:
+    """The in-place graph's GroupQueryAttention runs one extra query row (exporter/gqa_rows.py), so its
+    windows are bitwise one-token passes at level 4 too; its cache needs one spare entry, which the
+    extra row's key and value are written into when a window ends at the capacity."""
+    return bool((manifest.check.get("weights") or {}).get("attention_extra_row"))
+
+
 def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
     """The in-place graph on the CPU when the artifact has it (and its weights keep float activations);
-    CUDA keeps the portable graph (DeviceKV)."""
+    CUDA keeps the portable graph (DeviceKV). Level-4 in-place graphs with the extra attention row are
+    exact too, but slower than the portable graph from a past of about 256 (18% at 1024): the extra row
+    takes GroupQueryAttention's many-row path, whose cost grows with the past; so `auto` keeps the
+    portable graph for them and the in-place one is for the batch engine (graph="inplace")."""
     if graph not in ("auto", PORTABLE, INPLACE):
         raise BackendError(f"graph must be auto, {PORTABLE} or {INPLACE}, not {graph!r}")
     has_inplace = INPLACE in manifest.graphs

@@ -123,10 +123,10 @@ BRANCH_SENSITIVE = ("Write a short story about a robot who learns to paint.",
                     "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.")
 
 
-def _outputs(folder, strategies):
+def _outputs(folder, strategies, graph="portable"):
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(folder, graph="portable", threads=2)
+    generator = Generator.load(folder, graph=graph, threads=2)
     return [[generator.generate(prompt, max_new_tokens=48, strategy=s, chat=True).ids for s in strategies]
             for prompt in BRANCH_SENSITIVE]
 
@@ -154,3 +154,36 @@ def test_side_branches_at_level_4_are_what_the_rule_prevents(smollm2_gguf, monke
     monkeypatch.setattr(OrtBackend, "limits", property(lambda self: dataclasses.replace(Backend.limits.fget(self), branches=True)))
     folder, _ = smollm2_gguf
     assert any(lookahead != greedy for greedy, lookahead in _outputs(folder, ("greedy", "lookahead")))
+
+
+def test_the_inplace_graph_chain_window_is_bitwise_one_token_passes(smollm2_gguf):
+    """The in-place graph at level 4, through the runtime's own context: GroupQueryAttention's extra
+    query row (exporter/gqa_rows.py) keeps it off the one-row path, so a chain window's rows are one-token
+    passes bit for bit (without the row, windows 2-16 differed by up to 0.8 in the logits)."""
+    import numpy as np
+
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+
+    folder, manifest = smollm2_gguf
+    assert manifest.check["weights"]["attention_extra_row"]
+    backend = OrtBackend(folder, manifest, "cpu", 2, graph="inplace")
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, 20000, 40)
+    with backend.context(64) as ctx:
+        ctx.forward(prompt[None])
+        ctx.commit(len(prompt))
+        for width in (2, 3, 8, 16):
+            tokens = rng.integers(100, 20000, width)
+            window = ctx.forward(tokens[None], want_logits=True).logits[0]
+            ctx.commit(0)
+            alone = []
+            for token in tokens:
+                alone.append(ctx.forward(np.array([[token]]), want_logits=True).logits[0, 0])
+                ctx.commit(1)
+            ctx.trim(len(prompt))
+            assert np.array_equal(window, np.stack(alone)), f"window {width}"
+
+
+def test_tree_strategies_equal_greedy_on_the_inplace_graph(smollm2_gguf):
+    for greedy, lookahead, auto in _outputs(smollm2_gguf[0], ("greedy", "lookahead", "auto"), graph="inplace"):
+        assert lookahead == greedy and auto == greedy

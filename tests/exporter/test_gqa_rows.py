@@ -1,0 +1,85 @@
+"""GroupQueryAttention with one extra query row (exporter/gqa_rows.py) in level-4 weight variants.
+
+A tiny Llama GGUF exported at accuracy level 4: the in-place graph's attention nodes get the extra
+row, the manifest says so, a window that ends at the context's capacity still fits (the spare
+entry), and a chain window's rows are bitwise one-token passes. The
+real model's check (where the unpadded graph fails it) is in test_export_smollm2_gguf.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("gguf", reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'")
+
+from tiny_gguf import write_tiny_gguf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def level4(tmp_path_factory):
+    from jacobi_rt.exporter import ExportOptions, export
+
+    root = tmp_path_factory.mktemp("gqa-rows")
+    path = write_tiny_gguf(root / "tiny-Q4_1.gguf", "Q4_1")
+    manifest = export(str(path), root / "gguf", ExportOptions(weights="gguf"))
+    return root / "gguf", manifest
+
+
+def test_every_attention_node_reads_one_more_row(level4):
+    folder, manifest = level4
+    assert manifest.check["weights"]["attention_extra_row"] is True
+    graph = onnx.load(str(folder / manifest.graphs["inplace"])).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    consumer = {i: n for n in graph.node for i in n.input}
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert attention
+    for node in attention:
+        assert all(producer[node.input[i]].op_type == "Pad" for i in (0, 1, 2, 10))  # q, k, v, bias
+        assert consumer[node.output[0]].op_type == "Slice"
+
+
+def test_level_0_keeps_the_one_row_path(tmp_path):
+    from jacobi_rt.exporter import ExportOptions, export
+
+    manifest = export(str(write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0")), tmp_path / "out", ExportOptions(weights="gguf", accuracy_level=0))
+    assert manifest.check["weights"]["attention_extra_row"] is False
+    graph = onnx.load(str(tmp_path / "out" / manifest.graphs["inplace"])).graph
+    assert not any(n.op_type == "Pad" for n in graph.node)
+
+
+def test_a_window_may_end_at_the_capacity(level4):
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+
+    folder, manifest = level4
+    assert OrtBackend(folder, manifest, device="cpu", threads=1).graph == "portable"  # auto: faster at long pasts
+    backend = OrtBackend(folder, manifest, device="cpu", threads=1, graph="inplace")
+    assert not backend.limits.branches
+    with backend.context(10) as ctx:
+        ctx.forward(np.arange(3, 9)[None])
+        ctx.commit(6)
+        ctx.forward(np.arange(10, 14)[None])  # 6 + 4 = the capacity: the extra row lands in the spare entry
+        ctx.commit(4)
+        assert ctx.length == 10
+
+
+def test_a_chain_window_is_bitwise_one_token_passes(level4):
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+
+    folder, manifest = level4
+    backend = OrtBackend(folder, manifest, device="cpu", threads=1, graph="inplace")
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, manifest.architecture.vocab_size, 9)
+    for width in (2, 5, 8):
+        tokens = rng.integers(3, manifest.architecture.vocab_size, width)
+        with backend.context(32) as ctx:
+            ctx.forward(prompt[None])
+            ctx.commit(len(prompt))
+            window = ctx.forward(tokens[None], want_logits=True).logits[0]
+            ctx.commit(0)
+            alone = []
+            for token in tokens:
+                alone.append(ctx.forward(np.array([[token]]), want_logits=True).logits[0, 0])
+                ctx.commit(1)
+        assert np.array_equal(window, np.stack(alone)), f"window {width}"
