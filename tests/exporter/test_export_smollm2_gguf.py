@@ -12,6 +12,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+from export_helpers import window_and_one_token_passes
 
 pytestmark = pytest.mark.slow
 NAME = "smollm2-135m-gguf"
@@ -173,15 +174,8 @@ def test_the_inplace_graph_chain_window_is_bitwise_one_token_passes(smollm2_gguf
         ctx.forward(prompt[None])
         ctx.commit(len(prompt))
         for width in (2, 3, 8, 16):
-            tokens = rng.integers(100, 20000, width)
-            window = ctx.forward(tokens[None], want_logits=True).logits[0]
-            ctx.commit(0)
-            alone = []
-            for token in tokens:
-                alone.append(ctx.forward(np.array([[token]]), want_logits=True).logits[0, 0])
-                ctx.commit(1)
-            ctx.trim(len(prompt))
-            assert np.array_equal(window, np.stack(alone)), f"window {width}"
+            window, alone = window_and_one_token_passes(ctx, rng.integers(100, 20000, width))
+            assert np.array_equal(window, alone), f"window {width}"
 
 
 def test_tree_strategies_equal_greedy_on_the_inplace_graph(smollm2_gguf):

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("gguf", reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'")
 
+from export_helpers import window_and_one_token_passes  # noqa: E402
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 
@@ -76,10 +77,5 @@ def test_a_chain_window_is_bitwise_one_token_passes(level4):
         with backend.context(32) as ctx:
             ctx.forward(prompt[None])
             ctx.commit(len(prompt))
-            window = ctx.forward(tokens[None], want_logits=True).logits[0]
-            ctx.commit(0)
-            alone = []
-            for token in tokens:
-                alone.append(ctx.forward(np.array([[token]]), want_logits=True).logits[0, 0])
-                ctx.commit(1)
-        assert np.array_equal(window, np.stack(alone)), f"window {width}"
+            window, alone = window_and_one_token_passes(ctx, tokens)
+        assert np.array_equal(window, alone), f"window {width}"
