@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from onnx import helper
 
-from .rotary import MS_DOMAIN, GraphIndex, live_nodes
+from .rotary import MS_DOMAIN, GraphIndex, drop_unread_initializers, live_nodes
 
 PERM = [0, 2, 1, 3]
 
@@ -42,6 +42,7 @@ def feed_gqa_3d(model) -> int:
                 node.input[i] = renamed[name]
     del graph.node[:]
     graph.node.extend(live_nodes(nodes, g.outputs))  # the shapes only the removed Reshapes read
+    drop_unread_initializers(graph, g)
     return before - len(graph.node)
 
 

@@ -161,15 +161,6 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
     fuse_skip_norms(onnx_model)
     fuse_rotary(onnx_model, max_positions)
     feed_gqa_3d(onnx_model)
-    _drop_unused_initializers(onnx_model.graph)
-
-
-def _drop_unused_initializers(graph) -> None:
-    """Constants only the replaced nodes read (onnxruntime warns about each one on every load)."""
-    used = {name for node in graph.node for name in node.input}
-    kept = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None) -> tuple[dict, dict]:

@@ -79,11 +79,7 @@ def fuse_rotary(model, max_positions: int) -> RotaryReport:
     nodes = [replaced.get(id(n), n) for n in graph.node if id(n) not in removed]
     del graph.node[:]
     graph.node.extend(live_nodes(nodes, {o.name for o in graph.output}))
-    read = {i for n in graph.node for i in n.input}
-    dropped = {i for n in g.producer.values() for i in n.input} - read  # what only the traced rotary read
-    kept = [i for i in graph.initializer if i.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    drop_unread_initializers(graph, g)  # what only the traced rotary read
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return report
@@ -256,6 +252,16 @@ def _add(graph, g: GraphIndex, tensor) -> str:
     graph.initializer.append(tensor)
     g.constants[tensor.name] = None
     return tensor.name
+
+
+def drop_unread_initializers(graph, before: GraphIndex) -> None:
+    """Remove the initializers that nodes of the graph indexed in `before` read and no node reads now
+    (constants only the rewritten nodes used; onnxruntime warns about each unused one on every load)."""
+    read = {i for n in graph.node for i in n.input}
+    dropped = {i for n in before.producer.values() for i in n.input} - read
+    kept = [i for i in graph.initializer if i.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def live_nodes(nodes: list, outputs: set[str]) -> list:
