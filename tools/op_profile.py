@@ -98,12 +98,10 @@ def profile(folder: Path, graph: str = "portable", window: int = 1, past: int = 
             warmup: int = 10, runs: int = 50, name: str | None = None) -> Profile:
     import onnxruntime as ort
 
+    from jacobi_rt.runtime.backends.onnxrt import session_options
+
     path, sizes = graph_file(folder, graph)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    options = session_options(ort, threads)
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = os.path.join(tmp, "profile")

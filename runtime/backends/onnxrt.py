@@ -69,11 +69,7 @@ class OrtBackend(Backend):
         self.name = f"onnxruntime-{self.device}"
         self.threads = threads or physical_cores()
         graph = Path(folder) / manifest.graphs[self.graph]
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
+        options = session_options(ort, self.threads)
         # Threads spin within a run but not after it: a spinning target pool stole the cores from the
         # draft's pass that follows (2 cores: speculative 30.6 -> 57.6 tokens/s; greedy unchanged).
         options.add_session_config_entry("session.force_spinning_stop", "1")
@@ -104,6 +100,17 @@ class OrtBackend(Backend):
         if self.graph == INPLACE:
             return OrtInplaceContext(self, capacity, batch)
         return (OrtDeviceContext if self.device == "cuda" else OrtContext)(self, capacity, batch)
+
+
+def session_options(ort, threads: int):
+    """How the runtime runs a graph: every onnxruntime optimization, one sequential stream of nodes,
+    `threads` intra-op threads (tools/op_profile.py profiles a pass with the same)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return options
 
 
 def int8_activations(manifest: Manifest) -> bool:
