@@ -7,7 +7,8 @@ bitwise one-token passes and level-4 artifacts had to run the portable graph. Me
 SmolLM2 GGUF artifact: every row of a 2-16 token window *is* bitwise equal to row 0 of a two-token
 pass. So each attention node gets one extra query row:
 
-    q, k, v  [B, S, .]  -> Pad one zero row at the end          [B, S+1, .]
+    q, k, v  [B, S, .]  -> Pad one zero row at the end          [B, S+1, .]   (q|k|v when packed)
+    position_ids [B, S] -> Pad one 0 at the end                 [B, S+1]      (when it rotates itself)
     seqlens_k + 1, total_sequence_length + 1, query_seqlens + 1, attention_bias padded to [B, 1, S+1, T+1]
     output   [B, S+1, H*D] -> Slice off the last row             [B, S, H*D]
 
@@ -28,7 +29,7 @@ import numpy as np
 
 MS_DOMAIN = "com.microsoft"
 # GroupQueryAttention's input positions (onnxruntime contrib op, 1.32)
-QUERY, KEY, VALUE, SEQLENS_K, TOTAL, BIAS, QUERY_SEQLENS = 0, 1, 2, 5, 6, 10, 16
+QUERY, KEY, VALUE, SEQLENS_K, TOTAL, POSITIONS, BIAS, QUERY_SEQLENS = 0, 1, 2, 5, 6, 9, 10, 16
 
 
 def pad_attention_rows(model) -> int:
@@ -50,6 +51,7 @@ def pad_attention_rows(model) -> int:
     constants = {
         "one32": numpy_helper.from_array(np.array(1, np.int32), name("one_int32")),
         "row": numpy_helper.from_array(np.array([0, 0, 0, 0, 1, 0], np.int64), name("pad_row")),  # [B, S, .]: one row at the end
+        "positions": numpy_helper.from_array(np.array([0, 0, 0, 1], np.int64), name("pad_positions")),  # [B, S]
         "bias": numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), name("pad_bias")),
         "start": numpy_helper.from_array(np.array([0], np.int64), name("slice_start")),
         "end": numpy_helper.from_array(np.array([-1], np.int64), name("slice_end")),
@@ -74,12 +76,17 @@ def pad_attention_rows(model) -> int:
         if node.op_type != "GroupQueryAttention" or node.domain != MS_DOMAIN:
             continue
         inputs = list(node.input) + [""] * (QUERY_SEQLENS + 1 - len(node.input))
-        for slot in (QUERY, KEY, VALUE):
+        for slot in (QUERY, KEY, VALUE):  # key and value are empty when q|k|v come packed (gqa_packed.py)
+            if not inputs[slot]:
+                continue
             inputs[slot] = once("rows", inputs[slot], index,
                                 lambda s, o: helper.make_node("Pad", [s, constants["row"].name], [o], mode="constant"))
         for slot in (SEQLENS_K, TOTAL, QUERY_SEQLENS):
             if inputs[slot]:
                 inputs[slot] = once("plus", inputs[slot], index, plus_one)
+        if inputs[POSITIONS]:  # do_rotary: the extra row's position is 0, a row of the tables
+            inputs[POSITIONS] = once("positions", inputs[POSITIONS], index,
+                                     lambda s, o: helper.make_node("Pad", [s, constants["positions"].name], [o], mode="constant"))
         if inputs[BIAS]:
             inputs[BIAS] = once("bias", inputs[BIAS], index,
                                 lambda s, o: helper.make_node("Pad", [s, constants["bias"].name], [o], mode="constant"))

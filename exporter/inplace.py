@@ -26,6 +26,7 @@ from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
 from .attention import attention_swapped
 from .gqa import translation
 from .gqa_layout import feed_gqa_3d
+from .gqa_packed import pack_attention
 from .rotary import fuse_rotary
 from .skip_norms import fuse_skip_norms
 
@@ -161,6 +162,7 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
     fuse_skip_norms(onnx_model)
     fuse_rotary(onnx_model, max_positions)
     feed_gqa_3d(onnx_model)
+    pack_attention(onnx_model)
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None) -> tuple[dict, dict]:

@@ -30,7 +30,7 @@ import numpy as np
 from .blocks import BLOCK, BlockMatrix, quantize_float
 from .gguf_weights import WeightPlan
 from .gqa_rows import pad_attention_rows
-from .rotary import fuse_rotary
+from .rotary import fuse_rotary, live_nodes
 from .skip_norms import fuse_skip_norms
 
 BITS = {"int8": 8, "int4": 4}
@@ -104,18 +104,34 @@ def _initializer(key: str) -> str:
 
 
 def weight_candidates(model) -> dict[str, np.ndarray]:
-    """Weights a pass may quantize, as W [N, K] float32: "NAME" for MatMul(x, NAME) (stored [K, N]),
-    "gather:NAME" for an embedding Gather(NAME, ids) on axis 0 (stored [V, K])."""
+    """Weights a pass may quantize, as W [N, K] float32: "NAME" for MatMul(x, NAME) (stored [K, N]) or
+    a part of MatMul(x, Concat(NAME, ...)) (gqa_packed.py's q|k|v), "gather:NAME" for an embedding
+    Gather(NAME, ids) on axis 0 (stored [V, K])."""
     from onnx import TensorProto, numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2}
+    producer = {o: n for n in model.graph.node for o in n.output}
     out: dict[str, np.ndarray] = {}
     for node in model.graph.node:
-        if node.op_type == "MatMul" and node.input[1] in inits and node.input[1] not in out:
-            out[node.input[1]] = np.ascontiguousarray(numpy_helper.to_array(inits[node.input[1]]).T)
+        if node.op_type == "MatMul":
+            for name in weight_parts(node, producer, inits) or []:
+                if name not in out:
+                    out[name] = np.ascontiguousarray(numpy_helper.to_array(inits[name]).T)
         elif node.op_type == "Gather" and node.input[0] in inits and _attr(node, "axis", 0) == 0:
             out.setdefault("gather:" + node.input[0], numpy_helper.to_array(inits[node.input[0]]))
     return out
+
+
+def weight_parts(matmul, producer: dict, inits) -> list[str] | None:
+    """The weight initializers of MatMul(x, W): [W], or the parts of a Concat of them on the output axis."""
+    weight = matmul.input[1]
+    if weight in inits:
+        return [weight]
+    concat = producer.get(weight)
+    if concat is not None and concat.op_type == "Concat" and _attr(concat, "axis", 0) in (1, -1) \
+            and all(name in inits and name not in producer for name in concat.input):
+        return list(concat.input)
+    return None
 
 
 def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_level: int, siblings: bool = True) -> None:
@@ -125,24 +141,33 @@ def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_
     graph = model.graph
     emit = _Emitter(graph)
     groups = sibling_groups(graph.node, matrices, tables, siblings)
+    producer = {o: n for n in graph.node for o in n.output}
     nodes = []
     for node in graph.node:
+        parts = weight_parts(node, producer, matrices) if node.op_type == "MatMul" and node.input[1] not in matrices else None
         if node.op_type == "MatMul" and node.input[1] in matrices and node.input[1] not in tables:
             group = groups.get(node.output[0])
             if group:  # the group is emitted where its first member was; the others are dropped
                 nodes += emit.matmuls(group, [matrices[n.input[1]] for n in group], accuracy_level)
+        elif parts and _one_layout([matrices[p] for p in parts]):  # packed q|k|v: one MatMulNBits, no Split
+            nodes += emit.matmul(node, BlockMatrix.stack([matrices[p] for p in parts]), accuracy_level)
         elif node.op_type == "Gather" and node.input[0] in tables and matrices[node.input[0]].offsets is None:
             nodes += emit.gather(node, matrices[node.input[0]])
         else:
             nodes.append(node)
     del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend(live_nodes(nodes, {o.name for o in graph.output}))  # the Concats of quantized parts
     used = {name for node in graph.node for name in node.input}
     kept = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept + emit.initializers)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+
+
+def _one_layout(ms: list[BlockMatrix]) -> bool:
+    """Block matrices one MatMulNBits can hold side by side (the sibling rule's key, less the input)."""
+    return len({(m.bits, m.block, m.shape[1], m.offsets is None) for m in ms}) == 1
 
 
 def sibling_groups(nodes, matrices: dict[str, BlockMatrix], tables: set[str], siblings: bool = True) -> dict[str, list]:

@@ -37,7 +37,8 @@ def test_every_attention_node_reads_one_more_row(level4):
     attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
     assert attention
     for node in attention:
-        assert all(producer[node.input[i]].op_type == "Pad" for i in (0, 1, 2, 10))  # q, k, v, bias
+        assert all(producer[node.input[i]].op_type == "Pad" for i in (0, 9, 10))  # q|k|v packed, positions, bias
+        assert list(node.input[1:3]) == ["", ""]
         assert consumer[node.output[0]].op_type == "Slice"
 
 
