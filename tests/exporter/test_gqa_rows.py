@@ -55,7 +55,7 @@ def test_a_window_may_end_at_the_capacity(level4):
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 
     folder, manifest = level4
-    assert OrtBackend(folder, manifest, device="cpu", threads=1).graph == "portable"  # auto: faster at long pasts
+    assert OrtBackend(folder, manifest, device="cpu", threads=1).graph == "inplace"  # auto: exact with the extra row
     backend = OrtBackend(folder, manifest, device="cpu", threads=1, graph="inplace")
     assert not backend.limits.branches
     with backend.context(10) as ctx:

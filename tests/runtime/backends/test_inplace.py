@@ -62,19 +62,20 @@ def test_auto_is_inplace_on_cpu(artifact):
     assert OrtBackend(folder, load_manifest(folder), "cpu", 1).graph == "inplace"
 
 
-@pytest.mark.parametrize("quantization, weights, graph", [
-    ("gguf", {"accuracy_level": 4}, "portable"),  # int8 activations: the in-place graph is not window-consistent
-    ("int4", {"accuracy_level": 4}, "portable"),
-    ("int8", None, "portable"),  # an artifact from before the weight pass recorded its level (level 4 then)
-    ("gguf", {"accuracy_level": 0}, "inplace"),  # float activations: the in-place graph stays exact
+@pytest.mark.parametrize("quantization, weights, graph, branches", [
+    ("gguf", {"accuracy_level": 4}, "portable", False),  # int8 activations: this in-place graph is not window-consistent
+    ("gguf", {"accuracy_level": 4, "attention_extra_row": True}, "inplace", False),  # exact with the extra row (gqa_rows.py)
+    ("int4", {"accuracy_level": 4}, "portable", False),
+    ("int8", None, "portable", False),  # an artifact from before the weight pass recorded its level (level 4 then)
+    ("gguf", {"accuracy_level": 0}, "inplace", True),  # float activations: the in-place graph stays exact
 ])
-def test_auto_keeps_int8_activations_on_the_portable_graph(artifact, quantization, weights, graph):
+def test_auto_runs_the_inplace_graph_only_where_it_is_exact(artifact, quantization, weights, graph, branches):
     folder = artifact("llama")
     manifest = load_manifest(folder)
     check = {**manifest.check, **({"weights": weights} if weights else {})}
     quantized = dataclasses.replace(manifest, quantization=quantization, check=check)
     assert OrtBackend(folder, quantized, "cpu", 1).graph == graph
-    assert OrtBackend(folder, quantized, "cpu", 1).limits.branches is (graph == "inplace")  # level 4: one chain a pass
+    assert OrtBackend(folder, quantized, "cpu", 1).limits.branches is branches  # level 4: one chain a pass
     assert OrtBackend(folder, quantized, "cpu", 1, graph="inplace").graph == "inplace"  # asked for, it is given
 
 
