@@ -8,8 +8,9 @@ Each pass goes through the runtime's own backend context (OrtBackend with IO bin
 cache resident), so the figure is what decoding pays per pass on this machine: the graph
 (for the portable variant including its in-graph past->present copy) plus binding. The cache is
 filled to `past` by real prefill passes, and each timed window is dropped again (commit(0),
-outside the timer). Several artifacts (e.g. before and after a graph change) take turns in one
-process like the variants do. A tool, not a test.
+outside the timer). Every artifact (e.g. before and after a graph change), variant and past length
+takes its turn pass by pass in one process, so a ratio between pasts or artifacts is measured under
+the same load (this machine's speed drifts by 20% between minutes). A tool, not a test.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import click
 import numpy as np
 
 
-def time_passes(contexts: dict, window: int, repeats: int, clock=time.perf_counter) -> dict[str, list[float]]:
+def time_passes(contexts: dict, window: int, repeats: int, clock=time.perf_counter) -> dict:
     """Seconds of ctx.forward over a window of `window` tokens (greedy ids only), per variant; the
     variants take turns pass by pass, so load from other processes hits them alike."""
     samples: dict[str, list[float]] = {name: [] for name in contexts}
@@ -65,18 +66,18 @@ def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_tim
     print(f"{threads} threads; median (min) {'CPU ' if cpu_time else ''}ms of {repeats} passes")
     bs = [int(b) for b in batches.split(",")]
     names = {(v, b): v if bs == [1] else f"{v} x{b}" for v in backends for b in bs}  # batch > 1: the in-place graph
-    rows = []
+    contexts = {}  # every (variant, past) at once: they all take turns pass by pass
     for past in ps:
-        contexts = {name: backends[v].context(capacity or past + max(ws) + 1, batch=b) for (v, b), name in names.items()}
-        for ctx in contexts.values():
-            fill(ctx, past)
-        cells = {name: [] for name in contexts}
-        for w in ws:
-            for name, seconds in time_passes(contexts, w, repeats, time.process_time if cpu_time else time.perf_counter).items():
-                cells[name].append(f"{statistics.median(seconds) * 1000:.1f} ({min(seconds) * 1000:.1f})")
-        for ctx in contexts.values():
-            ctx.close()
-        rows += [(name, past, cells[name]) for name in contexts]
+        for (v, b), name in names.items():
+            contexts[(name, past)] = backends[v].context(capacity or past + max(ws) + 1, batch=b)
+            fill(contexts[(name, past)], past)
+    cells = {key: [] for key in contexts}
+    for w in ws:
+        for key, seconds in time_passes(contexts, w, repeats, time.process_time if cpu_time else time.perf_counter).items():
+            cells[key].append(f"{statistics.median(seconds) * 1000:.1f} ({min(seconds) * 1000:.1f})")
+    for ctx in contexts.values():
+        ctx.close()
+    rows = [(name, past, cells[(name, past)]) for name, past in contexts]
     print("| graph | past | " + " | ".join(f"W={w}" for w in ws) + " |")
     print("|---|---|" + "---|" * len(ws))
     for v, past, cells in sorted(rows, key=lambda r: (r[0], r[1])):
@@ -91,12 +92,14 @@ def _backends(artifacts, graphs, threads: int) -> dict:
     from jacobi_rt.runtime.manifest import load_manifest
 
     out = {}
+    short = [Path(a).name for a in artifacts]
     for artifact in artifacts:
         manifest = load_manifest(artifact, verify=False)
         print(f"{artifact}: {manifest.architecture.family}, {manifest.dtype}, quantization {manifest.quantization}")
         for v in graphs or sorted(manifest.graphs):
             if v in manifest.graphs:
-                name = v if len(artifacts) == 1 else f"{Path(artifact).name}/{v}"
+                label = Path(artifact).name if short.count(Path(artifact).name) == 1 else str(artifact)
+                name = v if len(artifacts) == 1 else f"{label}/{v}"
                 out[name] = OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v)
     return out
 
