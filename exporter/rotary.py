@@ -3,8 +3,8 @@
 Llama-style rotary (`q * cos + rotate_half(q) * sin`, rotate_half = cat(-x2, x1)) traces to seven
 nodes per query and per key (Mul, Slice, Slice, Neg, Concat, Mul, Add) that onnxruntime does not
 fuse: about 420 nodes on SmolLM2. The contrib op does the same with explicit `position_ids` (tree
-windows give each entry its own position; GroupQueryAttention's own `do_rotary` assumes
-consecutive ones) and cos/sin tables of [positions, head_dim / 2].
+windows give each entry its own position) and cos/sin tables of [positions, head_dim / 2]. In the
+in-place graph, gqa_packed.py then moves the rotation into GroupQueryAttention itself.
 
 A rewrite of the traced graph, not a custom op in the trace, because the quantized graphs are
 made from the traced portable graph by the weight pass: one rewrite serves the in-place graph
