@@ -90,9 +90,23 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
             sizes = inits[users[0].input[1]]
             assert sizes.sum() == n and len(sizes) == len(users[0].output)
             out += [(node.op_type, part) for part in np.split(w, np.cumsum(sizes)[:-1])]
+        elif node.op_type == "MatMulNBits" and (attention := packed_attention(tail, consumers)) is not None:
+            heads = {a.name: a.i for a in attention.attribute}
+            width = n // (heads["num_heads"] + 2 * heads["kv_num_heads"])  # q | k | v (gqa_packed.py)
+            out += [(node.op_type, part) for part in np.split(w, [heads["num_heads"] * width, (heads["num_heads"] + heads["kv_num_heads"]) * width])]
         else:
             out.append((node.op_type, w))
     return out
+
+
+def packed_attention(name: str, consumers: dict):
+    """The GroupQueryAttention that reads `name` as its packed q|k|v (through level 4's Pad), or None."""
+    users = consumers.get(name, [])
+    if len(users) == 1 and users[0].op_type == "Pad":
+        name, users = users[0].output[0], consumers.get(users[0].output[0], [])
+    if len(users) == 1 and users[0].op_type == "GroupQueryAttention" and users[0].input[0] == name and not users[0].input[1]:
+        return users[0]
+    return None
 
 
 def block_sum_columns(node, users, inits, consumers, producer, block):
