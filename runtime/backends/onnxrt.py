@@ -138,9 +138,9 @@ def attention_extra_row(manifest: Manifest) -> bool:
 def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
     """The in-place graph on the CPU when the artifact has it and it is exact (float activations, or
     level 4 with the extra attention row); CUDA keeps the portable graph (DeviceKV). For SmolLM2's GGUF
-    weights the in-place graph (packed q|k|v, rotary inside the attention) is faster at every window
-    of 8 and at one token up to a past of about 600 (4% slower at 1024: the extra row takes
-    GroupQueryAttention's many-row path); greedy 119.5 vs 112.0 tokens/s on 8 chat prompts."""
+    weights the in-place graph (packed q|k|v, rotary inside the attention) is faster up to a past of
+    256 and even at 1024 (the extra row takes GroupQueryAttention's many-row path, whose cost grows with
+    the past); greedy 119.5 vs 112.0 tokens/s on 8 chat prompts."""
     if graph not in ("auto", PORTABLE, INPLACE):
         raise BackendError(f"graph must be auto, {PORTABLE} or {INPLACE}, not {graph!r}")
     has_inplace = INPLACE in manifest.graphs
