@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from onnx import helper
 
-from .rotary import MS_DOMAIN, GraphIndex, drop_unread_initializers, live_nodes
+from .rotary import MS_DOMAIN, GraphIndex, attribute, drop_unread_initializers, live_nodes
 
 # GroupQueryAttention's input slots (onnxruntime contrib op, 1.32; gqa.py lists them all)
 QUERY, KEY, VALUE, COS, SIN, POSITIONS = 0, 1, 2, 7, 8, 9
@@ -53,7 +53,7 @@ def pack_attention(model) -> PackReport:
         if node.op_type != "GroupQueryAttention" or node.domain != MS_DOMAIN:
             continue
         inputs = list(node.input) + [""] * (POSITIONS + 1 - len(node.input))
-        if _attribute(node, "do_rotary", 0) == 0 and _rotary_in(inputs, g, removed):
+        if attribute(node, "do_rotary", 0) == 0 and _rotary_in(inputs, g, removed):
             _set_attribute(node, "do_rotary", 1)
             report.rotary += 1
         packed = _packed(inputs[QUERY:VALUE + 1], g, removed, added)
@@ -81,10 +81,10 @@ def _rotary_in(inputs: list, g: GraphIndex, removed: set) -> bool:
     """Take q's and k's RotaryEmbedding into the attention's inputs when they share tables and positions."""
     rotations = [g.producer.get(inputs[QUERY]), g.producer.get(inputs[KEY])]
     if any(r is None or r.op_type != "RotaryEmbedding" or r.domain != MS_DOMAIN or len(g.consumers[r.output[0]]) != 1
-           or _attribute(r, "interleaved", 0) != 0 or _attribute(r, "rotary_embedding_dim", 0) != 0 for r in rotations):
+           or attribute(r, "interleaved", 0) != 0 or attribute(r, "rotary_embedding_dim", 0) != 0 for r in rotations):
         return False
     q, k = rotations
-    if list(q.input[1:4]) != list(k.input[1:4]) or _attribute(q, "num_heads", 0) == 0:  # 3-D inputs (gqa_layout.py)
+    if list(q.input[1:4]) != list(k.input[1:4]) or attribute(q, "num_heads", 0) == 0:  # 3-D inputs (gqa_layout.py)
         return False
     inputs[QUERY], inputs[KEY] = q.input[0], k.input[0]
     inputs[POSITIONS], inputs[COS], inputs[SIN] = q.input[1], q.input[2], q.input[3]
@@ -99,7 +99,7 @@ def _packed(parts: list[str], g: GraphIndex, removed: set, added: dict) -> str |
         return None
     split = producers[0]
     if split.op_type == "Split" and all(p is split for p in producers) and list(split.output) == parts \
-            and _attribute(split, "axis", 0) in (-1, len(g.dims(split.input[0]) or []) - 1):
+            and attribute(split, "axis", 0) in (-1, len(g.dims(split.input[0]) or []) - 1):
         removed.add(id(split))
         return split.input[0]
     biases = []
@@ -138,10 +138,6 @@ def _bias_of(add, g: GraphIndex) -> tuple[str, str] | None:
         if tensor is not None and b not in g.producer and len(tensor.dims) == 1 and a in g.producer:
             return a, b
     return None
-
-
-def _attribute(node, name: str, default: int) -> int:
-    return next((a.i for a in node.attribute if a.name == name), default)
 
 
 def _set_attribute(node, name: str, value: int) -> None:

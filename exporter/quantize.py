@@ -30,7 +30,7 @@ import numpy as np
 from .blocks import BLOCK, BlockMatrix, quantize_float
 from .gguf_weights import WeightPlan
 from .gqa_rows import pad_attention_rows
-from .rotary import fuse_rotary, live_nodes
+from .rotary import attribute, fuse_rotary, live_nodes
 from .skip_norms import fuse_skip_norms
 
 BITS = {"int8": 8, "int4": 4}
@@ -117,7 +117,7 @@ def weight_candidates(model) -> dict[str, np.ndarray]:
             for name in weight_parts(node, producer, inits) or []:
                 if name not in out:
                     out[name] = np.ascontiguousarray(numpy_helper.to_array(inits[name]).T)
-        elif node.op_type == "Gather" and node.input[0] in inits and _attr(node, "axis", 0) == 0:
+        elif node.op_type == "Gather" and node.input[0] in inits and attribute(node, "axis", 0) == 0:
             out.setdefault("gather:" + node.input[0], numpy_helper.to_array(inits[node.input[0]]))
     return out
 
@@ -128,7 +128,7 @@ def weight_parts(matmul, producer: dict, inits) -> list[str] | None:
     if weight in inits:
         return [weight]
     concat = producer.get(weight)
-    if concat is not None and concat.op_type == "Concat" and _attr(concat, "axis", 0) in (1, -1) \
+    if concat is not None and concat.op_type == "Concat" and attribute(concat, "axis", 0) in (1, -1) \
             and all(name in inits and name not in producer for name in concat.input):
         return list(concat.input)
     return None
@@ -149,7 +149,7 @@ def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_
             group = groups.get(node.output[0])
             if group:  # the group is emitted where its first member was; the others are dropped
                 nodes += emit.matmuls(group, [matrices[n.input[1]] for n in group], accuracy_level)
-        elif parts and _one_layout([matrices[p] for p in parts]):  # packed q|k|v: one MatMulNBits, no Split
+        elif parts and len({_layout(matrices[p]) for p in parts}) == 1:  # packed q|k|v: one MatMulNBits, no Split
             nodes += emit.matmul(node, BlockMatrix.stack([matrices[p] for p in parts]), accuracy_level)
         elif node.op_type == "Gather" and node.input[0] in tables and matrices[node.input[0]].offsets is None:
             nodes += emit.gather(node, matrices[node.input[0]])
@@ -165,9 +165,9 @@ def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
 
 
-def _one_layout(ms: list[BlockMatrix]) -> bool:
-    """Block matrices one MatMulNBits can hold side by side (the sibling rule's key, less the input)."""
-    return len({(m.bits, m.block, m.shape[1], m.offsets is None) for m in ms}) == 1
+def _layout(m: BlockMatrix) -> tuple:
+    """What block matrices must share for one MatMulNBits to hold them side by side."""
+    return m.bits, m.block, m.shape[1], m.offsets is None
 
 
 def sibling_groups(nodes, matrices: dict[str, BlockMatrix], tables: set[str], siblings: bool = True) -> dict[str, list]:
@@ -177,7 +177,7 @@ def sibling_groups(nodes, matrices: dict[str, BlockMatrix], tables: set[str], si
     for node in nodes:
         if node.op_type == "MatMul" and node.input[1] in matrices and node.input[1] not in tables:
             m = matrices[node.input[1]]
-            key = (node.input[0], m.bits, m.block, m.shape[1], m.offsets is None) if siblings else (node.output[0],)
+            key = (node.input[0], *_layout(m)) if siblings else (node.output[0],)
             groups.setdefault(key, []).append(node)
     out: dict[str, list] = {}
     for group in groups.values():
@@ -334,15 +334,6 @@ def save_model(model, path: Path) -> None:
                         location=path.name + ".data", size_threshold=1024)
     else:
         onnx.save_model(model, str(path))
-
-
-def _attr(node, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            from onnx import helper
-
-            return helper.get_attribute_value(a)
-    return default
 
 
 def fold_transposed_weights(model) -> int:

@@ -272,3 +272,10 @@ def live_nodes(nodes: list, outputs: set[str]) -> list:
         if len(kept) == len(nodes):
             return kept
         nodes = kept
+
+
+def attribute(node, name: str, default):
+    """A node attribute's value (int, float, list ...), or `default` when the node does not set it."""
+    from onnx import helper
+
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
