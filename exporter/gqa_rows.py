@@ -72,24 +72,21 @@ def pad_attention_rows(model) -> int:
     def plus_one(source, out):
         return helper.make_node("Add", [source, constants["one32"].name], [out])
 
+    def pad(kind: str):
+        return lambda source, out: helper.make_node("Pad", [source, constants[kind].name], [out], mode="constant")
+
     for index, node in enumerate(graph.node):
         if node.op_type != "GroupQueryAttention" or node.domain != MS_DOMAIN:
             continue
         inputs = list(node.input) + [""] * (QUERY_SEQLENS + 1 - len(node.input))
-        for slot in (QUERY, KEY, VALUE):  # key and value are empty when q|k|v come packed (gqa_packed.py)
-            if not inputs[slot]:
-                continue
-            inputs[slot] = once("rows", inputs[slot], index,
-                                lambda s, o: helper.make_node("Pad", [s, constants["row"].name], [o], mode="constant"))
+        # key and value are empty when q|k|v come packed (gqa_packed.py); positions are there when it rotates
+        # itself, and the extra row's position is 0, a row of the tables
+        for slot, kind in ((QUERY, "row"), (KEY, "row"), (VALUE, "row"), (POSITIONS, "positions"), (BIAS, "bias")):
+            if inputs[slot]:
+                inputs[slot] = once(kind, inputs[slot], index, pad(kind))
         for slot in (SEQLENS_K, TOTAL, QUERY_SEQLENS):
             if inputs[slot]:
                 inputs[slot] = once("plus", inputs[slot], index, plus_one)
-        if inputs[POSITIONS]:  # do_rotary: the extra row's position is 0, a row of the tables
-            inputs[POSITIONS] = once("positions", inputs[POSITIONS], index,
-                                     lambda s, o: helper.make_node("Pad", [s, constants["positions"].name], [o], mode="constant"))
-        if inputs[BIAS]:
-            inputs[BIAS] = once("bias", inputs[BIAS], index,
-                                lambda s, o: helper.make_node("Pad", [s, constants["bias"].name], [o], mode="constant"))
         output = node.output[0]
         padded = name(output)
         del node.input[:]
