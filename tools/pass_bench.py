@@ -25,7 +25,7 @@ import numpy as np
 def time_passes(contexts: dict, window: int, repeats: int, clock=time.perf_counter) -> dict:
     """Seconds of ctx.forward over a window of `window` tokens (greedy ids only), per variant; the
     variants take turns pass by pass, so load from other processes hits them alike."""
-    samples: dict[str, list[float]] = {name: [] for name in contexts}
+    samples: dict = {name: [] for name in contexts}
     for turn in range(repeats + 1):
         for name, ctx in contexts.items():
             ids = np.full((ctx.batch, window), 7, dtype=np.int64)
