@@ -92,7 +92,8 @@ class OrtInplaceContext(BackendContext):
             pointer = self._kv[i, start:stop].ctypes.data
             self._bind_in(past.name, dtype, shape, pointer)
             self._bind_out(present.name, dtype, shape, pointer)
-        self._bind_in("cache_lengths", self.lengths.dtype, [stop - start], self.lengths[start:stop].ctypes.data)
+        self._selected = self.lengths[start:stop]  # a view: updating it updates the bound `cache_lengths`
+        self._bind_in("cache_lengths", self.lengths.dtype, [stop - start], self._selected.ctypes.data)
 
     def select(self, start: int, stop: int) -> None:
         """Run the next passes on rows [start, stop) only; forward() then takes ids [stop - start, W]."""
@@ -107,28 +108,30 @@ class OrtInplaceContext(BackendContext):
     @property
     def _lengths(self) -> np.ndarray:
         """The selected rows' lengths: a view, so updating it updates the bound `cache_lengths`."""
-        return self.lengths[self._rows[0] : self._rows[1]]
+        return self._selected
 
     @property
     def length(self) -> int:
         """The committed entries of a batch whose rows are equally long (see `lengths` otherwise)."""
-        if self.batch > 1 and (self.lengths != self.lengths[0]).any():
+        if self.batch == 1:
+            return int(self.lengths[0])
+        if (self.lengths != self.lengths[0]).any():
             raise BackendError(f"the rows have different lengths {self.lengths.tolist()}; read `lengths`")
         return int(self.lengths[0])
 
     def forward(self, ids, positions=None, window_mask=None, want_logits=False) -> StepOutput:
         if self._kv is None:
             raise BackendError("this context was closed; open a new one with backend.context(capacity)")
-        batch, window = self._check_inplace_window(ids)
-        lengths = self._lengths
-        total = int(lengths.max()) + window
+        batch, window, longest = self._check_inplace_window(ids)
+        total = longest + window
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if positions is None:
-            positions = lengths[:, None] + np.arange(window, dtype=np.int64)
+            positions = self._lengths[:, None] + np.arange(window, dtype=np.int64)
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         if window_mask is None:
             window_mask = self._lower_triangular(window)
-        window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
+        if window_mask.shape != (batch, window, window) or window_mask.dtype != bool or not window_mask.flags.c_contiguous:
+            window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
         greedy = self._greedy[: batch * window].reshape(batch, window)
 
         bind = self._bind_in
@@ -166,20 +169,21 @@ class OrtInplaceContext(BackendContext):
         self._logits_bound = True
         return logits
 
-    def _check_inplace_window(self, ids: np.ndarray) -> tuple[int, int]:
+    def _check_inplace_window(self, ids: np.ndarray) -> tuple[int, int, int]:
+        """(rows, window, the longest selected row's length) of a valid window; raises otherwise."""
         if self.pending:
             raise BackendError("forward() called twice without commit(n) in between; commit the last window first")
         rows = self._rows[1] - self._rows[0]
         if ids.ndim != 2 or ids.shape[0] != rows or ids.shape[1] < 1:
             raise BackendError(f"window ids must have shape [{rows}, W>=1], got {list(ids.shape)}")
         window = ids.shape[1]
-        longest = int(self._lengths.max())
+        longest = int(self._lengths[0] if rows == 1 else self._lengths.max())
         if longest + window > self.capacity:
             raise BackendError(
                 f"window of {window} after {longest} cached entries exceeds the context's capacity "
                 f"of {self.capacity}; open the context with a larger capacity"
             )
-        return rows, window
+        return rows, window, longest
 
     def _lower_triangular(self, window: int) -> np.ndarray:
         if window <= self._tril.shape[0]:
@@ -189,6 +193,12 @@ class OrtInplaceContext(BackendContext):
     def commit(self, n) -> None:
         """Keep the first n entries of the last window: one n for every row, or one per row."""
         lengths = self._lengths
+        if isinstance(n, int):  # the loop's common case, without small-array numpy on the hot path
+            if not 0 <= n <= self.pending:
+                raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
+            lengths += n
+            self.pending = 0
+            return
         counts = np.broadcast_to(np.asarray(n, dtype=np.int64), lengths.shape)
         if (counts < 0).any() or (counts > self.pending).any():
             raise BackendError(f"commit({np.asarray(n).tolist()}) is outside the last window of {self.pending} entries")
