@@ -11,12 +11,19 @@ filled to `past` by real prefill passes, and each timed window is dropped again 
 outside the timer). Every artifact (e.g. before and after a graph change), variant and past length
 takes its turn pass by pass in one process, so a ratio between pasts or artifacts is measured under
 the same load (this machine's speed drifts by 20% between minutes). A tool, not a test.
+
+`--floor` adds the memory floor of each cell: the bytes a pass must read (the graph's weights, and
+the KV cache it attends over; the portable graph also writes its whole present) over the read
+bandwidth this machine reaches with the same threads. A pass near its floor can only get faster by
+reading fewer bytes; a pass far above it leaves time to kernels and per-node overhead.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import click
 import numpy as np
@@ -45,6 +52,36 @@ def fill(ctx, past: int, chunk: int = 256) -> None:
         ctx.commit(piece.shape[1])
 
 
+def read_bandwidth(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second streamed from memory by `threads` threads: the best of `repeats` timed sums of
+    a buffer far larger than the caches, each thread summing its own slice (numpy's sum releases the GIL)."""
+    data = np.ones(megabytes << 18, dtype=np.float32)
+    parts = np.array_split(data, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for turn in range(repeats + 1):
+            start = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            if turn:  # the first turn faults the pages in
+                best = min(best, time.perf_counter() - start)
+    return data.nbytes / best
+
+
+def pass_bytes(weights: int, manifest, variant: str, past: int, window: int, rows: int = 1) -> int:
+    """Bytes one pass must move: its weights once, and per row the KV entries its attention reads
+    (past + window); the portable graph also writes its whole present (past + window), a copy."""
+    arch = manifest.architecture
+    entry = 2 * arch.num_layers * arch.kv_heads * arch.head_dim * np.dtype(manifest.dtype).itemsize  # key + value, every layer
+    entries = past + window if variant == "inplace" else 2 * (past + window)
+    return weights + rows * entries * entry
+
+
+def graph_bytes(graph: Path) -> int:
+    """The graph file and its external data (PATH.data), if any: what a pass reads as weights."""
+    data = graph.with_name(graph.name + ".data")
+    return graph.stat().st_size + (data.stat().st_size if data.exists() else 0)
+
+
 @click.command()
 @click.argument("artifacts", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--windows", default="1,4,8,16", show_default=True)
@@ -58,11 +95,14 @@ def fill(ctx, past: int, chunk: int = 256) -> None:
               "a figure that other processes on a busy machine disturb far less.")
 @click.option("--graph", "graphs", multiple=True, type=click.Choice(["portable", "inplace"]),
               help="Graph variant(s) to time (repeatable); default: every variant in the manifest.")
-def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_time, graphs):
+@click.option("--floor", is_flag=True, help="Also print each cell's memory floor: the bytes the pass must read "
+              "(weights and KV cache) over the read bandwidth measured here with the same threads.")
+def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_time, graphs, floor):
     """Median milliseconds per window pass, per artifact, graph variant, window and past length."""
     ws = [int(w) for w in windows.split(",")]
     ps = [int(p) for p in pasts.split(",")]
-    backends = _backends(artifacts, graphs, threads)
+    found = _backends(artifacts, graphs, threads)
+    backends = {name: backend for name, (backend, _) in found.items()}
     print(f"{threads} threads; median (min) {'CPU ' if cpu_time else ''}ms of {repeats} passes")
     bs = [int(b) for b in batches.split(",")]
     names = {(v, b): v if bs == [1] else f"{v} x{b}" for v in backends for b in bs}  # batch > 1: the in-place graph
@@ -72,9 +112,11 @@ def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_tim
             contexts[(name, past)] = backends[v].context(capacity or past + max(ws) + 1, batch=b)
             fill(contexts[(name, past)], past)
     cells = {key: [] for key in contexts}
+    medians = {}  # (name, past, window) -> median ms
     for w in ws:
         for key, seconds in time_passes(contexts, w, repeats, time.process_time if cpu_time else time.perf_counter).items():
-            cells[key].append(f"{statistics.median(seconds) * 1000:.1f} ({min(seconds) * 1000:.1f})")
+            medians[(*key, w)] = statistics.median(seconds) * 1000
+            cells[key].append(f"{medians[(*key, w)]:.1f} ({min(seconds) * 1000:.1f})")
     for ctx in contexts.values():
         ctx.close()
     rows = [(name, past, cells[(name, past)]) for name, past in contexts]
@@ -82,12 +124,28 @@ def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_tim
     print("|---|---|" + "---|" * len(ws))
     for v, past, cells in sorted(rows, key=lambda r: (r[0], r[1])):
         print(f"| {v} | {past} | " + " | ".join(cells) + " |")
+    if floor:
+        _print_floors(found, names, ps, ws, threads, medians)
+
+
+def _print_floors(found: dict, names: dict, pasts: list[int], windows: list[int], threads: int, medians: dict) -> None:
+    bandwidth = read_bandwidth(threads)
+    print(f"\nmemory floor, ms (the median above / floor): the bytes a pass must read at {bandwidth / 1e9:.1f} GB/s, "
+          f"the read bandwidth measured now with {threads} threads. The CPU's last-level cache can hold part of a "
+          "small model's weights between passes, so a pass may beat its floor by a little.")
+    print("| graph | weights MB | past | " + " | ".join(f"W={w}" for w in windows) + " |")
+    print("|---|---|---|" + "---|" * len(windows))
+    for (v, b), name in sorted(names.items(), key=lambda item: item[1]):
+        backend, graph = found[v]
+        weights = graph_bytes(graph)
+        for past in pasts:
+            floors = [pass_bytes(weights, backend.manifest, backend.graph, past, w, b) / bandwidth * 1000 for w in windows]
+            cells = [f"{f:.1f} ({medians[(name, past, w)] / f:.2f}x)" for f, w in zip(floors, windows)]
+            print(f"| {name} | {weights / 1e6:.0f} | {past} | " + " | ".join(cells) + " |")
 
 
 def _backends(artifacts, graphs, threads: int) -> dict:
-    """(artifact folder name +) variant -> OrtBackend, for every requested variant each artifact has."""
-    from pathlib import Path
-
+    """(artifact folder name +) variant -> (OrtBackend, its graph file), for every requested variant each artifact has."""
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from jacobi_rt.runtime.manifest import load_manifest
 
@@ -100,7 +158,8 @@ def _backends(artifacts, graphs, threads: int) -> dict:
             if v in manifest.graphs:
                 label = Path(artifact).name if short.count(Path(artifact).name) == 1 else str(artifact)
                 name = v if len(artifacts) == 1 else f"{label}/{v}"
-                out[name] = OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v)
+                out[name] = (OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v),
+                             Path(artifact) / manifest.graphs[v])
     return out
 
 
