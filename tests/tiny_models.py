@@ -32,6 +32,8 @@ def tiny_config(family: str):
         return LlamaConfig(**common, rope_theta=10000.0)
     if family == "llama-mha-tied":  # one KV head per head, tied embeddings (SmolLM-like)
         return LlamaConfig(**{**common, "num_key_value_heads": 4, "tie_word_embeddings": True})
+    if family == "llama-mqa":  # one KV head for every head (multi-query); not in FAMILIES: the in-place tests export it
+        return LlamaConfig(**{**common, "num_key_value_heads": 1}, rope_theta=10000.0)
     if family == "mistral":
         return MistralConfig(**common, sliding_window=None)
     if family == "qwen2":

@@ -73,6 +73,29 @@ def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytor
     assert report.max_logit_diff < 1e-4 and report.max_present_diff < 1e-4
 
 
+def test_multi_query_attention_in_place_matches_pytorch_and_decodes_like_greedy(tiny_artifact, hf_model):
+    """One KV head for all query heads (MQA), the attention layout FAMILIES lacks: the graph against
+    PyTorch at windows 1-16 with branches and rows of different lengths, then every strategy on it."""
+    from jacobi_rt.exporter.inplace_check import check_inplace_against_torch
+    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.runtime import Generator
+
+    mqa = tiny_artifact("llama-mqa")
+    assert mqa.manifest.architecture.kv_heads == 1 and "inplace" in mqa.manifest.graphs
+    model = hf_model(mqa.model_dir)
+    model.set_attn_implementation("eager")
+    cases = [((11, 4), w) for w in range(1, 17)] + [((0, 9), 6)]
+    report = check_inplace_against_torch(model, probe(model), mqa.artifact / "model-inplace.onnx", "float32", cases=cases)
+    assert report.greedy_agree == report.positions == sum(len(lengths) * w for lengths, w in cases)
+    assert report.max_logit_diff < 1e-4 and report.max_present_diff < 1e-4
+    generator = Generator.load(mqa.artifact, threads=1)
+    assert generator.backend.graph == "inplace"
+    prompt = [5, 17, 33, 90, 5, 17, 33]
+    greedy = generator.generate(prompt, max_new_tokens=24, strategy="greedy").ids
+    for strategy in ("jacobi", "lookahead"):
+        assert generator.generate(prompt, max_new_tokens=24, strategy=strategy).ids == greedy, strategy
+
+
 def test_the_custom_ops_eager_body_is_the_portable_attention(exported, hf_model):
     """The in-place window model in PyTorch (jacobi::gqa's eager body) against the portable one."""
     import torch
