@@ -11,8 +11,14 @@ graph as blocksum(x) @ offset.T (see quantize.py). GGUF types map without roundi
     Q4_0  w = d*(q-8)                 4 bits, scale d
     Q8_0  w = d*q      (q int8)       8 bits, stored q+128, scale d
     Q4_1  w = d*q + m                 4 bits, scale d, offset m + 8d   (d*q + m = d*(q-8) + (m+8d))
+    Q4_K  w = (d*sc)*q - dmin*mn      sub-blocks of 32 with 6-bit sc, mn: as Q4_1 with s = d*sc, m = -dmin*mn
+    Q5_K  the same with 5-bit q       8 bits, stored q+128, scale s, offset -dmin*mn
+    Q6_K  w = (d*sc)*(q-32)           sub-blocks of 16 with int8 sc: 8 bits, stored q+96, scale d*sc
 
-Other types (K-quants, Q5_*, IQ*) raise UnsupportedType; the caller keeps that tensor in float.
+The offset form keeps 4 bits only when m + 8s is a float32 without rounding for every block of the
+tensor (the weight must stay bit for bit the GGUF's); otherwise the tensor takes 8 bits, q + 128 with
+offset m itself, which is exact always. Other types (Q2_K, Q3_K, Q5_0/1, IQ*) raise UnsupportedType;
+the caller keeps that tensor in float.
 """
 
 from __future__ import annotations
@@ -81,17 +87,21 @@ class BlockMatrix:
 
 # --- from a GGUF tensor's raw blocks --------------------------------------------------------------
 
-# type -> bytes per block of 32
+# type -> bytes per block of 32, and per K-quant super-block of 256
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-SUPPORTED_TYPES = tuple(_BLOCK_BYTES)
+SUPER = 256
+_SUPER_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+SUPPORTED_TYPES = (*_BLOCK_BYTES, *_SUPER_BYTES)
 
 
 def from_gguf(kind: str, raw: np.ndarray, n: int, k: int) -> BlockMatrix:
     """The GGUF tensor of type `kind` (raw bytes, rows of k values, n rows) as a BlockMatrix."""
+    if kind in _SUPER_BYTES:
+        return _from_k_quant(kind, _bytes(raw).reshape(n * k // SUPER, _SUPER_BYTES[kind]), n, k)
     if kind not in _BLOCK_BYTES:
         raise UnsupportedType(kind)
-    blocks = np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.uint8).reshape(n, k // BLOCK, _BLOCK_BYTES[kind])
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    blocks = _bytes(raw).reshape(n, k // BLOCK, _BLOCK_BYTES[kind])
+    d = _halves(blocks[..., 0:2])
     if kind == "Q8_0":
         q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         return BlockMatrix(kind, 8, BLOCK, q.reshape(n, k), d)
@@ -100,8 +110,58 @@ def from_gguf(kind: str, raw: np.ndarray, n: int, k: int) -> BlockMatrix:
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
     if kind == "Q4_0":
         return BlockMatrix(kind, 4, BLOCK, q, d)
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    return BlockMatrix(kind, 4, BLOCK, q, d, offsets=m + np.float32(8) * d)
+    return _with_offsets(kind, q, d, _halves(blocks[..., 2:4]), BLOCK)
+
+
+def _bytes(raw: np.ndarray) -> np.ndarray:
+    return np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.uint8)
+
+
+def _halves(pairs: np.ndarray) -> np.ndarray:
+    """float16 values stored as byte pairs [..., 2] -> float32 [...]."""
+    return np.ascontiguousarray(pairs).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _with_offsets(kind: str, q: np.ndarray, scales: np.ndarray, m: np.ndarray, block: int) -> BlockMatrix:
+    """w = scale*q + m per block (q unsigned): 4 bits with offset m + 8*scale when q fits 4 bits and that
+    offset is exact in float32 for every block, else 8 bits (q + 128) with offset m."""
+    n, k = q.shape
+    if q.max(initial=0) < 16:
+        exact = m.astype(np.float64) + 8 * scales.astype(np.float64)  # float64 holds it without rounding
+        if np.array_equal(exact.astype(np.float32).astype(np.float64), exact):
+            return BlockMatrix(kind, 4, block, q, scales, offsets=exact.astype(np.float32))
+    return BlockMatrix(kind, 8, block, (q.astype(np.uint16) + 128).astype(np.uint8), scales, offsets=m)
+
+
+def _from_k_quant(kind: str, blocks: np.ndarray, n: int, k: int) -> BlockMatrix:
+    """Super-blocks [n*k/256, bytes] of Q4_K, Q5_K or Q6_K (ggml's layouts) as a BlockMatrix."""
+    if kind == "Q6_K":  # ql 128 | qh 64 | scales 16 (int8) | d
+        ql, qh, sc, d = np.split(blocks, [128, 192, 208], axis=1)
+        low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+        high = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03
+        q = low.reshape(-1, SUPER) | (high.reshape(-1, SUPER) << 4)  # 6 bits, w = d*sc*(q - 32)
+        scales = _halves(d[:, None, :]) * sc.view(np.int8).astype(np.float32)  # [super, 16]
+        return BlockMatrix(kind, 8, 16, (q + 96).reshape(n, k), scales.reshape(n, k // 16))
+    # Q4_K: d | dmin | scales 12 | qs 128;  Q5_K: d | dmin | scales 12 | qh 32 | qs 128
+    d, dmin = _halves(blocks[:, 0:2])[:, None], _halves(blocks[:, 2:4])[:, None]
+    sc, mn = _scale_min(blocks[:, 4:16])
+    qs = blocks[:, -128:]
+    q = ((qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, SUPER)
+    if kind == "Q5_K":
+        qh = (blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+        q = q | (qh.reshape(-1, SUPER) << 4)
+    scales, m = d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))  # [super, 8]
+    return _with_offsets(kind, q.reshape(n, k), scales.reshape(n, k // BLOCK), m.reshape(n, k // BLOCK), BLOCK)
+
+
+def _scale_min(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit scales and mins of a Q4_K/Q5_K super-block (12 bytes): bytes 0-3 hold the low
+    6 bits of scales 0-3, bytes 4-7 of mins 0-3; scales and mins 4-7 take their low 4 bits from bytes
+    8-11 and their top 2 bits from the top of bytes 0-3 and 4-7."""
+    first, second, rest = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    sc = np.concatenate([first & 0x3F, (rest & 0x0F) | ((first >> 2) & 0x30)], axis=1)
+    mn = np.concatenate([second & 0x3F, (rest >> 4) | ((second >> 2) & 0x30)], axis=1)
+    return sc, mn
 
 
 # --- from float weights (--quantize): llama.cpp's Q4_0 / Q8_0 rounding -----------------------------

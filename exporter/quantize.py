@@ -83,10 +83,6 @@ def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_l
     model = onnx.load(str(source))
     fold_transposed_weights(model)
     plan = planner(weight_candidates(model))
-    for key, m in list(plan.matrices.items()):
-        if key.startswith("gather:") and m.offsets is not None:  # GatherBlockQuantized has no offset input
-            plan.kept_float[key] = (m.kind, f"embedding table {key[7:]} is {m.kind}, which GatherBlockQuantized cannot hold exactly: kept as float32")
-            del plan.matrices[key]
     matrices = {_initializer(k): v for k, v in plan.matrices.items()}
     tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}
     rewrite(model, matrices, tables, accuracy_level, siblings)
@@ -149,9 +145,9 @@ def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_
             group = groups.get(node.output[0])
             if group:  # the group is emitted where its first member was; the others are dropped
                 nodes += emit.matmuls(group, [matrices[n.input[1]] for n in group], accuracy_level)
-        elif parts and len({_layout(matrices[p]) for p in parts}) == 1:  # packed q|k|v: one MatMulNBits, no Split
-            nodes += emit.matmul(node, BlockMatrix.stack([matrices[p] for p in parts]), accuracy_level)
-        elif node.op_type == "Gather" and node.input[0] in tables and matrices[node.input[0]].offsets is None:
+        elif parts:  # packed q|k|v: one MatMulNBits, no Split (one per block layout, then a Concat, when they differ)
+            nodes += emit.packed(node, [matrices[p] for p in parts], accuracy_level)
+        elif node.op_type == "Gather" and node.input[0] in tables:
             nodes += emit.gather(node, matrices[node.input[0]])
         else:
             nodes.append(node)
@@ -195,7 +191,8 @@ class _Emitter:
         self._kept: list[BlockMatrix] = []
         self._blocksums: dict[tuple[str, int], str] = {}
         self._constants: dict[tuple, str] = {}
-        self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.value_info if v.type.tensor_type.HasField("shape")}
+        self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*graph.input, *graph.value_info]
+                       if v.type.tensor_type.HasField("shape")}
         self._taken = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
         self._names = 0
 
@@ -233,6 +230,26 @@ class _Emitter:
         sizes = self._constant([m.shape[0] for m in ms])
         split = helper.make_node("Split", [joined, sizes], [n.output[0] for n in nodes], name=self._name("split"), axis=-1)
         return self.matmul(fused, BlockMatrix.stack(ms), accuracy_level) + [split]
+
+    def packed(self, node, ms: list[BlockMatrix], accuracy_level: int) -> list:
+        """MatMul(x, Concat(parts)) as one MatMulNBits over the stacked parts; parts of different block
+        layouts (a GGUF may store v in another type than q and k) as one per run of a layout, concatenated."""
+        from onnx import helper
+
+        runs: list[list[BlockMatrix]] = []
+        for m in ms:
+            if runs and _layout(runs[-1][0]) == _layout(m):
+                runs[-1].append(m)
+            else:
+                runs.append([m])
+        if len(runs) == 1:
+            return self.matmul(node, BlockMatrix.stack(ms), accuracy_level)
+        outputs = [self._name(f"{node.output[0]}_part{i}") for i in range(len(runs))]
+        out = []
+        for run, y in zip(runs, outputs):
+            part = helper.make_node("MatMul", [node.input[0], self._name(node.input[1] + "_part")], [y], name=node.name)
+            out += self.matmul(part, BlockMatrix.stack(run), accuracy_level)
+        return out + [helper.make_node("Concat", outputs, [node.output[0]], name=self._name("concat"), axis=-1)]
 
     def matmul(self, node, m: BlockMatrix, accuracy_level: int) -> list:
         from onnx import helper
@@ -303,10 +320,28 @@ class _Emitter:
         n, k = m.shape
         blocks, scales, _ = self.arrays(m, table)
         flat, shape = self._name(table + "_rows"), self._add(np.array([n, k * m.bits // 8], np.int64), table + "_rowshape")
-        return [
+        rows = node.output[0] if m.offsets is None else self._name(node.output[0] + "_nbits")
+        out = [
             helper.make_node("Reshape", [blocks, shape], [flat]),
-            helper.make_node("GatherBlockQuantized", [flat, ids, scales], [node.output[0]], name=self._name(node.name or "gather"),
+            helper.make_node("GatherBlockQuantized", [flat, ids, scales], [rows], name=self._name(node.name or "gather"),
                              domain=MS_DOMAIN, gather_axis=0, quantize_axis=1, block_size=m.block, bits=m.bits),
+        ]
+        return out if m.offsets is None else out + self.row_offsets(rows, ids, m, table, node.output[0])
+
+    def row_offsets(self, rows: str, ids: str, m: BlockMatrix, table: str, y: str) -> list:
+        """Gathered rows [.., K] plus each row's block offsets (gathered from [V, K/block]), added per block:
+        scale*(q - zero) is exact in float32, so the one rounding of the Add gives the GGUF's value."""
+        from onnx import helper
+
+        n, k = m.shape
+        keep = [0] * self._ranks.get(ids, 2)  # Reshape's 0: the ids' dimensions as they are
+        offsets, grouped, spread, summed = (self._name(y + suffix) for suffix in ("_offsets", "_blocks", "_spread", "_sum"))
+        return [
+            helper.make_node("Gather", [self._add(m.offsets, table + "_row_offsets"), ids], [offsets], axis=0),
+            helper.make_node("Reshape", [rows, self._constant(keep + [k // m.block, m.block])], [grouped]),
+            helper.make_node("Unsqueeze", [offsets, self._constant([-1])], [spread]),
+            helper.make_node("Add", [grouped, spread], [summed]),
+            helper.make_node("Reshape", [summed, self._constant(keep + [k])], [y]),
         ]
 
 

@@ -16,6 +16,8 @@ from tiny_models import CHAT_TEMPLATE, VOCAB, tiny_tokenizer
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
 HEAD_DIM = HIDDEN // HEADS
+WIDE_HIDDEN, WIDE_FFN = 256, 512  # K-quants pack 256 values a block: every K must be a multiple of 256
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -23,60 +25,91 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tiny_llama_tensors(seed: int = 0, tied: bool = False) -> dict[str, np.ndarray]:
+def tiny_llama_tensors(seed: int = 0, tied: bool = False, hidden: int = HIDDEN, ffn: int = FFN) -> dict[str, np.ndarray]:
     """name -> float32 array in GGUF orientation ([N, K] for linear weights)."""
     rng = np.random.default_rng(seed)
-    scale = 4.0 / np.sqrt(HIDDEN)  # large enough that greedy output varies (as tiny_models does)
+    scale = 4.0 / np.sqrt(hidden)  # large enough that greedy output varies (as tiny_models does)
+    head_dim = hidden // HEADS
 
     def linear(n: int, k: int) -> np.ndarray:
         return (rng.standard_normal((n, k)) * scale).astype(np.float32)
 
-    tensors = {"token_embd.weight": linear(VOCAB, HIDDEN), "output_norm.weight": np.ones(HIDDEN, np.float32)}
+    tensors = {"token_embd.weight": linear(VOCAB, hidden), "output_norm.weight": np.ones(hidden, np.float32)}
     if not tied:
-        tensors["output.weight"] = linear(VOCAB, HIDDEN)
+        tensors["output.weight"] = linear(VOCAB, hidden)
     for i in range(LAYERS):
         b = f"blk.{i}."
         tensors |= {
-            b + "attn_norm.weight": (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32),
-            b + "ffn_norm.weight": (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32),
-            b + "attn_q.weight": _permute(linear(HEADS * HEAD_DIM, HIDDEN), HEADS),
-            b + "attn_k.weight": _permute(linear(KV_HEADS * HEAD_DIM, HIDDEN), KV_HEADS),
-            b + "attn_v.weight": linear(KV_HEADS * HEAD_DIM, HIDDEN),
-            b + "attn_output.weight": linear(HIDDEN, HEADS * HEAD_DIM),
-            b + "ffn_gate.weight": linear(FFN, HIDDEN),
-            b + "ffn_up.weight": linear(FFN, HIDDEN),
-            b + "ffn_down.weight": linear(HIDDEN, FFN),
+            b + "attn_norm.weight": (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32),
+            b + "ffn_norm.weight": (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32),
+            b + "attn_q.weight": _permute(linear(HEADS * head_dim, hidden), HEADS),
+            b + "attn_k.weight": _permute(linear(KV_HEADS * head_dim, hidden), KV_HEADS),
+            b + "attn_v.weight": linear(KV_HEADS * head_dim, hidden),
+            b + "attn_output.weight": linear(hidden, HEADS * head_dim),
+            b + "ffn_gate.weight": linear(ffn, hidden),
+            b + "ffn_up.weight": linear(ffn, hidden),
+            b + "ffn_down.weight": linear(hidden, ffn),
         }
     return tensors
 
 
-def write_tiny_gguf(path: Path, qtype: str, tied: bool = False, overrides: dict[str, str] | None = None, seed: int = 0) -> Path:
-    """Write the tiny Llama to PATH with every 2-D weight in `qtype` (overrides: tensor -> another type)."""
+def write_tiny_gguf(path: Path, qtype: str, tied: bool = False, overrides: dict[str, str] | None = None, seed: int = 0,
+                    wide: bool = False) -> Path:
+    """Write the tiny Llama to PATH with every 2-D weight in `qtype` (overrides: tensor -> another type).
+    wide: hidden 256 and FFN 512, which K-quants need; their blocks are random (`k_quant_blocks`)."""
     import gguf
     from gguf.quants import quantize
 
+    hidden, ffn = (WIDE_HIDDEN, WIDE_FFN) if wide else (HIDDEN, FFN)
+    rng = np.random.default_rng(seed + 1)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(256)
-    writer.add_embedding_length(HIDDEN)
+    writer.add_embedding_length(hidden)
     writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(FFN)
+    writer.add_feed_forward_length(ffn)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
-    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_dimension_count(hidden // HEADS)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(VOCAB)
     _add_tokenizer(writer)
-    for name, array in tiny_llama_tensors(seed, tied).items():
+    for name, array in tiny_llama_tensors(seed, tied, hidden, ffn).items():
         kind = (overrides or {}).get(name, qtype) if array.ndim == 2 else "F32"
         ggml = gguf.GGMLQuantizationType[kind]
-        data = array if kind == "F32" else quantize(array, ggml)
+        if kind in K_QUANTS:
+            data = k_quant_blocks(kind, *array.shape, rng)
+        else:
+            data = array if kind == "F32" else quantize(array, ggml)
         writer.add_tensor(name, data, raw_dtype=None if kind == "F32" else ggml)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def k_quant_blocks(kind: str, n: int, k: int, rng) -> np.ndarray:
+    """Random but well-formed K-quant blocks for an [n, k] weight (the gguf package cannot quantize to
+    K-quants), centred near zero with a spread like tiny_llama_tensors': uint8 [n, k / 256 * bytes].
+    Q4_K/Q5_K: w = d*sc*q - dmin*mn with mn = sc and dmin = (levels/2) d, so each sub-block is symmetric."""
+    supers = n * k // 256
+    d = rng.uniform(2e-3, 4e-3, supers) * {"Q4_K": 0.375, "Q5_K": 0.19, "Q6_K": 0.047}[kind]  # weights of std ~0.2
+    if kind == "Q6_K":  # ql 128 | qh 64 | int8 scales 16 | d
+        scales = rng.integers(-127, 128, (supers, 16)).astype(np.int8).view(np.uint8)
+        blocks = np.concatenate([rng.integers(0, 256, (supers, 192), dtype=np.uint8), scales, _fp16(d)], axis=1)
+    else:  # d | dmin | 12 bytes of 6-bit scales and mins | (Q5_K: qh 32) | qs 128
+        levels = 16 if kind == "Q4_K" else 32
+        sc = rng.integers(1, 64, (supers, 8)).astype(np.uint8)
+        packed = np.concatenate([(sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6), (sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6),
+                                 (sc[:, 4:] & 0x0F) | ((sc[:, 4:] & 0x0F) << 4)], axis=1)
+        quants = rng.integers(0, 256, (supers, 128 if kind == "Q4_K" else 160), dtype=np.uint8)
+        blocks = np.concatenate([_fp16(d), _fp16(d * (levels - 1) / 2), packed, quants], axis=1)
+    return blocks.reshape(n, -1)
+
+
+def _fp16(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
 def _add_tokenizer(writer) -> None:
