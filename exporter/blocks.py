@@ -11,13 +11,15 @@ graph as blocksum(x) @ offset.T (see quantize.py). GGUF types map without roundi
     Q4_0  w = d*(q-8)                 4 bits, scale d
     Q8_0  w = d*q      (q int8)       8 bits, stored q+128, scale d
     Q4_1  w = d*q + m                 4 bits, scale d, offset m + 8d   (d*q + m = d*(q-8) + (m+8d))
+    Q5_0  w = d*(q-16)                8 bits, stored q+112, scale d
+    Q5_1  w = d*q + m                 8 bits, stored q+128, scale d, offset m
     Q4_K  w = (d*sc)*q - dmin*mn      sub-blocks of 32 with 6-bit sc, mn: as Q4_1 with s = d*sc, m = -dmin*mn
     Q5_K  the same with 5-bit q       8 bits, stored q+128, scale s, offset -dmin*mn
     Q6_K  w = (d*sc)*(q-32)           sub-blocks of 16 with int8 sc: 8 bits, stored q+96, scale d*sc
 
 The offset form keeps 4 bits only when m + 8s is a float32 without rounding for every block of the
 tensor (the weight must stay bit for bit the GGUF's); otherwise the tensor takes 8 bits, q + 128 with
-offset m itself, which is exact always. Other types (Q2_K, Q3_K, Q5_0/1, IQ*) raise UnsupportedType;
+offset m itself, which is exact always. Other types (Q2_K, Q3_K, IQ*, ...) raise UnsupportedType;
 the caller keeps that tensor in float.
 """
 
@@ -88,7 +90,7 @@ class BlockMatrix:
 # --- from a GGUF tensor's raw blocks --------------------------------------------------------------
 
 # type -> bytes per block of 32, and per K-quant super-block of 256
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
 SUPER = 256
 _SUPER_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 SUPPORTED_TYPES = (*_BLOCK_BYTES, *_SUPER_BYTES)
@@ -105,11 +107,16 @@ def from_gguf(kind: str, raw: np.ndarray, n: int, k: int) -> BlockMatrix:
     if kind == "Q8_0":
         q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         return BlockMatrix(kind, 8, BLOCK, q.reshape(n, k), d)
-    start = 2 if kind == "Q4_0" else 4
-    qs = blocks[..., start:]  # [n, nb, 16]: element j in the low nibble, element j+16 in the high one
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
+    qs = blocks[..., -16:]  # [n, nb, 16]: element j in the low nibble, element j+16 in the high one
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    if kind in ("Q5_0", "Q5_1"):  # the fifth bit of element j is bit j of a little-endian uint32 before qs
+        high = np.ascontiguousarray(blocks[..., -20:-16]).view("<u4")
+        q = q | (((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4)
+    q = q.reshape(n, k)
     if kind == "Q4_0":
         return BlockMatrix(kind, 4, BLOCK, q, d)
+    if kind == "Q5_0":
+        return BlockMatrix(kind, 8, BLOCK, q + 112, d)
     return _with_offsets(kind, q, d, _halves(blocks[..., 2:4]), BLOCK)
 
 

@@ -17,7 +17,7 @@ from tiny_models import CHAT_TEMPLATE, VOCAB, tiny_tokenizer
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
 HEAD_DIM = HIDDEN // HEADS
 WIDE_HIDDEN, WIDE_FFN = 256, 512  # K-quants pack 256 values a block: every K must be a multiple of 256
-K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+K_QUANTS = ("Q3_K", "Q4_K", "Q5_K", "Q6_K")  # Q3_K: a type --weights gguf has no exact form for
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -94,8 +94,10 @@ def k_quant_blocks(kind: str, n: int, k: int, rng) -> np.ndarray:
     K-quants), centred near zero with a spread like tiny_llama_tensors': uint8 [n, k / 256 * bytes].
     Q4_K/Q5_K: w = d*sc*q - dmin*mn with mn = sc and dmin = (levels/2) d, so each sub-block is symmetric."""
     supers = n * k // 256
-    d = rng.uniform(2e-3, 4e-3, supers) * {"Q4_K": 0.375, "Q5_K": 0.19, "Q6_K": 0.047}[kind]  # weights of std ~0.2
-    if kind == "Q6_K":  # ql 128 | qh 64 | int8 scales 16 | d
+    d = rng.uniform(2e-3, 4e-3, supers) * {"Q3_K": 0.1, "Q4_K": 0.375, "Q5_K": 0.19, "Q6_K": 0.047}[kind]  # weights of std ~0.2
+    if kind == "Q3_K":  # hmask 32 | qs 64 | scales 12 | d
+        blocks = np.concatenate([rng.integers(0, 256, (supers, 108), dtype=np.uint8), _fp16(d)], axis=1)
+    elif kind == "Q6_K":  # ql 128 | qh 64 | int8 scales 16 | d
         scales = rng.integers(-127, 128, (supers, 16)).astype(np.int8).view(np.uint8)
         blocks = np.concatenate([rng.integers(0, 256, (supers, 192), dtype=np.uint8), scales, _fp16(d)], axis=1)
     else:  # d | dmin | 12 bytes of 6-bit scales and mins | (Q5_K: qh 32) | qs 128

@@ -22,7 +22,7 @@ gguf = pytest.importorskip("gguf", reason="GGUF sources need the `gguf` package:
 
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 
-TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+TYPES = ["Q4_0", "Q4_1", "Q8_0"]  # Q5_0/Q5_1 and the K-quants: test_export_gguf_kquants.py
 
 
 @dataclass
@@ -271,12 +271,12 @@ def test_default_accuracy_level_is_4(tmp_path, ort_session):
 def test_unsupported_type_stays_float_and_is_named(tmp_path):
     from jacobi_rt.exporter import ExportOptions, export
 
-    path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_0", overrides={"blk.0.ffn_down.weight": "Q5_0"})
+    path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_0", overrides={"blk.0.ffn_down.weight": "Q3_K"}, wide=True)
     lines = []
     manifest = export(str(path), tmp_path / "art", ExportOptions(weights="gguf", inplace=False), step=lines.append)
-    assert any("Q5_0" in line and "blk.0.ffn_down.weight" in line for line in lines), lines
+    assert any("Q3_K" in line and "blk.0.ffn_down.weight" in line for line in lines), lines
     weights = manifest.check["weights"]
-    assert weights["kept_float"] == {"Q5_0": 1}
+    assert weights["kept_float"] == {"Q3_K": 1}
     graph = onnx.load(str(tmp_path / "art" / "model.onnx")).graph
     stored = {i.name for i in graph.initializer}
     assert len([n for n in graph.node if n.op_type == "MatMul" and n.input[1] in stored]) == 1  # Q4_0 has no offset MatMuls

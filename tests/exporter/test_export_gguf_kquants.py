@@ -1,5 +1,5 @@
-"""--weights gguf on K-quants (Q4_K, Q5_K, Q6_K): the blocks decoded bit for bit as the `gguf` package
-dequantizes them, and a Q4_K_M-like file (types mixed within a layer) exported whole.
+"""--weights gguf on K-quants (Q4_K, Q5_K, Q6_K) and Q5_0/Q5_1: the blocks decoded bit for bit as the
+`gguf` package dequantizes them, and a Q4_K_M-like file (types mixed within a layer) exported whole.
 
 K-quants pack 256 values a block, so the end-to-end file is tiny_gguf's wide Llama (hidden 256,
 FFN 512) with random well-formed blocks (the gguf package cannot quantize to K-quants).
@@ -27,6 +27,21 @@ def test_k_quant_blocks_decode_bit_for_bit_as_gguf_dequantizes(kind):
     want = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(6, 512).astype(np.float32)
     blocks = from_gguf(kind, raw, 6, 512)
     assert (blocks.bits, blocks.block) == {"Q4_K": (4, 32), "Q5_K": (8, 32), "Q6_K": (8, 16)}[kind]
+    assert np.array_equal(blocks.dequantize().view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "Q5_1"])
+def test_five_bit_blocks_decode_bit_for_bit_as_gguf_dequantizes(kind):
+    """What llama.cpp's Q4_K_M recipe falls back to where a row is not a multiple of 256 (SmolLM2's 576)."""
+    from gguf.quants import dequantize, quantize
+
+    from jacobi_rt.exporter.blocks import from_gguf
+
+    ggml = gguf.GGMLQuantizationType[kind]
+    raw = quantize(np.random.default_rng(3).standard_normal((5, 576)).astype(np.float32), ggml)
+    want = dequantize(raw, ggml).reshape(5, 576).astype(np.float32)
+    blocks = from_gguf(kind, raw, 5, 576)
+    assert (blocks.bits, blocks.offsets is None) == (8, kind == "Q5_0")
     assert np.array_equal(blocks.dequantize().view(np.uint32), want.view(np.uint32))
 
 
