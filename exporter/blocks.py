@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BLOCK = 32  # the block of Q4_0, Q4_1 and Q8_0 along K
+BLOCK = 32  # the block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the sub-blocks of Q4_K, Q5_K along K
 
 
 class UnsupportedType(Exception):

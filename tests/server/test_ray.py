@@ -177,7 +177,9 @@ def test_killing_a_replica_mid_load_fails_only_its_requests_and_ray_restarts_it(
             or "APIConnectionError" in text or "APIStatusError" in text, text
     print("non-streamed requests:", whole_outcomes)
     for prompt, (status, text, replica) in zip(prompts, outcomes):
-        if replica != victim:
+        if replica is None:  # refused before its headers: it may have been queued on the victim (a slow machine queues more)
+            assert "InternalServerError" in text or "APIConnectionError" in text or "APIStatusError" in text, text
+        elif replica != victim:
             assert status == "ok", text  # every request on the other replica completes
             assert text.startswith(expected[prompt])  # 24 tokens: the first 8 are the reference's
         else:
@@ -187,7 +189,7 @@ def test_killing_a_replica_mid_load_fails_only_its_requests_and_ray_restarts_it(
     print("the killed replica's clients saw:", [text for status, text, _ in outcomes if status == "failed"][:2])
 
     # Ray starts a new replica in its place: two replicas answer again, the victim not among them
-    survivor = next(replica for _, _, replica in outcomes if replica != victim)
+    survivor = next(replica for _, _, replica in outcomes if replica not in (victim, None))
     seen: set[str] = set()
     end = time.monotonic() + 120
     with ThreadPoolExecutor(4) as clients:
