@@ -16,10 +16,12 @@ graph as blocksum(x) @ offset.T (see quantize.py). GGUF types map without roundi
     Q4_K  w = (d*sc)*q - dmin*mn      sub-blocks of 32 with 6-bit sc, mn: as Q4_1 with s = d*sc, m = -dmin*mn
     Q5_K  the same with 5-bit q       8 bits, stored q+128, scale s, offset -dmin*mn
     Q6_K  w = (d*sc)*(q-32)           sub-blocks of 16 with int8 sc: 8 bits, stored q+96, scale d*sc
+    Q3_K  w = (d*sc)*q, q in [-4, 3]  sub-blocks of 16 with 6-bit signed sc: 4 bits, stored q+8
+    Q2_K  w = (d*sc)*q - dmin*mn      sub-blocks of 16 with 4-bit sc, mn, 2-bit q: Q4_1's form in blocks of 16
 
 The offset form keeps 4 bits only when m + 8s is a float32 without rounding for every block of the
 tensor (the weight must stay bit for bit the GGUF's); otherwise the tensor takes 8 bits, q + 128 with
-offset m itself, which is exact always. Other types (Q2_K, Q3_K, IQ*, ...) raise UnsupportedType;
+offset m itself, which is exact always. Other types (IQ*, TQ*, ...) raise UnsupportedType;
 the caller keeps that tensor in float.
 """
 
@@ -92,7 +94,7 @@ class BlockMatrix:
 # type -> bytes per block of 32, and per K-quant super-block of 256
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
 SUPER = 256
-_SUPER_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+_SUPER_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 SUPPORTED_TYPES = (*_BLOCK_BYTES, *_SUPER_BYTES)
 
 
@@ -141,7 +143,9 @@ def _with_offsets(kind: str, q: np.ndarray, scales: np.ndarray, m: np.ndarray, b
 
 
 def _from_k_quant(kind: str, blocks: np.ndarray, n: int, k: int) -> BlockMatrix:
-    """Super-blocks [n*k/256, bytes] of Q4_K, Q5_K or Q6_K (ggml's layouts) as a BlockMatrix."""
+    """Super-blocks [n*k/256, bytes] of a K-quant (ggml's layouts) as a BlockMatrix."""
+    if kind in ("Q2_K", "Q3_K"):
+        return _from_small_k_quant(kind, blocks, n, k)
     if kind == "Q6_K":  # ql 128 | qh 64 | scales 16 (int8) | d
         ql, qh, sc, d = np.split(blocks, [128, 192, 208], axis=1)
         low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
@@ -159,6 +163,25 @@ def _from_k_quant(kind: str, blocks: np.ndarray, n: int, k: int) -> BlockMatrix:
         q = q | (qh.reshape(-1, SUPER) << 4)
     scales, m = d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))  # [super, 8]
     return _with_offsets(kind, q.reshape(n, k), scales.reshape(n, k // BLOCK), m.reshape(n, k // BLOCK), BLOCK)
+
+
+def _from_small_k_quant(kind: str, blocks: np.ndarray, n: int, k: int) -> BlockMatrix:
+    """Q2_K (scales 16 | qs 64 | d | dmin) and Q3_K (hmask 32 | qs 64 | scales 12 | d): sub-blocks of 16,
+    each 2-bit field of qs holding element i of sub-blocks j, j+4, j+8, j+12 of its half."""
+    qs = blocks[:, 16:80] if kind == "Q2_K" else blocks[:, 32:96]
+    low = ((qs.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03).reshape(-1, SUPER)
+    if kind == "Q2_K":
+        d, dmin = _halves(blocks[:, 80:82])[:, None], _halves(blocks[:, 82:84])[:, None]
+        scales, m = d * (blocks[:, :16] & 0x0F).astype(np.float32), -(dmin * (blocks[:, :16] >> 4).astype(np.float32))
+        return _with_offsets(kind, low.reshape(n, k), scales.reshape(n, k // 16), m.reshape(n, k // 16), 16)
+    high = ((blocks[:, :32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1).reshape(-1, SUPER)
+    q = low + 4 * high  # the signed value q - 4 (a clear mask bit subtracts 4), stored with zero 8: q + 4
+    packed = blocks[:, 96:108]  # 16 6-bit scales: low nibbles from bytes 0-7, top 2 bits from bytes 8-11
+    low_bits = (packed[:, :8, None] >> np.array([0, 4], np.uint8)).transpose(0, 2, 1).reshape(-1, 16) & 0x0F
+    top_bits = (packed[:, 8:, None] >> np.array([0, 2, 4, 6], np.uint8)).transpose(0, 2, 1).reshape(-1, 16) & 0x03
+    sc = (low_bits | (top_bits << 4)).astype(np.float32) - 32
+    scales = _halves(blocks[:, 108:110])[:, None] * sc
+    return BlockMatrix(kind, 4, 16, (q + 4).reshape(n, k).astype(np.uint8), scales.reshape(n, k // 16))
 
 
 def _scale_min(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ from tiny_models import CHAT_TEMPLATE, VOCAB, tiny_tokenizer
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
 HEAD_DIM = HIDDEN // HEADS
 WIDE_HIDDEN, WIDE_FFN = 256, 512  # K-quants pack 256 values a block: every K must be a multiple of 256
-K_QUANTS = ("Q3_K", "Q4_K", "Q5_K", "Q6_K")  # Q3_K: a type --weights gguf has no exact form for
+RAW_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL")  # written as random blocks (k_quant_blocks)
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -77,7 +77,7 @@ def write_tiny_gguf(path: Path, qtype: str, tied: bool = False, overrides: dict[
     for name, array in tiny_llama_tensors(seed, tied, hidden, ffn).items():
         kind = (overrides or {}).get(name, qtype) if array.ndim == 2 else "F32"
         ggml = gguf.GGMLQuantizationType[kind]
-        if kind in K_QUANTS:
+        if kind in RAW_TYPES:
             data = k_quant_blocks(kind, *array.shape, rng)
         else:
             data = array if kind == "F32" else quantize(array, ggml)
@@ -90,12 +90,19 @@ def write_tiny_gguf(path: Path, qtype: str, tied: bool = False, overrides: dict[
 
 
 def k_quant_blocks(kind: str, n: int, k: int, rng) -> np.ndarray:
-    """Random but well-formed K-quant blocks for an [n, k] weight (the gguf package cannot quantize to
-    K-quants), centred near zero with a spread like tiny_llama_tensors': uint8 [n, k / 256 * bytes].
-    Q4_K/Q5_K: w = d*sc*q - dmin*mn with mn = sc and dmin = (levels/2) d, so each sub-block is symmetric."""
+    """Random but well-formed blocks for an [n, k] weight in a type the gguf package cannot quantize to
+    (K-quants; IQ4_NL, a type --weights gguf has no exact form for), centred near zero with a spread
+    like tiny_llama_tensors': uint8 [n, k / values-per-block * bytes]. Where a type has mins
+    (w = d*sc*q - dmin*mn), mn = sc and dmin is half the levels times d, so each sub-block is symmetric."""
+    if kind == "IQ4_NL":  # blocks of 32: d | 16 bytes of indices into a fixed table
+        d = rng.uniform(2e-3, 4e-3, n * k // 32) * 1.0
+        return np.concatenate([_fp16(d), rng.integers(0, 256, (n * k // 32, 16), dtype=np.uint8)], axis=1).reshape(n, -1)
     supers = n * k // 256
-    d = rng.uniform(2e-3, 4e-3, supers) * {"Q3_K": 0.1, "Q4_K": 0.375, "Q5_K": 0.19, "Q6_K": 0.047}[kind]  # weights of std ~0.2
-    if kind == "Q3_K":  # hmask 32 | qs 64 | scales 12 | d
+    d = rng.uniform(2e-3, 4e-3, supers) * {"Q2_K": 6.0, "Q3_K": 1.3, "Q4_K": 0.375, "Q5_K": 0.19, "Q6_K": 0.047}[kind]  # std ~0.2
+    if kind == "Q2_K":  # scales 16 (sc low nibble, mn high) | qs 64 | d | dmin
+        sc = rng.integers(1, 16, (supers, 16)).astype(np.uint8)
+        blocks = np.concatenate([sc | (sc << 4), rng.integers(0, 256, (supers, 64), dtype=np.uint8), _fp16(d), _fp16(1.5 * d)], axis=1)
+    elif kind == "Q3_K":  # hmask 32 | qs 64 | scales 12 | d
         blocks = np.concatenate([rng.integers(0, 256, (supers, 108), dtype=np.uint8), _fp16(d)], axis=1)
     elif kind == "Q6_K":  # ql 128 | qh 64 | int8 scales 16 | d
         scales = rng.integers(-127, 128, (supers, 16)).astype(np.int8).view(np.uint8)

@@ -271,12 +271,12 @@ def test_default_accuracy_level_is_4(tmp_path, ort_session):
 def test_unsupported_type_stays_float_and_is_named(tmp_path):
     from jacobi_rt.exporter import ExportOptions, export
 
-    path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_0", overrides={"blk.0.ffn_down.weight": "Q3_K"}, wide=True)
+    path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_0", overrides={"blk.0.ffn_down.weight": "IQ4_NL"})
     lines = []
     manifest = export(str(path), tmp_path / "art", ExportOptions(weights="gguf", inplace=False), step=lines.append)
-    assert any("Q3_K" in line and "blk.0.ffn_down.weight" in line for line in lines), lines
+    assert any("IQ4_NL" in line and "blk.0.ffn_down.weight" in line for line in lines), lines
     weights = manifest.check["weights"]
-    assert weights["kept_float"] == {"Q3_K": 1}
+    assert weights["kept_float"] == {"IQ4_NL": 1}
     graph = onnx.load(str(tmp_path / "art" / "model.onnx")).graph
     stored = {i.name for i in graph.initializer}
     assert len([n for n in graph.node if n.op_type == "MatMul" and n.input[1] in stored]) == 1  # Q4_0 has no offset MatMuls

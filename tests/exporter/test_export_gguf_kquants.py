@@ -1,4 +1,4 @@
-"""--weights gguf on K-quants (Q4_K, Q5_K, Q6_K) and Q5_0/Q5_1: the blocks decoded bit for bit as the
+"""--weights gguf on K-quants (Q2_K to Q6_K) and Q5_0/Q5_1: the blocks decoded bit for bit as the
 `gguf` package dequantizes them, and a Q4_K_M-like file (types mixed within a layer) exported whole.
 
 K-quants pack 256 values a block, so the end-to-end file is tiny_gguf's wide Llama (hidden 256,
@@ -17,7 +17,7 @@ from test_export_gguf import gguf_dequantized, read_blocks  # noqa: E402
 from tiny_gguf import k_quant_blocks, write_tiny_gguf  # noqa: E402
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
 def test_k_quant_blocks_decode_bit_for_bit_as_gguf_dequantizes(kind):
     from gguf.quants import dequantize
 
@@ -26,7 +26,7 @@ def test_k_quant_blocks_decode_bit_for_bit_as_gguf_dequantizes(kind):
     raw = k_quant_blocks(kind, 6, 512, np.random.default_rng(7))
     want = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(6, 512).astype(np.float32)
     blocks = from_gguf(kind, raw, 6, 512)
-    assert (blocks.bits, blocks.block) == {"Q4_K": (4, 32), "Q5_K": (8, 32), "Q6_K": (8, 16)}[kind]
+    assert (blocks.bits, blocks.block) == {"Q2_K": (4, 16), "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (8, 32), "Q6_K": (8, 16)}[kind]
     assert np.array_equal(blocks.dequantize().view(np.uint32), want.view(np.uint32))
 
 
@@ -63,9 +63,11 @@ def test_an_offset_float32_cannot_hold_takes_8_bits_and_stays_exact():
     assert np.array_equal(blocks.dequantize().view(np.uint32), want.view(np.uint32))
 
 
-# Q4_K_M's mix: Q4_K by default, Q6_K for v, the LM head and half the down projections; one Q5_K
+# Q4_K_M's mix: Q4_K by default, Q6_K for v, the LM head and half the down projections; one each of
+# Q5_K, Q3_K (4 bits in blocks of 16) and Q2_K (4 bits with offsets in blocks of 16)
 MIX = {"blk.0.attn_v.weight": "Q6_K", "blk.1.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K",
-       "output.weight": "Q6_K", "blk.1.attn_output.weight": "Q5_K"}
+       "output.weight": "Q6_K", "blk.1.attn_output.weight": "Q5_K", "blk.0.attn_output.weight": "Q3_K",
+       "blk.1.ffn_down.weight": "Q2_K"}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +84,7 @@ def test_a_q4_k_m_file_keeps_every_block_and_records_its_types(mixed):
     weights = manifest.check["weights"]
     assert manifest.quantization == "gguf" and weights["exact"] and weights["accuracy_level"] == 4
     # 14 layer weights, the LM head and the embedding table (a Gather plus its rows' block offsets): none left float
-    assert weights["tensor_types"] == {"Q4_K": 11, "Q6_K": 4, "Q5_K": 1}
+    assert weights["tensor_types"] == {"Q4_K": 9, "Q6_K": 4, "Q5_K": 1, "Q3_K": 1, "Q2_K": 1}
     assert weights["kept_float"] == {}
     assert 0.5 <= manifest.check["gguf_vs_fp"]["agreement"] <= 1  # int8 activations: close, not exact
 

@@ -12,7 +12,7 @@ import click
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Artifact folder to write (e.g. build/smollm2-135m).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True, help="Weights and KV cache precision. fp16 is for GPUs.")
 @click.option("--quantize", type=click.Choice(["int8", "int4"]), default=None, help="Round the MatMul weights to int4 or int8 blocks of 32 (onnxruntime MatMulNBits): faster on CPU; checked against the float graph.")
-@click.option("--weights", type=click.Choice(["float", "gguf"]), default="float", show_default=True, help="gguf (for a .gguf MODEL): keep the file's own quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as MatMulNBits, exactly; other tensor types stay float32. float: dequantize every weight (what TensorRT builds from).")
+@click.option("--weights", type=click.Choice(["float", "gguf"]), default="float", show_default=True, help="gguf (for a .gguf MODEL): keep the file's own quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K) as MatMulNBits, exactly; other tensor types stay float32. float: dequantize every weight (what TensorRT builds from).")
 @click.option("--accuracy-level", type=click.Choice(["0", "4"]), default="4", show_default=True, help="MatMulNBits' activations with --quantize or --weights gguf: 4 = int8 per block (fast), 0 = float (slower, closer to the float graph).")
 @click.option("--max-context", type=click.IntRange(min=1), default=None, help="Longest sequence (prompt + output) the artifact will serve. Default: the model's maximum.")
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset.")
