@@ -110,11 +110,9 @@ def from_gguf(kind: str, raw: np.ndarray, n: int, k: int) -> BlockMatrix:
         q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         return BlockMatrix(kind, 8, BLOCK, q.reshape(n, k), d)
     qs = blocks[..., -16:]  # [n, nb, 16]: element j in the low nibble, element j+16 in the high one
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-    if kind in ("Q5_0", "Q5_1"):  # the fifth bit of element j is bit j of a little-endian uint32 before qs
-        high = np.ascontiguousarray(blocks[..., -20:-16]).view("<u4")
-        q = q | (((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4)
-    q = q.reshape(n, k)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
+    if kind in ("Q5_0", "Q5_1"):  # the fifth bit of element j is bit j of the 4 bytes before qs (little-endian)
+        q = q | (_unpack(blocks[..., -20:-16].reshape(-1, 4), 1, range(8), 1).reshape(n, k) << 4)
     if kind == "Q4_0":
         return BlockMatrix(kind, 4, BLOCK, q, d)
     if kind == "Q5_0":
@@ -124,6 +122,14 @@ def from_gguf(kind: str, raw: np.ndarray, n: int, k: int) -> BlockMatrix:
 
 def _bytes(raw: np.ndarray) -> np.ndarray:
     return np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.uint8)
+
+
+def _unpack(fields: np.ndarray, width: int, shifts, mask: int) -> np.ndarray:
+    """ggml's bit planes: each run of `width` bytes of a row holds one field per shift (a field's bits
+    at that shift), the runs' shifts in turn: [rows, bytes] -> [rows, bytes * len(shifts)], in order
+    run, shift, byte."""
+    shifts = np.asarray(list(shifts), np.uint8)[:, None]
+    return ((fields.reshape(len(fields), -1, 1, width) >> shifts) & mask).reshape(len(fields), -1)
 
 
 def _halves(pairs: np.ndarray) -> np.ndarray:
@@ -148,19 +154,15 @@ def _from_k_quant(kind: str, blocks: np.ndarray, n: int, k: int) -> BlockMatrix:
         return _from_small_k_quant(kind, blocks, n, k)
     if kind == "Q6_K":  # ql 128 | qh 64 | scales 16 (int8) | d
         ql, qh, sc, d = np.split(blocks, [128, 192, 208], axis=1)
-        low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
-        high = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03
-        q = low.reshape(-1, SUPER) | (high.reshape(-1, SUPER) << 4)  # 6 bits, w = d*sc*(q - 32)
+        q = _unpack(ql, 64, (0, 4), 0x0F) | (_unpack(qh, 32, (0, 2, 4, 6), 0x03) << 4)  # 6 bits, w = d*sc*(q - 32)
         scales = _halves(d[:, None, :]) * sc.view(np.int8).astype(np.float32)  # [super, 16]
         return BlockMatrix(kind, 8, 16, (q + 96).reshape(n, k), scales.reshape(n, k // 16))
     # Q4_K: d | dmin | scales 12 | qs 128;  Q5_K: d | dmin | scales 12 | qh 32 | qs 128
     d, dmin = _halves(blocks[:, 0:2])[:, None], _halves(blocks[:, 2:4])[:, None]
     sc, mn = _scale_min(blocks[:, 4:16])
-    qs = blocks[:, -128:]
-    q = ((qs.reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(-1, SUPER)
+    q = _unpack(blocks[:, -128:], 32, (0, 4), 0x0F)
     if kind == "Q5_K":
-        qh = (blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
-        q = q | (qh.reshape(-1, SUPER) << 4)
+        q = q | (_unpack(blocks[:, 16:48], 32, range(8), 1) << 4)
     scales, m = d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))  # [super, 8]
     return _with_offsets(kind, q.reshape(n, k), scales.reshape(n, k // BLOCK), m.reshape(n, k // BLOCK), BLOCK)
 
@@ -169,17 +171,16 @@ def _from_small_k_quant(kind: str, blocks: np.ndarray, n: int, k: int) -> BlockM
     """Q2_K (scales 16 | qs 64 | d | dmin) and Q3_K (hmask 32 | qs 64 | scales 12 | d): sub-blocks of 16,
     each 2-bit field of qs holding element i of sub-blocks j, j+4, j+8, j+12 of its half."""
     qs = blocks[:, 16:80] if kind == "Q2_K" else blocks[:, 32:96]
-    low = ((qs.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03).reshape(-1, SUPER)
+    low = _unpack(qs, 32, (0, 2, 4, 6), 0x03)
     if kind == "Q2_K":
         d, dmin = _halves(blocks[:, 80:82])[:, None], _halves(blocks[:, 82:84])[:, None]
         scales, m = d * (blocks[:, :16] & 0x0F).astype(np.float32), -(dmin * (blocks[:, :16] >> 4).astype(np.float32))
         return _with_offsets(kind, low.reshape(n, k), scales.reshape(n, k // 16), m.reshape(n, k // 16), 16)
-    high = ((blocks[:, :32].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1).reshape(-1, SUPER)
-    q = low + 4 * high  # the signed value q - 4 (a clear mask bit subtracts 4), stored with zero 8: q + 4
+    # the signed value is q - 4 (a clear mask bit subtracts 4), stored with zero 8 as q + 4
+    q = low + 4 * _unpack(blocks[:, :32], 32, range(8), 1)
     packed = blocks[:, 96:108]  # 16 6-bit scales: low nibbles from bytes 0-7, top 2 bits from bytes 8-11
-    low_bits = (packed[:, :8, None] >> np.array([0, 4], np.uint8)).transpose(0, 2, 1).reshape(-1, 16) & 0x0F
-    top_bits = (packed[:, 8:, None] >> np.array([0, 2, 4, 6], np.uint8)).transpose(0, 2, 1).reshape(-1, 16) & 0x03
-    sc = (low_bits | (top_bits << 4)).astype(np.float32) - 32
+    sc = _unpack(packed[:, :8], 8, (0, 4), 0x0F) | (_unpack(packed[:, 8:], 4, (0, 2, 4, 6), 0x03) << 4)
+    sc = sc.astype(np.float32) - 32
     scales = _halves(blocks[:, 108:110])[:, None] * sc
     return BlockMatrix(kind, 4, 16, (q + 4).reshape(n, k).astype(np.uint8), scales.reshape(n, k // 16))
 

@@ -22,6 +22,7 @@ file's own blocks (`gguf_weights.py`) or from rounding the floats (`--quantize`)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Callable
 
@@ -236,12 +237,7 @@ class _Emitter:
         layouts (a GGUF may store v in another type than q and k) as one per run of a layout, concatenated."""
         from onnx import helper
 
-        runs: list[list[BlockMatrix]] = []
-        for m in ms:
-            if runs and _layout(runs[-1][0]) == _layout(m):
-                runs[-1].append(m)
-            else:
-                runs.append([m])
+        runs = [list(run) for _, run in groupby(ms, key=_layout)]
         if len(runs) == 1:
             return self.matmul(node, BlockMatrix.stack(ms), accuracy_level)
         outputs = [self._name(f"{node.output[0]}_part{i}") for i in range(len(runs))]

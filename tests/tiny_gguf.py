@@ -110,8 +110,8 @@ def k_quant_blocks(kind: str, n: int, k: int, rng) -> np.ndarray:
     else:  # d | dmin | 12 bytes of 6-bit scales and mins | (Q5_K: qh 32) | qs 128
         levels = 16 if kind == "Q4_K" else 32
         sc = rng.integers(1, 64, (supers, 8)).astype(np.uint8)
-        packed = np.concatenate([(sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6), (sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6),
-                                 (sc[:, 4:] & 0x0F) | ((sc[:, 4:] & 0x0F) << 4)], axis=1)
+        first = (sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6)  # scales 0-3 and the top bits of 4-7; the mins, equal, alike
+        packed = np.concatenate([first, first, (sc[:, 4:] & 0x0F) | ((sc[:, 4:] & 0x0F) << 4)], axis=1)
         quants = rng.integers(0, 256, (supers, 128 if kind == "Q4_K" else 160), dtype=np.uint8)
         blocks = np.concatenate([_fp16(d), _fp16(d * (levels - 1) / 2), packed, quants], axis=1)
     return blocks.reshape(n, -1)

@@ -113,9 +113,7 @@ class OrtInplaceContext(BackendContext):
     @property
     def length(self) -> int:
         """The committed entries of a batch whose rows are equally long (see `lengths` otherwise)."""
-        if self.batch == 1:
-            return int(self.lengths[0])
-        if (self.lengths != self.lengths[0]).any():
+        if self.batch > 1 and (self.lengths != self.lengths[0]).any():
             raise BackendError(f"the rows have different lengths {self.lengths.tolist()}; read `lengths`")
         return int(self.lengths[0])
 
