@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import typing
 from dataclasses import asdict, dataclass, replace
@@ -50,6 +51,7 @@ class Stats:
     decode_tokens_per_second: float  # new tokens / (wall - prefill)
     proposer: dict  # the proposer's counters: guesses proposed and accepted (by source), draft passes and time
     seed: int | None = None  # the sampling seed (drawn when none was given); None when decoding greedily
+    exactness: str = ""  # how this CPU keeps windows exact (runtime/backends/exact_rows.py): native, padded, greedy, ...
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,6 +82,7 @@ class Request:
     jacobi_tail: bool  # speculative: the target's predictions past a rejected guess seed the draft's next pass
     sampling: SamplingParams = SamplingParams()
     config: DecodingConfig = DEFAULTS  # the generator's, with the request's overrides
+    exactness: str = ""  # the backend's exact_rows mode when the request was made
 
 
 class TextStream:
@@ -134,6 +137,8 @@ class Generator:
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
         self.arm_history = ArmHistory(self.config.auto_max_sit_out)  # `auto` remembers across calls which arms lost
         self.engine: BatchEngine | None = None  # continuous batching (start_engine): every call shares its passes
+        if not backend.rows.exact_windows:
+            logging.getLogger("jacobi_rt").warning("%s (%s)", backend.rows.line(), self.manifest.source.get("name", "artifact"))
 
     @property
     def limits(self) -> BackendLimits:
@@ -357,6 +362,8 @@ class Generator:
         window = overrides.pop("window", None) if window is None else window
         jacobi_tail = overrides.pop("jacobi_tail", None) if jacobi_tail is None else jacobi_tail
         decoding = self.config.with_overrides(overrides, per_request=True)
+        if not self.backend.rows.exact_windows:  # no window is exact on this CPU (exact_rows.py): decode greedily
+            strategy, window, jacobi_tail = "greedy", None, None
         adaptive = strategy == "jacobi" and window is None and decoding.window is None
         window = self._window(strategy, window, decoding)
         tail = self._jacobi_tail(strategy, jacobi_tail, decoding)
@@ -370,6 +377,7 @@ class Generator:
             jacobi_tail=tail,
             sampling=_sampling_params(sampling),
             config=replace(decoding, window=window, jacobi_tail=tail),
+            exactness=self.backend.rows.mode,
         )
 
     def _overrides(self, config: Overrides) -> dict[str, Any]:
@@ -605,6 +613,7 @@ def _stats(request: Request, progress: Progress, new_tokens: int, started: float
         overhead_share=round(max(wall - session, 0.0) / wall, 4) if wall > 0 else 0.0,
         decode_tokens_per_second=round(max(new_tokens - 1, 0) / decode_seconds, 2),
         proposer=dict(proposer),
+        exactness=request.exactness,
     )
 
 

@@ -233,7 +233,8 @@ def _model_card(server: Server) -> dict:
     return {"id": server.settings.model_id, "object": "model", "created": server.created, "owned_by": "jacobi-rt",
             "jacobi": {"family": manifest.architecture.family, "max_context": limits.max_context, "max_window": limits.max_window,
                        "dtype": manifest.dtype, "quantization": manifest.quantization,
-                       "draft": server.generator.draft is not None, "default_strategy": server.settings.default_strategy}}
+                       "draft": server.generator.draft is not None, "default_strategy": server.settings.default_strategy,
+                       "exactness": server.generator.backend.rows.mode}}
 
 
 def _api_key_check(key: str | None) -> Callable:

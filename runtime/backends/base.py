@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import BackendError
 from ..manifest import Manifest
+from .exact_rows import UNCHECKED, RowsCheck
 
 
 PREFILL_CHUNK = 256  # prompt tokens per prefill pass, unless a backend's limits allow fewer
@@ -56,6 +57,7 @@ class BackendContext(ABC):
     capacity: int  # KV entries the buffers hold
     length: int  # committed KV entries
     pending: int  # window entries of the last forward, not yet committed
+    padding: int = 0  # entries the last forward wrote past its window (a pad row: exact_rows.py), never committed
     session_seconds: float  # time spent inside the device runs
 
     @abstractmethod
@@ -115,6 +117,9 @@ class Backend(ABC):
 
     name: str
     manifest: Manifest
+    rows: RowsCheck = RowsCheck(UNCHECKED)  # how this CPU keeps windows exact (exact_rows.py)
+    pad_rows: bool = False  # whether passes that would leave a one-row MatMulNBits tile get a pad row
+    spare_entries: int = 0  # cache entries past a context's capacity that a pass may write
 
     @property
     def limits(self) -> BackendLimits:

@@ -123,12 +123,12 @@ class DeviceKVContext(BackendContext):
     def commit(self, n: int) -> None:
         if not 0 <= n <= self.pending:
             raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
-        old, self.pending = self.length + self.pending, 0
+        old, self.pending = self.length + self.pending + self.padding, 0
         self._keep(old, [(0, self.length + n)])
 
     def commit_rows(self, rows: list[int]) -> None:
         runs = kept_runs(self.length, self.pending, rows)
-        old, self.pending = self.length + self.pending, 0
+        old, self.pending = self.length + self.pending + self.padding, 0
         self._keep(old, runs)
 
     def trim(self, length: int) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import BackendError
 from ..spec import kv_inputs, kv_outputs
 from .base import BackendContext, StepOutput
+from .exact_rows import one_row_tile, pad
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -58,7 +59,7 @@ def zeroed_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 class OrtInplaceContext(BackendContext):
     def __init__(self, backend, capacity: int, batch: int):
-        from .onnxrt import _binders, attention_extra_row
+        from .onnxrt import _binders
 
         arch = backend.manifest.architecture
         self.backend = backend
@@ -69,12 +70,12 @@ class OrtInplaceContext(BackendContext):
         self.vocab = arch.vocab_size
         dtype = DTYPES[backend.manifest.dtype]
         # Zeroed, not np.empty: the graph may read the whole capacity (masked), and garbage could be NaN.
-        # One spare entry when the attention writes an extra row past each window (onnxrt.attention_extra_row).
-        spare = 1 if attention_extra_row(backend.manifest) else 0
+        # Spare entries for what a pass writes past its window: the extra attention row, a pad row.
+        spare = backend.spare_entries
         self._kv = zeroed_pages((2 * arch.num_layers, batch, arch.kv_heads, capacity + spare, arch.head_dim), dtype)
-        self._ones = np.ones(batch * capacity, dtype=np.int64)  # any prefix is an all-ones [B, T] mask
+        self._ones = np.ones(batch * (capacity + spare), dtype=np.int64)  # any prefix is an all-ones [B, T] mask
         self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))
-        self._greedy = np.empty(batch * capacity, dtype=np.int64)
+        self._greedy = np.empty(batch * (capacity + spare), dtype=np.int64)
         self._logits_bound = False
         self._rows = (0, batch)  # the rows the next pass runs on (select)
         self.binding = backend.session.io_binding()
@@ -130,12 +131,16 @@ class OrtInplaceContext(BackendContext):
             window_mask = self._lower_triangular(window)
         if window_mask.shape != (batch, window, window) or window_mask.dtype != bool or not window_mask.flags.c_contiguous:
             window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
-        greedy = self._greedy[: batch * window].reshape(batch, window)
+        self.padding = int(self.backend.pad_rows and one_row_tile(batch, window))
+        if self.padding:  # one more column: no one-row MatMulNBits tile (exact_rows.py)
+            ids, positions, window_mask = pad(ids, positions, window_mask)
+        width, total = window + self.padding, total + self.padding
+        greedy = self._greedy[: batch * width].reshape(batch, width)
 
         bind = self._bind_in
-        bind("input_ids", ids.dtype, [batch, window], ids.ctypes.data)
-        bind("position_ids", positions.dtype, [batch, window], positions.ctypes.data)
-        bind("window_mask", window_mask.dtype, [batch, window, window], window_mask.ctypes.data)
+        bind("input_ids", ids.dtype, [batch, width], ids.ctypes.data)
+        bind("position_ids", positions.dtype, [batch, width], positions.ctypes.data)
+        bind("window_mask", window_mask.dtype, [batch, width, width], window_mask.ctypes.data)
         bind("attention_mask", self._ones.dtype, [batch, total], self._ones.ctypes.data)
         logits = self._bind_outputs(greedy, want_logits)
         started = time.perf_counter()
@@ -148,6 +153,8 @@ class OrtInplaceContext(BackendContext):
         finally:
             self.session_seconds += time.perf_counter() - started
         self.pending = window
+        if self.padding:
+            return StepOutput(greedy[:, :window].copy(), None if logits is None else logits[:, :window])
         return StepOutput(greedy.copy(), logits)
 
     def _bind_outputs(self, greedy: np.ndarray, want_logits: bool) -> np.ndarray | None:

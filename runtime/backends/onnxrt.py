@@ -26,6 +26,7 @@ from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendContext, BackendLimits, StepOutput
 from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext, release
+from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, one_row_tile, pad
 from .inplace import OrtInplaceContext
 
 ORT_HINT = 'pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); from the jacobi-rt checkout: pip install ".[cpu]" or ".[gpu]"'
@@ -79,6 +80,22 @@ class OrtBackend(Backend):
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs and EPs
             raise BackendError(f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact") from exc
         self._check_graph()
+        self.pad_rows = False  # pad passes that would leave MatMulNBits a one-row tile (exact_rows.py)
+        self.rows = self._check_rows()
+
+    def _check_rows(self) -> RowsCheck:
+        """How this CPU keeps windows bitwise one-token passes (exact_rows.py): checked for a target whose
+        activations are not float32 (int8 in MatMulNBits, or float16); a draft's passes only guess."""
+        if self.manifest.role == "draft":
+            return RowsCheck(UNCHECKED)
+        if not self.manifest.quantization and self.manifest.dtype == "float32":
+            return RowsCheck(FLOAT)
+        return check(self)
+
+    @property
+    def spare_entries(self) -> int:
+        """Cache entries past the capacity that a pass may write: the extra attention row, a pad row."""
+        return int(attention_extra_row(self.manifest)) + int(self.pad_rows)
 
     def _check_graph(self) -> None:
         layers = self.manifest.architecture.num_layers
@@ -202,16 +219,16 @@ class OrtContext(BackendContext):
         self.past_names = [t.name for t in kv_inputs(arch.num_layers)]
         self.present_names = [t.name for t in kv_outputs(arch.num_layers)]
         rows = len(self.past_names)
-        elements = batch * self.heads * capacity * self.head_dim
+        elements = batch * self.heads * (capacity + backend.spare_entries) * self.head_dim
         self.row_bytes = elements * np.dtype(self.dtype).itemsize
         self.device = backend.device
         # Two sides x (layers * 2) rows of B*H*capacity*D elements: np.empty leaves pages untouched
         # until the cache grows into them, so a large capacity costs address space, not RAM.
         self._allocate(rows, elements)
         self._current = 0
-        self._ones = np.ones((batch, capacity), dtype=np.int64)
+        self._ones = np.ones((batch, capacity + backend.spare_entries), dtype=np.int64)
         self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))  # windows and prefill chunks
-        self._greedy = np.empty((batch, capacity), dtype=np.int64)
+        self._greedy = np.empty((batch, capacity + backend.spare_entries), dtype=np.int64)
         self.binding = backend.session.io_binding()
         self._bind_in, self._bind_out = _binders(self.binding, self.device)
 
@@ -231,9 +248,14 @@ class OrtContext(BackendContext):
         if window_mask is None:
             window_mask = self._lower_triangular(window)
         window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
+        self.padding = int(self.backend.pad_rows and one_row_tile(batch, window))
+        if self.padding:
+            ids, positions, window_mask = pad(ids, positions, window_mask)
+            total += 1
+        width = window + self.padding
         mask = self._ones[:, :total]  # [B, P+W], contiguous only for B == 1
         mask = mask if batch == 1 else np.ascontiguousarray(mask)
-        greedy = self._greedy[:, :window] if batch == 1 else np.empty((batch, window), dtype=np.int64)
+        greedy = self._greedy[:, :width] if batch == 1 else np.empty((batch, width), dtype=np.int64)
 
         self.binding.clear_binding_inputs()
         self.binding.clear_binding_outputs()
@@ -243,7 +265,7 @@ class OrtContext(BackendContext):
         self._host_out("greedy_ids", greedy)
         logits = None
         if want_logits:
-            logits = np.empty((batch, window, self.backend.manifest.architecture.vocab_size), dtype=np.float32)
+            logits = np.empty((batch, width, self.backend.manifest.architecture.vocab_size), dtype=np.float32)
             self._host_out("logits", logits)
         started = time.perf_counter()
         try:
@@ -254,7 +276,7 @@ class OrtContext(BackendContext):
             self.session_seconds += time.perf_counter() - started
         self._current ^= 1
         self.length, self.pending = past, window
-        return StepOutput(greedy.copy(), logits)
+        return StepOutput(greedy[:, :window].copy(), None if logits is None else logits[:, :window])
 
     def _host_in(self, name: str, array: np.ndarray) -> None:
         # Small inputs live in host memory; on CUDA onnxruntime copies them (a few hundred bytes).
@@ -281,7 +303,7 @@ class OrtContext(BackendContext):
     def commit(self, n: int) -> None:
         if not 0 <= n <= self.pending:
             raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
-        old = self.length + self.pending
+        old = self.length + self.pending + self.padding
         self.pending = 0
         self._compact(old, self.length + n)
 
@@ -291,7 +313,7 @@ class OrtContext(BackendContext):
             return self.commit(len(rows))
         if any(not 0 <= r < window for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
             raise BackendError(f"commit_rows({list(rows)}) needs ascending, distinct rows of the last window of {window}")
-        past, old = self.length, self.length + window
+        past, old = self.length, self.length + window + self.padding
         keep = np.asarray(rows, dtype=np.int64) + past
         side = self._sides[self._current]
         size = self.batch * self.heads * old * self.head_dim
@@ -355,7 +377,7 @@ class OrtDeviceContext(DeviceKVContext, OrtContext):
 
     def _allocate(self, rows: int, elements: int) -> None:
         entry = self.head_dim * np.dtype(self.dtype).itemsize
-        self._kv = DeviceKV(self._memory, rows, self.batch * self.heads, self.capacity, entry)
+        self._kv = DeviceKV(self._memory, rows, self.batch * self.heads, self.capacity + self.backend.spare_entries, entry)
         self._sides = self._bases = self._kv.bases
 
     def _bind_kv(self, past: int, total: int) -> None:

@@ -44,9 +44,11 @@ from .decoding import decoding_config, decoding_option
 @click.option("--seed", type=int, default=None, help="Sampling seed (the same seed gives the same text). Default: drawn, and printed with the stats.")
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="Divide the logits of tokens already in the prompt or output (1: none).")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start; unsafe if files may have changed).")
+@click.option("--verbose", "-v", is_flag=True, help="Also print to stderr what was loaded: the backend, graph and threads, and how "
+                                                    "this CPU keeps every strategy's output equal to greedy's (the load-time exactness check).")
 @decoding_option
 def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, graph, jacobi_tail, temperature,
-                     top_k, top_p, min_p, seed, repetition_penalty, no_verify, decoding):
+                     top_k, top_p, min_p, seed, repetition_penalty, no_verify, verbose, decoding):
     """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
 
     The output is token-for-token the model's greedy output (or, with --temperature, the same
@@ -71,6 +73,11 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
     config = decoding_config(decoding)
     generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify, graph=graph,
                                config=config)
+    if verbose:
+        loaded = generator.backend
+        click.echo(f"loaded {artifact}: {loaded.name}, {getattr(loaded, 'graph', 'engine')} graph, "
+                   f"{getattr(loaded, 'threads', '-')} threads", err=True)
+        click.echo(loaded.rows.line(), err=True)
     options = dict(max_new_tokens=max_new_tokens, strategy=strategy, window=window, stop=list(stop) or None, chat=chat is not None,
                    jacobi_tail=jacobi_tail, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                    repetition_penalty=repetition_penalty)

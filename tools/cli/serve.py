@@ -134,6 +134,7 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     running = f"batch engine of {max_batch} slots" if max_batch else f"{workers} workers"
     click.echo(f"serving {artifact} as model {settings.model_id!r} on http://{host}:{port}/v1 "
                f"({running} x {threads or 'default'} threads, queue {queue_size}{', API key required' if api_key else ''})", err=True)
+    click.echo(generator.backend.rows.line(), err=True)
     serve(generator, settings, host=host, port=port, log_level=log_level)
 
 

@@ -1,0 +1,105 @@
+"""Exact on every CPU: which pass shapes give a row the same bits as every other pass, checked at load.
+
+Jacobi decoding commits a guess when the model's pick for it, computed inside a window, equals the
+guess; greedy decoding computes the same pick in a one-token pass. The two are the same decoding
+only if a row's logits do not depend on how many rows share its pass. With float activations they
+do not. With int8 activations (MatMulNBits at accuracy level 4) they can, by CPU:
+
+onnxruntime 1.32's MLAS cuts a MatMulNBits of M rows into tiles of 128 rows (MlasQNBitGemmBatch),
+and on x86-64 with AVX2 but no AVX-512 a tile of exactly one row of 4-bit weights in blocks of 32
+or more takes a one-row kernel of its own (`SQ4BitGemmKernel_BlkSum_CompInt8_avx2`: `BlkLen >= 32
+&& CountM == 1`), which folds the weights' zero point in integers where the many-row kernel adds
+the block sums in a float GEMM afterwards: the last bits differ (1.6e-6 on one matmul), and 30
+layers of int8 rounding turn them into other greedy ids. The AVX-512 kernels have no such branch;
+the 8-bit ones have none either. A row in a tile of two or more rows is bitwise the same row in any
+other such tile (checked on AVX2 and AVX-512, 2-row to 8-row passes and the 129th row of a pass).
+
+So a pass whose rows * window would leave a one-row tile gets one more window column (`pad`): a
+copy of each row's last token that no real row attends to (it is last, and the window is causal),
+whose cache entry lands one past the window and is never committed. Padding costs a pass one row,
+so it is paid only where it is needed: at load, `check` runs a short chain window and the same
+tokens one pass at a time and compares the logits bit for bit, as the passes come ("native"),
+then padded ("padded"). If neither is exact on this CPU, only greedy decoding is (its passes are
+all alike): the strategies that guess run greedy there ("greedy"), with a warning.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+TILE = 128  # MLAS's rows per MatMulNBits task (onnxruntime 1.32, qnbitgemm.cpp StrideM)
+
+NATIVE, PADDED, GREEDY, FLOAT, UNCHECKED = "native", "padded", "greedy", "float", "unchecked"
+MODES = {
+    NATIVE: "windows are bitwise one-token passes on this CPU",
+    PADDED: "one-row passes run as two rows, so that windows are bitwise one-token passes on this CPU",
+    GREEDY: "no pass shape is exact on this CPU: every strategy decodes greedily here",
+    FLOAT: "float activations: a row does not depend on its pass (not checked)",
+    UNCHECKED: "not checked (a draft's passes only guess, and TensorRT runs its own kernels)",
+}
+PROMPT, WINDOW = 5, 6  # the check's tokens: a short prefill, then one chain window
+
+
+@dataclass(frozen=True)
+class RowsCheck:
+    """What the load-time check found: the mode every pass of this backend runs in, and its cost."""
+
+    mode: str  # one of MODES
+    seconds: float = 0.0
+
+    @property
+    def exact_windows(self) -> bool:
+        """Whether a window's rows may be committed as guesses (else: greedy only)."""
+        return self.mode != GREEDY
+
+    def line(self) -> str:
+        took = f" (checked in {self.seconds * 1000:.0f} ms)" if self.seconds else ""
+        return f"exactness: {self.mode}: {MODES[self.mode]}{took}"
+
+
+def one_row_tile(rows: int, window: int) -> bool:
+    """Whether a pass of `rows` x `window` tokens leaves MatMulNBits a tile of one row."""
+    return rows * window % TILE == 1
+
+
+def pad(ids: np.ndarray, positions: np.ndarray, window_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One more window column: each row's last token again, at its position (so no position past the
+    context is asked for), attending to its row's window; the real rows do not see it."""
+    rows, window = ids.shape
+    ids = np.concatenate([ids, ids[:, -1:]], axis=1)
+    positions = np.concatenate([positions, positions[:, -1:]], axis=1)
+    mask = np.zeros((rows, window + 1, window + 1), dtype=bool)
+    mask[:, :window, :window] = window_mask
+    mask[:, window] = True
+    return ids, positions, mask
+
+
+def check(backend) -> RowsCheck:
+    """The mode in which this backend's windows are bitwise one-token passes here; sets backend.pad_rows."""
+    started = time.perf_counter()
+    vocab = backend.manifest.architecture.vocab_size
+    tokens = (np.arange(1, PROMPT + WINDOW + 1, dtype=np.int64) * 7919) % vocab  # any ids: the check is bitwise
+    for mode, padding in ((NATIVE, False), (PADDED, True)):
+        backend.pad_rows = padding
+        if _window_is_one_token_passes(backend, tokens):
+            return RowsCheck(mode, time.perf_counter() - started)
+    backend.pad_rows = False  # greedy's one-token passes are all alike: no padding needed
+    return RowsCheck(GREEDY, time.perf_counter() - started)
+
+
+def _window_is_one_token_passes(backend, tokens: np.ndarray) -> bool:
+    prompt, chain = tokens[:PROMPT], tokens[PROMPT:]
+    with backend.context(len(tokens)) as ctx:
+        ctx.forward(prompt[None])
+        ctx.commit(len(prompt))
+        window = ctx.forward(chain[None], want_logits=True).logits[0]
+        ctx.commit(0)
+        for row, token in enumerate(chain):
+            alone = ctx.forward(np.array([[token]]), want_logits=True).logits[0, 0]
+            ctx.commit(1)
+            if not np.array_equal(alone, window[row]):
+                return False
+    return True
