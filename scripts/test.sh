@@ -11,6 +11,11 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 export JACOBI_RT_VENV="${JACOBI_RT_VENV:-$here/.venv}"
 bash scripts/setup.sh
+# qemu-user emulates an AVX2-only x86-64 CPU for tests/runtime/test_exact_rows.py, so that the
+# one-row kernel that CPU takes is checked whatever CPU runs the tests (the test says so if it is missing).
+if ! command -v qemu-x86_64 >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq qemu-user >/dev/null) || echo "could not install qemu-user"
+fi
 artifacts="$here/build/test-artifacts"
 export JACOBI_RT_TEST_ARTIFACTS="$artifacts"
 

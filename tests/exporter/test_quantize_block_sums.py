@@ -2,8 +2,8 @@
 
 One MatMul of a small graph rewritten by the weight pass, run in onnxruntime: the result is
 x @ W.T for the exact Q4_1 weights (level 0), the form has no Reshape/ReduceSum, and at level 4
-each row of a window is bitwise the row computed alone (what keeps chain windows equal to
-one-token passes).
+each row of a window is bitwise the row in any pass of two or more rows (what keeps chain windows
+equal to one-token passes, padded where the CPU needs it).
 """
 
 from __future__ import annotations
@@ -70,8 +70,18 @@ def test_the_offset_form_is_the_exact_weights(form, monkeypatch):
 
 
 def test_rows_of_a_window_are_bitwise_rows_alone_at_level_4(monkeypatch):
+    """What runtime/backends/exact_rows.py relies on: a row is the same bits in every pass that leaves no
+    one-row MatMulNBits tile; a row alone is padded to two rows, as the runtime pads it (an AVX2-only
+    CPU runs a one-row tile on another kernel: tests/runtime/test_exact_rows.py emulates one)."""
+    from jacobi_rt.runtime.backends.exact_rows import one_row_tile
+
     model = graph(q4_1(), "columns", 4, monkeypatch)
     x = np.random.default_rng(3).standard_normal((1, 8, K)).astype(np.float32)
     window = run(model, x)
+    assert one_row_tile(1, 1) and one_row_tile(1, 129)
     for row in range(8):
-        assert np.array_equal(window[0, row], run(model, x[:, row : row + 1])[0, 0]), f"row {row}"
+        padded = np.repeat(x[:, row : row + 1], 2, axis=1)
+        assert np.array_equal(window[0, row], run(model, padded)[0, 0]), f"row {row}"
+    wide = np.random.default_rng(4).standard_normal((1, 129, K)).astype(np.float32)  # two threads: 128 rows + 1
+    padded = run(model, np.concatenate([wide, wide[:, -1:]], axis=1))
+    assert np.array_equal(padded[0, 128], run(model, wide[:, 127:])[0, 1])
