@@ -25,8 +25,11 @@ all alike): the strategies that guess run greedy there ("greedy"), with a warnin
 
 from __future__ import annotations
 
+import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +44,25 @@ MODES = {
     UNCHECKED: "not checked (a draft's passes only guess, and TensorRT runs its own kernels)",
 }
 PROMPT, WINDOW = 5, 6  # the check's tokens: a short prefill, then one chain window
+# The instruction sets that pick MLAS's kernels (x86-64 flags, ARM64 features), as /proc/cpuinfo names them
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "asimddp", "i8mm", "sve")
+
+
+@lru_cache(maxsize=1)
+def cpu() -> str:
+    """This CPU as the check's result depends on it: its model name and the instruction sets that choose
+    MLAS's kernels, e.g. "AMD EPYC (x86_64: avx2 fma avx512f avx512_vnni)" (read from /proc/cpuinfo)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())  # the first processor's
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    listed = " ".join(f for f in KERNEL_FLAGS if f in flags)
+    return f"{name} ({platform.machine()}{': ' + listed if listed else ''})"
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,7 @@ class RowsCheck:
 
     mode: str  # one of MODES
     seconds: float = 0.0
+    cpu: str = field(default_factory=cpu)
 
     @property
     def exact_windows(self) -> bool:
@@ -56,8 +79,8 @@ class RowsCheck:
         return self.mode != GREEDY
 
     def line(self) -> str:
-        took = f" (checked in {self.seconds * 1000:.0f} ms)" if self.seconds else ""
-        return f"exactness: {self.mode}: {MODES[self.mode]}{took}"
+        took = f", checked in {self.seconds * 1000:.0f} ms" if self.seconds else ""
+        return f"exactness: {self.mode}: {MODES[self.mode]} ({self.cpu}{took})"
 
 
 def one_row_tile(rows: int, window: int) -> bool:

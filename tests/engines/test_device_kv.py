@@ -8,6 +8,7 @@ import pytest
 from exactness import PROMPTS, assert_cache_round_trip, assert_side_branches_stay_greedy, assert_strategies_equal_greedy
 from host_memory import HostMemory
 
+from jacobi_rt.runtime.backends.base import Backend
 from jacobi_rt.runtime.backends.device_kv import ALIGN, DeviceKV, kept_runs
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend, OrtDeviceContext
 from jacobi_rt.runtime.errors import BackendError
@@ -64,12 +65,13 @@ def cpu_backend(artifact):
     return OrtBackend(folder, load_manifest(folder), device="cpu", threads=1, graph="portable")  # the graph CUDA runs
 
 
-class HostDeviceBackend:
+class HostDeviceBackend(Backend):
     """The CPU OrtBackend, but each context keeps its KV in a DeviceKV (host double): the CUDA path's
     binding, gathers and trims, run by onnxruntime's CPU provider."""
 
     def __init__(self, backend):
         self.inner, self.manifest, self.name = backend, backend.manifest, "onnxruntime-device-kv-on-host"
+        self.rows = backend.rows  # its contexts pad (or not) as the inner backend's check decided
 
     @property
     def limits(self):
@@ -119,3 +121,21 @@ def test_strategies_through_device_contexts_equal_cpu_greedy(artifact, family):
     greedy = assert_strategies_equal_greedy(on_device, new=30, draft=True)
     plain = Generator(cpu, Tokenizer(folder, manifest))
     assert greedy == [plain.generate(p, max_new_tokens=30, strategy="greedy").ids for p in PROMPTS]
+
+
+def test_padded_passes_through_device_contexts_equal_cpu_greedy(artifact):
+    """The pad row of exact_rows.py (a one-token pass run as two rows) through DeviceKV: its entry is
+    written one past the window and dropped by commit's gather; every strategy still equals greedy."""
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.runtime.tokenizer import Tokenizer
+    from make_artifacts import TINY_GGUF
+
+    folder = artifact(TINY_GGUF)
+    manifest = load_manifest(folder)
+    cpu = OrtBackend(folder, manifest, device="cpu", threads=1, graph="portable")
+    padded = OrtBackend(folder, manifest, device="cpu", threads=1, graph="portable")
+    padded.pad_rows = True
+    greedy = assert_strategies_equal_greedy(Generator(HostDeviceBackend(padded), Tokenizer(folder, manifest)), new=30)
+    if cpu.rows.mode == "native":  # a CPU whose one-row passes are exact as they come: the pad changes nothing
+        plain = Generator(cpu, Tokenizer(folder, manifest))
+        assert greedy == [plain.generate(p, max_new_tokens=30, strategy="greedy").ids for p in PROMPTS]

@@ -66,6 +66,7 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
 
     from jacobi_rt import __version__
     from jacobi_rt.runtime import InputError
+    from jacobi_rt.runtime.backends.exact_rows import cpu
     from jacobi_rt.runtime.config import DEFAULTS, changed_fields
     from jacobi_rt.runtime.generator import STRATEGIES
 
@@ -122,13 +123,15 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
         "quantization": generator.manifest.quantization, "max_new_tokens": max_new_tokens, "repeats": repeats,
         "prompts": len(prompt_set), "threads": threads or generator.backend.threads,
         "configs": [{"name": c.name, "engine": c.engine, "baseline": c.baseline} for c in configs],
-        "skipped_peers": skipped, "machine": platform.platform(), "python": platform.python_version(),
+        "skipped_peers": skipped, "machine": platform.platform(), "cpu": cpu(), "exactness": generator.backend.rows.mode,
+        "python": platform.python_version(),
         "memory_note": "rss_peak_mb: peak resident memory of the one shared process during each run (all engines "
                        "loaded), sampled from /proc/self/statm every 5 ms; rss_added_mb: peak minus RSS at the run's start",
         "seconds": None,
     }
     out = Path(out)
-    click.echo(f"\n{len(prompt_set)} prompts x {repeats}, up to {max_new_tokens} new tokens; median (p25-p75):")
+    click.echo(f"\n{len(prompt_set)} prompts x {repeats}, up to {max_new_tokens} new tokens on {meta['cpu']}, "
+               f"{meta['threads']} threads; median (p25-p75):")
     click.echo(bench.markdown(summary))
     for line in bench.divergence_lines(summary):
         click.echo(f"  {line}")
