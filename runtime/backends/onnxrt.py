@@ -94,8 +94,9 @@ class OrtBackend(Backend):
 
     @property
     def spare_entries(self) -> int:
-        """Cache entries past the capacity that a pass may write: the extra attention row, a pad row."""
-        return int(attention_extra_row(self.manifest)) + int(self.pad_rows)
+        """Cache entries past the capacity that a pass may write: the in-place graph's extra attention row,
+        a pad row."""
+        return int(self.graph == INPLACE and attention_extra_row(self.manifest)) + int(self.pad_rows)
 
     def _check_graph(self) -> None:
         layers = self.manifest.architecture.num_layers
