@@ -133,6 +133,25 @@ def test_with_no_exact_mode_every_strategy_decodes_greedily_and_says_so(artifact
         assert result.stats.tokens_per_pass == 1.0
 
 
+def test_the_mode_is_reported_by_the_cli_and_the_server(artifact):
+    from click.testing import CliRunner
+
+    from jacobi_rt.server.run import BackgroundServer
+    from jacobi_rt.server.settings import ServerSettings
+    from jacobi_rt.tools.cli.main import cli
+
+    folder = artifact(TINY_GGUF)
+    loaded = backend(folder)
+    result = CliRunner().invoke(cli, ["generate", str(folder), "--prompt", "hello", "-n", "4", "--verbose", "--threads", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"exactness: {loaded.rows.mode}: " in result.stderr and exact_rows.cpu() in result.stderr
+    httpx = pytest.importorskip("httpx", reason="the server test needs httpx: pip install httpx")
+    with BackgroundServer(Generator(loaded, _tokenizer(folder)), ServerSettings(model_id="tiny")) as server:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            card = client.get("/v1/models").json()["data"][0]
+    assert card["jacobi"]["exactness"] == loaded.rows.mode
+
+
 def test_float_activations_and_drafts_are_not_checked(artifact):
     assert backend(artifact("llama")).rows == RowsCheck(FLOAT)
     draft = backend(artifact("llama-draft1"))
