@@ -42,13 +42,39 @@ def test_every_attention_node_reads_one_more_row(level4):
         assert consumer[node.output[0]].op_type == "Slice"
 
 
-def test_level_0_keeps_the_one_row_path(tmp_path):
+@pytest.fixture(scope="module")
+def level0(tmp_path_factory):
     from jacobi_rt.exporter import ExportOptions, export
 
-    manifest = export(str(write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0")), tmp_path / "out", ExportOptions(weights="gguf", accuracy_level=0))
+    root = tmp_path_factory.mktemp("level0")
+    manifest = export(str(write_tiny_gguf(root / "tiny.gguf", "Q4_0")), root / "out", ExportOptions(weights="gguf", accuracy_level=0))
+    return root / "out", manifest
+
+
+def test_level_0_keeps_the_one_row_path(level0):
+    folder, manifest = level0
     assert manifest.check["weights"]["attention_extra_row"] is False
-    graph = onnx.load(str(tmp_path / "out" / manifest.graphs["inplace"])).graph
+    graph = onnx.load(str(folder / manifest.graphs["inplace"])).graph
     assert not any(n.op_type == "Pad" for n in graph.node)
+
+
+@pytest.mark.parametrize("graph", ["inplace", "portable"])
+def test_level_0_windows_equal_greedy_in_the_mode_the_check_picks(level0, graph):
+    """Float activations through MatMulNBits (level 0) still take a one-row kernel of their own for a
+    one-row pass (SQ4BitGemmM1Kernel_CompFp32, on x86-64 whatever its vector width): the load-time
+    check (runtime/backends/exact_rows.py) finds it and pads, and every strategy equals greedy."""
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+    from jacobi_rt.runtime.tokenizer import Tokenizer
+
+    folder, manifest = level0
+    backend = OrtBackend(folder, manifest, device="cpu", threads=2, graph=graph)
+    assert backend.rows.mode in ("native", "padded")
+    generator = Generator(backend, Tokenizer(folder, manifest))
+    prompt = list(range(5, 17))
+    greedy = generator.generate(prompt, max_new_tokens=24, strategy="greedy").ids
+    for strategy in ("jacobi", "lookahead"):
+        assert generator.generate(prompt, max_new_tokens=24, strategy=strategy).ids == greedy, strategy
 
 
 def test_a_window_may_end_at_the_capacity(level4):
