@@ -633,11 +633,12 @@ def _check_ids(prompt, vocab: int) -> list[int]:
         raise InputError(f"the prompt must be text or a flat list of token ids ({exc})") from exc
     if array.size == 0:
         raise InputError("the prompt is empty; pass some text or token ids")
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+    ints = array.ndim == 1 and all(type(t) is int for t in array.tolist())  # tolist: numpy ints become int, bools bool
+    if not ints:
         raise InputError(f"token ids must be a flat list of integers, got an array of {array.dtype} with shape {list(array.shape)}")
-    bad = array[(array < 0) | (array >= vocab)]
-    if bad.size:
-        raise InputError(f"token id {int(bad[0])} is outside this model's vocabulary (0..{vocab - 1}); "
+    bad = [t for t in array.tolist() if not 0 <= t < vocab]  # Python ints: 2**70 too (numpy holds it as an object)
+    if bad:
+        raise InputError(f"token id {bad[0]} is outside this model's vocabulary (0..{vocab - 1}); "
                          "encode the text with this artifact's tokenizer")
     return array.tolist()
 

@@ -148,7 +148,8 @@ def test_logprobs_are_the_models_log_softmax():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(temperature=-0.1), "temperature must be a number >= 0"),
+    (dict(temperature=-0.1), "temperature must be 0 \\(greedy\\) or a number >= 1e-05"),
+    (dict(temperature=1e-310), "temperature must be 0 \\(greedy\\) or a number >= 1e-05"),  # logits / T: inf
     (dict(temperature=float("nan")), "temperature"),
     (dict(temperature="hot"), "temperature"),
     (dict(top_p=0.0), r"top_p must be a number in \(0, 1\]"),
