@@ -589,7 +589,7 @@ def _result(request: Request, progress: Progress, ids: list[int], started: float
     stats = _stats(request, progress, len(ids), started, session, proposer)
     if text.stopped:
         stats.finish_reason = "stop"
-    stats.seed = None if sampler.greedy else sampler.params.seed
+    stats.seed = sampler.params.seed if sampler.params.sampled else None
     logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
     return GenerationResult(ids, text.text, stats, logprobs)
 
@@ -623,7 +623,7 @@ def _sampling_params(sampling: dict) -> SamplingParams:
     if unknown:
         raise InputError(f"unknown argument(s) {', '.join(unknown)}; the sampling arguments are {', '.join(fields)}")
     params = SamplingParams(**sampling)
-    return params if params.greedy or params.seed is not None else params.with_seed(draw_seed())
+    return params.with_seed(draw_seed()) if params.sampled and params.seed is None else params
 
 
 def _check_ids(prompt, vocab: int) -> list[int]:

@@ -74,6 +74,11 @@ class SamplingParams:
         return self.temperature == 0 and not self.penalised and self.logprobs is None
 
     @property
+    def sampled(self) -> bool:
+        """True when tokens are drawn (temperature > 0), so a seed matters; greedy with penalties draws none."""
+        return self.temperature > 0
+
+    @property
     def penalised(self) -> bool:
         return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
 
@@ -180,7 +185,7 @@ class Sampler:
     """One request's sampling: params with a seed, and where the prompt ends (penalties tell them apart)."""
 
     def __init__(self, params: SamplingParams, prompt_len: int):
-        if params.seed is None and not params.greedy:
+        if params.seed is None and params.sampled:
             params = params.with_seed(draw_seed())
         self.params = params
         self.prompt_len = prompt_len
@@ -192,6 +197,8 @@ class Sampler:
 
     def independent(self) -> "Sampler":
         """The same sampling with noise of its own (another seed): for an uncoupled draft."""
+        if not self.params.sampled:
+            return self  # nothing is drawn: there is no noise to make independent
         return Sampler(self.params.with_seed((self.params.seed ^ 0x5DEECE66D) % 2**64), self.prompt_len)
 
     def sample(self, logits: np.ndarray, prefix: Sequence[int], position: int) -> int:

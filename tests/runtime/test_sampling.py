@@ -139,6 +139,13 @@ def test_top_k_one_is_greedy_and_temperature_zero_needs_no_seed():
     assert greedy.greedy and greedy.params.seed is None
 
 
+def test_greedy_with_penalties_draws_no_seed():
+    """Penalties need the logits on the host (not greedy's in-graph ids), but nothing is drawn: no seed to report."""
+    penalised = Sampler(SamplingParams(repetition_penalty=1.2, presence_penalty=0.5), 0)
+    assert not penalised.greedy and penalised.params.seed is None
+    assert penalised.independent() is penalised  # an uncoupled draft: no noise to make its own
+
+
 def test_logprobs_are_the_models_log_softmax():
     logits = np.array([1.0, 3.0, 2.0, 0.0], dtype=np.float32)
     record = Sampler(SamplingParams(logprobs=2), 0).logprob(logits, 2)
