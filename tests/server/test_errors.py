@@ -265,6 +265,28 @@ def test_the_server_still_serves_after_bad_input(client):
     assert client.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 3}).json()["usage"]["completion_tokens"] == 3
 
 
+def test_a_client_that_leaves_mid_body_is_a_499_with_one_log_line(each_mode, caplog, capfd):
+    """Half a body, then the connection closes: counted as a client disconnect, logged once, no traceback."""
+    server = each_mode()
+    capfd.readouterr()
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        for _ in range(3):
+            with socket.create_connection((server.host, server.port)) as leaving:
+                leaving.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: 1000\r\n\r\n{\"prompt\": \"The qu")
+        limit = time.monotonic() + 10
+        while 'endpoint="completions"} 3.0' not in c.get("/metrics").text:
+            assert time.monotonic() < limit, c.get("/metrics").text
+            time.sleep(0.02)
+        counted = [line for line in c.get("/metrics").text.splitlines() if line.startswith("jacobi_rt_requests_total{")]
+        assert c.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 3}).status_code == 200
+    assert [line for line in counted if "completions" in line] == ['jacobi_rt_requests_total{code="499",endpoint="completions"} 3.0']
+    records = [r for r in caplog.records if r.name.startswith("jacobi_rt")]
+    assert [r.levelname for r in records] == ["WARNING"] * 3 and "left before sending its whole request body" in records[0].getMessage()
+    err = capfd.readouterr().err
+    assert "Exception in ASGI application" not in err and "Traceback" not in err, err
+
+
 def test_a_stalled_client_does_not_stall_others(llama_server, client):
     """A client that promises a body and never sends it holds only its own connection."""
     with socket.create_connection((llama_server.host, llama_server.port)) as stalled:
