@@ -224,8 +224,8 @@ class Generator:
         default: lookahead, plus the draft when one is loaded). `window` caps the widest pass.
         jacobi_tail (speculative, and auto's draft arm): the target's predictions past the first
         rejected guess seed the draft's next window (speculative Jacobi decoding); None: the
-        default, DEFAULT_JACOBI_TAIL. The result equals greedy decoding token for token, whatever
-        the strategy and options.
+        default, DEFAULT_JACOBI_TAIL. The tokens are those of strategy="greedy" (one token a pass)
+        with the same sampling arguments, whatever the strategy and options.
 
         config: this call's decoding tuning (runtime.config.DecodingConfig): a whole config, or a mapping
         of the fields to change from the generator's (`window` and `jacobi_tail` are fields too; the

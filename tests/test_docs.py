@@ -51,3 +51,25 @@ def test_the_layout_table_names_every_runtime_module():
     row = next(line for line in (REPO / "docs" / "architecture.md").read_text().splitlines() if line.startswith("| `runtime/`"))
     modules = [p.stem for p in (REPO / "runtime").glob("*.py") if p.stem != "__init__"]
     assert [m for m in modules if f"`{m}`" not in row] == []
+
+
+def test_architecture_counts_the_backend_calls_the_docstring_shows():
+    base = (REPO / "runtime" / "backends" / "base.py").read_text()
+    design = (REPO / "docs" / "architecture.md").read_text()
+    in_base = re.search(r"drives a context with (\w+) calls:", base).group(1)
+    in_design = re.search(r"`BackendContext` [^.]*?with (\w+) calls", design).group(1)
+    assert in_design == in_base
+
+
+# Sentences that said every output is greedy's, or that a supported field is refused, after sampling
+# and repetition_penalty arrived (issue 25); the code says otherwise.
+STALE = ["temperature must be 0 or left out", "Every strategy gives greedy's output", "token-identical to greedy, without",
+         "Jacobi decoding, token-identical to greedy.", "equals greedy decoding token for token",
+         "The result equals greedy decoding token for token", "the target's greedy decoding whatever",
+         "The output is greedy's either way", "do not declare (repetition_penalty", "Nothing else times the target"]
+
+
+def test_no_stale_greedy_only_or_refused_field_claims():
+    offenders = [f"{path.relative_to(REPO)}: {phrase}" for path in tracked("*.md", "*.py") if path.is_file()
+                 and path.name != "test_docs.py" for phrase in STALE if phrase in " ".join(path.read_text().split())]
+    assert offenders == []
