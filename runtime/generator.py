@@ -25,8 +25,6 @@ from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
 STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
-DEFAULT_WINDOW = DEFAULTS.jacobi_window  # the tuning constants live in runtime.config.DecodingConfig
-DEFAULT_GUESS_WINDOW = DEFAULTS.guess_window
 MAX_WINDOW = 64
 DEFAULT_BATCH_CONTEXT = 2048  # a batch engine's slot context on a graph whose attention reads the whole capacity
 DEFAULT_JACOBI_TAIL = DEFAULTS.jacobi_tail
