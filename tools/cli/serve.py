@@ -39,7 +39,7 @@ from .decoding import decoding_config, decoding_option
 @click.option("--max-batch", type=int, default=None,
               help="Continuous batching: up to N generations share every pass of the model (one engine, N slots; "
                    "needs the in-place graph); replaces --workers. On 2 CPU cores, 16 streams served about 5x the "
-                   "tokens/s of one (README, Serve).")
+                   "tokens/s of one (docs/bench/2026-12-01-continuous-batching.md).")
 @click.option("--batch-context", type=int, default=None,
               help="With --max-batch: each slot's context, prompt + output. Default: the artifact's, or at most 2048 "
                    "when its in-place graph has the default (scatter) attention, which reads a slot's whole context "
