@@ -53,7 +53,8 @@ def export(
     """Export MODEL (HF folder, .gguf, or built-in name) to the artifact folder OUT; return its manifest.
 
     overwrite: replace OUT if it is an existing artifact. step: called with a line per stage.
-    check_progress(n): returns a callable ticked once per checked shape (a progress bar).
+    check_progress(n): called as each check starts (n: its shapes); returns a callable ticked once per
+    checked shape (a progress bar).
     Invalid options raise OptionError naming the ExportOptions field.
     """
     started = time.time()
@@ -168,9 +169,8 @@ def _trace_and_check(model, shape, folder: Path, options: ExportOptions, step, c
     graphs = {PORTABLE: GRAPH_FILE}
     if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
         from .inplace import add_inplace_graph
-        from .inplace_check import CASES
 
-        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step, _progress(check_progress, len(CASES)))
+        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step, check_progress)
         graphs.update(extra)
     return graphs, check
 
@@ -197,11 +197,11 @@ def keep_first_layers(model, n: int) -> None:
         model.config.layer_types = model.config.layer_types[:n]
 
 
-def _progress(factory, checks: int | None = None):
-    """A progress callable for `checks` checked shapes (default: the portable check's)."""
+def _progress(factory):
+    """A progress callable for the portable check's shapes, made as the check starts."""
     from .check import SHAPES
 
-    return factory(checks or len(SHAPES)) if factory else None
+    return factory(len(SHAPES)) if factory else None
 
 
 def _check_destination(out: Path, overwrite: bool) -> None:

@@ -165,10 +165,13 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
     pack_attention(onnx_model)
 
 
-def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None) -> tuple[dict, dict]:
+def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, check_progress=None) -> tuple[dict, dict]:
     """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures), or
     ({}, {"skipped": why}) when this family cannot map onto GroupQueryAttention (the artifact then
-    has the portable graph only). A graph that traces but disagrees with PyTorch raises."""
+    has the portable graph only). A graph that traces but disagrees with PyTorch raises.
+
+    check_progress(n): as export()'s, called when the check starts (a bar made before the trace
+    would count the trace's minutes as the first shape's)."""
     from jacobi_rt.runtime.errors import JacobiError
 
     from .inplace_check import CASES, check_inplace_against_torch
@@ -189,5 +192,6 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
         step(f"no in-place graph for this model: {reason}")
         return {}, {"skipped": reason}
     step(f"checking the in-place graph against PyTorch at {len(CASES)} batches")
+    progress = check_progress(len(CASES)) if check_progress else None
     report = check_inplace_against_torch(model, shape, path, dtype, progress)
     return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": ATTENTION}

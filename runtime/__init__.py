@@ -1,4 +1,5 @@
-"""jacobi_rt.runtime: run exported artifacts with Jacobi decoding, token-identical to greedy, without PyTorch.
+"""jacobi_rt.runtime: run exported artifacts with Jacobi decoding, without PyTorch; the tokens are
+those of decoding one token a pass (greedy, or sampled for a seed).
 
     from jacobi_rt.runtime import Generator
     gen = Generator.load("build/smollm2-135m")

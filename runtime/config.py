@@ -4,10 +4,10 @@ SpeculativeConfig or onnxruntime-genai's GeneratorParams).
 `Generator(config=...)` / `Generator.load(config=...)` sets a generator's defaults; a call may
 override the per-request fields (`generate(..., config={"branches": 1})`), the CLI takes
 `--decoding FIELD=VALUE`, the server the fields inside a request's "jacobi" object. None of them
-changes the output (every strategy equals greedy decoding token for token): they trade how much is
-guessed against what a pass costs. Each field's metadata["why"] says what it is for; `describe()`
-lists them. The classes that use a constant take their default from `DEFAULTS`, so it is written
-once, here.
+changes the output (every strategy gives the tokens of one token a pass, greedy or sampled for a
+seed): they trade how much is guessed against what a pass costs. Each field's metadata["why"]
+says what it is for; `describe()` lists them. The classes that use a constant take their default
+from `DEFAULTS`, so it is written once, here.
 """
 
 from __future__ import annotations

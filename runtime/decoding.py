@@ -34,19 +34,9 @@ class Progress:
     finish_reason: str = ""  # "eos", "length" (max_new_tokens), "context" (max_context); "stop" is set by the caller
 
 
-def prefill(ctx: BackendContext, prompt: list[int], chunk: int, sampler: Sampler | None = None) -> int:
-    """Run the prompt through the graph in chunks, keep all its KV; return the first new token."""
-    passes = prefill_passes(ctx, prompt, chunk, sampler)
-    while True:
-        try:
-            next(passes)
-        except StopIteration as done:
-            return done.value
-
-
 def prefill_passes(ctx: BackendContext, prompt: list[int], chunk: int, sampler: Sampler | None = None) -> Iterator[list[int]]:
-    """prefill(), yielding [] (no tokens yet) after every chunk but the last, so a caller can stop
-    between passes; returns the first new token."""
+    """Run the prompt through the graph in chunks and keep all its KV, yielding [] (no tokens yet)
+    after every chunk but the last, so a caller can stop between passes; returns the first new token."""
     for start in range(0, len(prompt), chunk):
         if start:
             yield []

@@ -2,8 +2,8 @@
 
 The draft runs autoregressively in its own backend context (its own KV cache), the target
 verifies the K guesses in one pass, and the draft's cache is rolled back to what the target
-committed. The output is the target's greedy decoding whatever the draft says; the draft only
-decides how many target passes it takes.
+committed. The output is the target's own (greedy, or sampled for the seed) whatever the draft
+says; the draft only decides how many target passes it takes.
 
     proposer = DraftProposer(draft_backend, capacity=len(prompt) + max_new_tokens)
     ... decoding.decode(ctx, prompt, proposer, window=proposer.k_max + 1, ...) ...

@@ -25,8 +25,6 @@ from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
 STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
-DEFAULT_WINDOW = DEFAULTS.jacobi_window  # the tuning constants live in runtime.config.DecodingConfig
-DEFAULT_GUESS_WINDOW = DEFAULTS.guess_window
 MAX_WINDOW = 64
 DEFAULT_BATCH_CONTEXT = 2048  # a batch engine's slot context on a graph whose attention reads the whole capacity
 DEFAULT_JACOBI_TAIL = DEFAULTS.jacobi_tail
@@ -224,8 +222,8 @@ class Generator:
         default: lookahead, plus the draft when one is loaded). `window` caps the widest pass.
         jacobi_tail (speculative, and auto's draft arm): the target's predictions past the first
         rejected guess seed the draft's next window (speculative Jacobi decoding); None: the
-        default, DEFAULT_JACOBI_TAIL. The result equals greedy decoding token for token, whatever
-        the strategy and options.
+        default, DEFAULT_JACOBI_TAIL. The tokens are those of strategy="greedy" (one token a pass)
+        with the same sampling arguments, whatever the strategy and options.
 
         config: this call's decoding tuning (runtime.config.DecodingConfig): a whole config, or a mapping
         of the fields to change from the generator's (`window` and `jacobi_tail` are fields too; the
@@ -589,7 +587,7 @@ def _result(request: Request, progress: Progress, ids: list[int], started: float
     stats = _stats(request, progress, len(ids), started, session, proposer)
     if text.stopped:
         stats.finish_reason = "stop"
-    stats.seed = None if sampler.greedy else sampler.params.seed
+    stats.seed = sampler.params.seed if sampler.params.sampled else None
     logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
     return GenerationResult(ids, text.text, stats, logprobs)
 
@@ -623,7 +621,7 @@ def _sampling_params(sampling: dict) -> SamplingParams:
     if unknown:
         raise InputError(f"unknown argument(s) {', '.join(unknown)}; the sampling arguments are {', '.join(fields)}")
     params = SamplingParams(**sampling)
-    return params if params.greedy or params.seed is not None else params.with_seed(draw_seed())
+    return params.with_seed(draw_seed()) if params.sampled and params.seed is None else params
 
 
 def _check_ids(prompt, vocab: int) -> list[int]:
@@ -633,11 +631,12 @@ def _check_ids(prompt, vocab: int) -> list[int]:
         raise InputError(f"the prompt must be text or a flat list of token ids ({exc})") from exc
     if array.size == 0:
         raise InputError("the prompt is empty; pass some text or token ids")
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+    ints = array.ndim == 1 and all(type(t) is int for t in array.tolist())  # tolist: numpy ints become int, bools bool
+    if not ints:
         raise InputError(f"token ids must be a flat list of integers, got an array of {array.dtype} with shape {list(array.shape)}")
-    bad = array[(array < 0) | (array >= vocab)]
-    if bad.size:
-        raise InputError(f"token id {int(bad[0])} is outside this model's vocabulary (0..{vocab - 1}); "
+    bad = [t for t in array.tolist() if not 0 <= t < vocab]  # Python ints: 2**70 too (numpy holds it as an object)
+    if bad:
+        raise InputError(f"token id {bad[0]} is outside this model's vocabulary (0..{vocab - 1}); "
                          "encode the text with this artifact's tokenizer")
     return array.tolist()
 

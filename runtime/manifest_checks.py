@@ -18,7 +18,6 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from .errors import ArtifactError
 
 _INT = "an integer"
-_STR = "a string"
 _OBJECT = "an object"
 # field -> (what it must be, check)
 _TOP: dict[str, tuple[str, object]] = {

@@ -30,6 +30,9 @@ import numpy as np
 from .errors import InputError
 
 MAX_LOGPROBS = 20
+# Smaller temperatures are refused: logits / 1e-310 overflows to inf and the pick is lost. vLLM treats
+# temperatures below the same 1e-5 as greedy; refusing them says so instead of changing the request.
+MIN_TEMPERATURE = 1e-5
 SEED_RANGE = (-(2**63), 2**64)  # int64 and uint64 seeds are both accepted; the key is seed mod 2**64
 
 
@@ -37,7 +40,7 @@ SEED_RANGE = (-(2**63), 2**64)  # int64 and uint64 seeds are both accepted; the 
 class SamplingParams:
     """How to choose each token. temperature 0 (the default) is greedy decoding."""
 
-    temperature: float = 0.0  # 0: greedy; > 0: sample from softmax(logits / temperature)
+    temperature: float = 0.0  # 0: greedy; >= MIN_TEMPERATURE: sample from softmax(logits / temperature)
     top_k: int = 0  # keep the k most likely tokens; 0: all
     top_p: float = 1.0  # keep the smallest most-likely set with probability >= top_p; 1: all
     min_p: float = 0.0  # keep tokens with probability >= min_p * the top token's; 0: all
@@ -49,7 +52,9 @@ class SamplingParams:
     coupled_draft: bool = True  # a draft model samples its guesses with the target's noise (speed only)
 
     def __post_init__(self) -> None:
-        _number("temperature", self.temperature, lambda v: v >= 0, "a number >= 0 (0 means greedy)")
+        _number("temperature", self.temperature, lambda v: v == 0 or v >= MIN_TEMPERATURE,
+                f"0 (greedy) or a number >= {MIN_TEMPERATURE:g} (smaller ones can overflow logits / temperature; "
+                "vLLM treats them as greedy: send 0)")
         _integer("top_k", self.top_k, lambda v: v >= 0, "an integer >= 0 (0 keeps every token)")
         _number("top_p", self.top_p, lambda v: 0 < v <= 1, "a number in (0, 1] (1 keeps every token)")
         _number("min_p", self.min_p, lambda v: 0 <= v <= 1, "a number in [0, 1] (0 keeps every token)")
@@ -67,6 +72,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when the in-graph greedy ids are the answer: no logits need to reach the host."""
         return self.temperature == 0 and not self.penalised and self.logprobs is None
+
+    @property
+    def sampled(self) -> bool:
+        """True when tokens are drawn (temperature > 0), so a seed matters; greedy with penalties draws none."""
+        return self.temperature > 0
 
     @property
     def penalised(self) -> bool:
@@ -175,7 +185,7 @@ class Sampler:
     """One request's sampling: params with a seed, and where the prompt ends (penalties tell them apart)."""
 
     def __init__(self, params: SamplingParams, prompt_len: int):
-        if params.seed is None and not params.greedy:
+        if params.seed is None and params.sampled:
             params = params.with_seed(draw_seed())
         self.params = params
         self.prompt_len = prompt_len
@@ -187,6 +197,8 @@ class Sampler:
 
     def independent(self) -> "Sampler":
         """The same sampling with noise of its own (another seed): for an uncoupled draft."""
+        if not self.params.sampled:
+            return self  # nothing is drawn: there is no noise to make independent
         return Sampler(self.params.with_seed((self.params.seed ^ 0x5DEECE66D) % 2**64), self.prompt_len)
 
     def sample(self, logits: np.ndarray, prefix: Sequence[int], position: int) -> int:

@@ -113,8 +113,9 @@ def leaf_paths(parents: Sequence[int]) -> list[list[int]]:
 def accept_branch(tokens: Sequence[int], parents: Sequence[int], predictions: Sequence[int]) -> Verdict:
     """Walk from the root, each step to the child whose token the target predicted at the current node.
 
-    predictions[i] is the target's next token after node i given node i's ancestors, so every
-    committed token is the target's greedy choice: the result equals greedy decoding exactly.
+    predictions[i] is the target's next token after node i given node i's ancestors (greedy, or sampled
+    for that prefix), so every committed token is the target's own choice: the result equals one token
+    a pass exactly.
     """
     children: dict[tuple[int, int], int] = {}
     for node in range(len(tokens) - 1, 0, -1):  # first occurrence wins if a caller built duplicate siblings

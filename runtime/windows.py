@@ -6,7 +6,7 @@ uses the faster one, trying the other for two passes every `probe_every` passes 
 and the acceptance drift as the context grows). The first pass of a probe back to Jacobi starts
 from stale guesses, so only the second one is measured. Where guesses rarely hit (plain Jacobi on a CPU,
 where a W-token pass costs clearly more than a 1-token pass) it settles on greedy passes, so a
-strategy is never much slower than greedy decoding. The output is greedy's either way.
+strategy is never much slower than greedy decoding. The output is the same either way.
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ cannot honour), 401 missing or wrong API key, 403 a Host header that is not this
 application/json, 429 with Retry-After when every worker is busy and the queue is full (decided
 before the body is parsed), 500 with only a request id (the details go to the server's log), 503
 while shutting down, 504 on timeout (a stream that times out sends an error event, then [DONE]).
-A client that disconnects stops its generation after the current pass and frees its slot.
+A client that disconnects stops its generation after the current pass and frees its slot; one that
+leaves before sending its whole body is counted as a 499 (nginx's "client closed request") with one
+log line. /health and the running/waiting gauges report what runs: with --max-batch, the engine's
+rows (a cancelled row runs to the end of its pass, after its worker has let go).
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
+from jacobi_rt.runtime.engine import BatchEngine
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.generator import Generator
 
 from .bodies import parse_json, read_body
 from .choices import Choices
-from .errors import APIError, from_input_error, internal_error, timeout_error
+from .errors import LOG, APIError, from_input_error, internal_error, timeout_error
 from .hosts import HostCheck
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, MetricsMiddleware
@@ -50,10 +55,25 @@ from .schemas import GenerationCall, parse_chat, parse_completion
 from .settings import ServerSettings
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it, the metrics count it
 
 
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
+
+
+@dataclass
+class Load:
+    """What runs and waits now: the worker pool's jobs, or with the batch engine, its rows."""
+
+    pool: WorkerPool
+    engine: BatchEngine | None
+
+    def running(self) -> int:
+        return self.pool.running if self.engine is None else self.engine.running
+
+    def waiting(self) -> int:
+        return self.pool.queued + (0 if self.engine is None else self.engine.queued)
 
 
 @dataclass
@@ -63,6 +83,7 @@ class Server:
     generator: Generator
     settings: ServerSettings
     pool: WorkerPool
+    load: Load
     metrics: Metrics
     created: int
     preparing: ThreadPoolExecutor  # chat templates and tokenizing, off the event loop, on a bounded set of threads
@@ -149,7 +170,7 @@ class Run:
         started = self.job.started_at
         self.server.metrics.observe_generation(
             outcome,
-            stats=self.job.result.stats if outcome == "finished" else None,
+            stats=[result.stats for result in self.job.stream.results] if outcome == "finished" else (),
             first_token=None if self.first_piece is None else self.first_piece - self.arrived,
             queue_wait=None if started is None else started - self.arrived,
             latency=time.monotonic() - self.arrived if outcome == "finished" else None,
@@ -160,13 +181,16 @@ def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
     """The ASGI app serving `generator` as the model `settings.model_id`."""
     # With max_batch, each worker thread only relays its generation's pieces: the engine's loop runs the passes.
     pool = WorkerPool(settings.running_at_once, settings.queue_size)
-    metrics = Metrics(settings.model_id, lambda: pool.running, lambda: pool.queued, pool.workers, pool.queue_size)
-    server = Server(generator, settings, pool, metrics, int(time.time()),
-                    ThreadPoolExecutor(min(settings.running_at_once, 4), thread_name_prefix="jacobi-rt-prepare"))
     engine = None
     if settings.max_batch is not None:
         engine = generator.engine or generator.start_engine(settings.max_batch, settings.batch_context)
+    load = Load(pool, engine)
+    metrics = Metrics(settings.model_id, load.running, load.waiting, pool.workers, pool.queue_size,
+                      batching=engine is not None)
+    if engine is not None:
         engine.stats.observers.append(metrics.observe_pass)
+    server = Server(generator, settings, pool, load, metrics, int(time.time()),
+                    ThreadPoolExecutor(min(settings.running_at_once, 4), thread_name_prefix="jacobi-rt-prepare"))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -217,8 +241,8 @@ def _service_routes(server: Server) -> APIRouter:
 
     @router.get("/health", summary="Liveness and load")
     async def health():
-        pool = server.pool
-        body = {"status": "ok", "model": server.settings.model_id, "running": pool.running, "queued": pool.queued}
+        load = server.load
+        body = {"status": "ok", "model": server.settings.model_id, "running": load.running(), "queued": load.waiting()}
         return JSONResponse(body)
 
     @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
@@ -255,7 +279,11 @@ def _api_key_check(key: str | None) -> Callable:
 async def _generate(server: Server, request: Request, parse: Callable[[Any], GenerationCall], chat: bool):
     arrived = time.monotonic()
     server.refuse_if_full()
-    body = await read_body(request, server.settings.max_body_bytes)  # a client slow to send holds no place
+    try:
+        body = await read_body(request, server.settings.max_body_bytes)  # a client slow to send holds no place
+    except ClientDisconnect:
+        LOG.warning("a client (%s) left before sending its whole request body", _peer(request))
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     ticket = server.admit()  # a full server refuses before parsing, rendering or tokenizing anything
     try:
         call = parse(parse_json(body))
@@ -273,7 +301,11 @@ async def _generate(server: Server, request: Request, parse: Callable[[Any], Gen
     try:
         return JSONResponse(await _whole(run, reply, request))
     except ClientGone:
-        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+def _peer(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "unknown address"
 
 
 async def _whole(run: Run, reply: Reply, request: Request) -> dict:

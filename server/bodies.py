@@ -2,8 +2,9 @@
 
 415 without Content-Type: application/json (a browser page can send text/plain to a local server
 without a CORS preflight; it cannot send application/json), 413 over the size limit, 400 for
-invalid UTF-8 or JSON, nesting deeper than MAX_DEPTH, or a lone UTF-16 surrogate ("\\ud800": valid
-JSON, but no tokenizer can encode it).
+invalid UTF-8 or JSON, nesting deeper than MAX_DEPTH, an integer longer than MAX_INT_DIGITS, or a
+lone UTF-16 surrogate ("\\ud800": valid JSON, but no tokenizer can encode it). A client that
+leaves before its whole body arrived raises starlette's ClientDisconnect.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi import Request
 from .errors import APIError
 
 MAX_DEPTH = 64  # OpenAI request bodies nest a few levels; tools' JSON schemas a dozen
+MAX_INT_DIGITS = 40  # no field takes more: seeds are 64-bit (20 digits); Python refuses 4300 with a message about sys
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
@@ -40,13 +42,20 @@ def parse_json(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise _invalid(f"the body is not UTF-8 ({exc})") from None
     try:
-        payload = json.loads(text)
+        payload = json.loads(text, parse_int=_int)
     except ValueError as exc:
         raise _invalid(f"the body is not valid JSON ({exc})") from None
     except RecursionError:
         raise _invalid(f"the JSON nests more than {MAX_DEPTH} levels deep") from None
     _check_structure(payload, strings=_SURROGATE_ESCAPE.search(text) is not None)
     return payload
+
+
+def _int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _invalid(f"the JSON holds an integer of {len(digits.lstrip('-'))} digits; no field takes one of more than "
+                       f"{MAX_INT_DIGITS} (a seed is a 64-bit integer)")
+    return int(digits)
 
 
 def _check_content_type(header: str) -> None:

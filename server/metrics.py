@@ -7,15 +7,19 @@ vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_tot
 vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds,
 vllm:request_prompt_tokens, vllm:request_generation_tokens. What only jacobi-rt has is named
 jacobi_rt_*: HTTP requests by endpoint and status, generations by outcome, target passes and
-tokens per pass, rows and tokens per pass of the batch engine, the pool's size.
+tokens per pass, rows and tokens per pass of the batch engine (only when it runs), the pool's size.
+No `*_created` samples (vLLM disables them too): a creation time per family is noise on a scrape.
+A request with n choices counts as n generations in the token, pass and finish-reason metrics (each
+choice has its own prefill and passes, as vLLM v1 counts a request's n children), once in the rest.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Iterator, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from .replies import FINISH_REASONS
 
@@ -33,7 +37,7 @@ class Metrics:
     """The app's metrics; `running` and `waiting` are read from the worker pool at each scrape."""
 
     def __init__(self, model_name: str, running: Callable[[], float], waiting: Callable[[], float],
-                 workers: int, queue_size: int):
+                 workers: int, queue_size: int, batching: bool = False):
         self.registry = registry = CollectorRegistry(auto_describe=True)
         model = {"labelnames": ["model_name"], "registry": registry}
         self._model = model_name
@@ -65,18 +69,19 @@ class Metrics:
         self.durations = Histogram("jacobi_rt_request_duration_seconds", "Time from request to the response's last "
                                    "byte (streams included)", labelnames=["endpoint"], buckets=LATENCY_BUCKETS,
                                    registry=registry)
-        self.outcomes = Counter("jacobi_rt_generations", "Generations by outcome (finished, cancelled by the client, "
-                                "timeout, failed)", labelnames=["outcome"], registry=registry)
+        self.outcomes = Counter("jacobi_rt_generations", "Requests' generations by outcome (finished, cancelled by the "
+                                "client, timeout, failed)", labelnames=["outcome"], registry=registry)
         for outcome in OUTCOMES:
             self.outcomes.labels(outcome)
         self.target_passes = Counter("jacobi_rt_target_passes", "Decoding passes of the target model (prefill not "
                                      "counted)", registry=registry)
         self.tokens_per_pass = Histogram("jacobi_rt_tokens_per_pass", "Tokens committed per target pass, one "
                                          "observation per generation (greedy: 1)", buckets=PASS_BUCKETS, registry=registry)
-        self.pass_rows = Histogram("jacobi_rt_batch_rows", "Rows (generations) in each pass of the batch engine "
-                                   "(--max-batch)", buckets=BATCH_BUCKETS, registry=registry)
-        self.pass_tokens = Histogram("jacobi_rt_batch_tokens", "Tokens committed by each pass of the batch engine "
-                                     "(prompt chunks included)", buckets=TOKEN_BUCKETS, registry=registry)
+        if batching:
+            self.pass_rows = Histogram("jacobi_rt_batch_rows", "Rows (generations) in each pass of the batch engine "
+                                       "(--max-batch)", buckets=BATCH_BUCKETS, registry=registry)
+            self.pass_tokens = Histogram("jacobi_rt_batch_tokens", "Tokens committed by each pass of the batch engine "
+                                         "(prompt chunks included)", buckets=TOKEN_BUCKETS, registry=registry)
         Gauge("jacobi_rt_workers", "Size of the worker pool", registry=registry).set(workers)
         Gauge("jacobi_rt_queue_capacity", "Requests that may wait before 429", registry=registry).set(queue_size)
 
@@ -85,9 +90,10 @@ class Metrics:
         self.requests.labels(endpoint, str(status)).inc()
         self.durations.labels(endpoint).observe(seconds)
 
-    def observe_generation(self, outcome: str, stats=None, first_token: float | None = None,
+    def observe_generation(self, outcome: str, stats: Sequence = (), first_token: float | None = None,
                            queue_wait: float | None = None, latency: float | None = None) -> None:
-        """One generation's end; `stats` (runtime Stats) and `latency` (arrival to last token) when it finished."""
+        """One request's end; when it finished, `stats` (runtime Stats, one per choice) and `latency`
+        (arrival to last token)."""
         model = self._model
         self.outcomes.labels(outcome).inc()
         if first_token is not None:
@@ -96,15 +102,15 @@ class Metrics:
             self.queue_time.labels(model).observe(queue_wait)
         if latency is not None:
             self.e2e.labels(model).observe(latency)
-        if stats is not None:
-            self.prompt_tokens.labels(model).inc(stats.prompt_tokens)
-            self.generation_tokens.labels(model).inc(stats.new_tokens)
-            self.request_prompt.labels(model).observe(stats.prompt_tokens)
-            self.request_generation.labels(model).observe(stats.new_tokens)
-            self.success.labels(model, FINISH_REASONS[stats.finish_reason]).inc()
-            self.target_passes.inc(stats.target_passes)
-            if stats.target_passes:
-                self.tokens_per_pass.observe(stats.tokens_per_pass)
+        for choice in stats:
+            self.prompt_tokens.labels(model).inc(choice.prompt_tokens)
+            self.generation_tokens.labels(model).inc(choice.new_tokens)
+            self.request_prompt.labels(model).observe(choice.prompt_tokens)
+            self.request_generation.labels(model).observe(choice.new_tokens)
+            self.success.labels(model, FINISH_REASONS[choice.finish_reason]).inc()
+            self.target_passes.inc(choice.target_passes)
+            if choice.target_passes:
+                self.tokens_per_pass.observe(choice.tokens_per_pass)
 
     def observe_pass(self, record) -> None:
         """One pass of the batch engine (runtime.engine.PassRecord); called on the engine's thread."""
@@ -112,8 +118,21 @@ class Metrics:
         self.pass_tokens.observe(record.tokens)
 
     def render(self) -> bytes:
-        """The text exposition format (CONTENT_TYPE)."""
-        return generate_latest(self.registry)
+        """The text exposition format (CONTENT_TYPE), without `*_created` samples."""
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _WithoutCreated:
+    """A registry's families less their `*_created` samples (prometheus_client's own switch,
+    disable_created_metrics(), is global to the process)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 class MetricsMiddleware:

@@ -1,11 +1,12 @@
 """Request bodies: the OpenAI fields jacobi-rt reads, checked with pydantic, turned into a GenerationCall.
 
 Nothing that would change the output is silently ignored: a declared field jacobi-rt cannot honour
-yet (logit_bias, tools, best_of, echo ...) is refused with a 400 that says so, and so is any
-field the models below do not declare (repetition_penalty, response_format schemas, guided_json,
-grammar, functions ...), naming the field. Only the fields in IGNORED_FIELDS, which cannot change
-the output, are accepted and ignored. To support a field: declare it on a model, use it, and take
-it out of NOT_YET_SUPPORTED.
+yet (logit_bias, tools, best_of, echo, suffix, response_format schemas) is refused with a 400 that
+says so, and so is any field the models below do not declare (guided_json, grammar, functions ...),
+naming the field. Only the fields in IGNORED_FIELDS, which cannot change the output, are accepted
+and ignored. To support a field: declare it on a model, use it, and take it out of NOT_YET_SUPPORTED.
+Messages are checked as OpenAI checks them: a known role, and content that is a string or a
+non-empty list of text parts.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ IGNORED_FIELDS = frozenset({
     "parallel_tool_calls", "tool_choice",  # about tools, which are refused when given
     "prediction",  # OpenAI's predicted outputs: a latency hint
 })
-# Undeclared fields jacobi-rt knows and does not support yet, with a better message than the generic one.
+# Fields jacobi-rt knows and does not support yet, with a better message than the generic one.
 NOT_YET_SUPPORTED = {
+    "tools": "tools are not supported: jacobi-rt does not call tools; leave tools out",
     "functions": "functions (and function_call) are not supported: jacobi-rt does not call tools",
     "function_call": "function_call is not supported: jacobi-rt does not call tools",
     **{name: f"{name}: constrained decoding is not supported; leave it out"
@@ -115,8 +117,11 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # undeclared fields: refused unless empty (see _refuse_undeclared)
-    role: StrictStr
-    content: StrictStr | list[ContentPart] | None = None
+    role: StrictStr  # one of ROLES (checked by _checked_message, with a message that says why)
+    content: StrictStr | list[ContentPart]
+
+
+ROLES = ("system", "developer", "user", "assistant")  # OpenAI's, less tool and function: jacobi-rt calls no tools
 
 
 class ChatRequest(CommonRequest):
@@ -167,7 +172,7 @@ def parse_chat(payload: Any) -> GenerationCall:
     _refuse_unsupported(request, tools=(None, []))
     if request.response_format not in (None, {"type": "text"}):
         raise APIError(400, "response_format other than {\"type\": \"text\"} is not supported", "response_format", "unsupported_value")
-    messages = [{"role": m.role, "content": _text_content(m, i)} for i, m in enumerate(request.messages)]
+    messages = [_checked_message(m, i) for i, m in enumerate(request.messages)]
     if request.top_logprobs is not None and not request.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
     logprobs = _bounded("top_logprobs", request.top_logprobs or 0, MAX_CHAT_LOGPROBS) if request.logprobs else None
@@ -185,7 +190,7 @@ def _validate(model: type[BaseModel], payload: Any) -> BaseModel:
         loc = [str(part) for part in first["loc"] if not _UNION_BRANCH.match(str(part))]
         param = ".".join(loc) or None
         missing = first["type"] == "missing"
-        problem = "this field is required" if missing else _HINTS.get(param, first["msg"])
+        problem = "this field is required" if missing else _HINTS.get(re.sub(r"\.\d+", "", param or ""), first["msg"])
         raise APIError(400, f"{param}: {problem}" if param else problem, param, "missing" if missing else "invalid_value") from None
 
 
@@ -193,6 +198,9 @@ _HINTS = {
     "prompt": "the prompt must be a string, a list of token ids, or a list holding one of these",
     "messages": 'messages must be a non-empty list like [{"role": "user", "content": "Hi"}]',
     "stop": "stop must be a string or a list of up to 4 strings",
+    "messages.role": 'a message\'s role must be a string like "user"',
+    "messages.content": 'a message\'s content must be a string or a non-empty list of text parts like '
+                        '[{"type": "text", "text": "Hi"}]',
     **{name: "a number was expected" for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                                                   "repetition_penalty")},
     **{name: "an integer was expected" for name in ("seed", "n", "top_k", "top_logprobs", "logprobs")},
@@ -219,11 +227,9 @@ def _refuse_unsupported(request: BaseModel, **allowed) -> None:
     for name, ok in {**common, **allowed}.items():
         value = getattr(request, name)
         if value not in (ok if isinstance(ok, tuple) else (ok,)):
-            raise APIError(400, _UNSUPPORTED.get(name, f"{name}={value!r} is not supported by jacobi-rt yet; leave it out"),
+            shown = f"={value!r}" if isinstance(value, (bool, int, str)) and len(repr(value)) <= 40 else ""
+            raise APIError(400, NOT_YET_SUPPORTED.get(name, f"{name}{shown} is not supported by jacobi-rt yet; leave it out"),
                            name, "unsupported_value")
-
-
-_UNSUPPORTED: dict[str, str] = {}
 
 
 def _single_prompt(prompt: str | list) -> str | list[int]:
@@ -235,19 +241,35 @@ def _single_prompt(prompt: str | list) -> str | list[int]:
     return prompt[0]
 
 
-def _text_content(message: ChatMessage, index: int) -> str:
-    if message.content is None or isinstance(message.content, str):
-        return message.content or ""
+def _checked_message(message: ChatMessage, index: int) -> dict:
+    """{"role", "content"} for the chat template: a known role, the text parts joined."""
+    where = f"messages.{index}"
+    if message.role not in ROLES:
+        why = "jacobi-rt does not call tools, so there are no tool results" if message.role in ("tool", "function") else \
+            f"the roles are {', '.join(ROLES)}"
+        raise APIError(400, f"{where}.role: {message.role!r} is not a role jacobi-rt takes; {why}", f"{where}.role",
+                       "invalid_value")
+    if isinstance(message.content, str):
+        return {"role": message.role, "content": message.content}
+    if not message.content:
+        raise APIError(400, f"{where}.content: an empty list of parts; send a string or at least one part like "
+                            '{"type": "text", "text": "Hi"}', f"{where}.content", "invalid_value")
     texts = []
-    for part in message.content:
-        if part.type != "text" or part.text is None:
-            raise APIError(400, f"messages.{index}.content: only text parts are supported, not {part.type!r}",
-                           f"messages.{index}.content", "unsupported_value")
+    for i, part in enumerate(message.content):
+        if part.type != "text":
+            raise APIError(400, f"{where}.content.{i}: only text parts are supported, not {part.type!r} parts",
+                           f"{where}.content.{i}.type", "unsupported_value")
+        if part.text is None:
+            raise APIError(400, f'{where}.content.{i}: a text part needs its text, like {{"type": "text", "text": "Hi"}}',
+                           f"{where}.content.{i}.text", "missing")
         texts.append(part.text)
-    return "".join(texts)
+    return {"role": message.role, "content": "".join(texts)}
 
 
 def _call(request: CommonRequest, prompt, messages, max_tokens, logprobs: int | None) -> GenerationCall:
+    if request.stream_options is not None and not request.stream:
+        raise APIError(400, "stream_options is only allowed with stream: true; leave it out or stream the answer",
+                       "stream_options", "invalid_value")
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     options = request.jacobi or JacobiOptions()
     return GenerationCall(

@@ -31,6 +31,7 @@ class Exported:
     model_dir: Path  # the Hugging Face folder that was exported
     artifact: Path  # the artifact folder export() wrote
     manifest: object  # the Manifest export() returned
+    events: list[str]  # export()'s step lines and, as "bar of N", each check_progress(N) call, in order
 
 
 @pytest.fixture(scope="session")
@@ -58,8 +59,10 @@ def tiny_artifact(tiny_model, tmp_path_factory):
     def get(family: str) -> Exported:
         if family not in done:
             model_dir = tiny_model(family)
-            manifest = export(str(model_dir), root / family)
-            done[family] = Exported(family, model_dir, root / family, manifest)
+            events: list[str] = []
+            manifest = export(str(model_dir), root / family, step=events.append,
+                              check_progress=lambda total: events.append(f"bar of {total}") or (lambda: None))
+            done[family] = Exported(family, model_dir, root / family, manifest, events)
         return done[family]
 
     return get

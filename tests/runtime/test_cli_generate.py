@@ -62,7 +62,7 @@ def test_sampling_options_reach_the_sampler(artifact, generator):
                                            top_k=20, top_p=0.9, min_p=0.01, seed=4, repetition_penalty=1.1)
     assert data["ids"] == expected.ids and data["stats"]["seed"] == 4
     refused = run(folder, "--prompt", "x", "--temperature", "-1")
-    assert refused.exit_code == 1 and "temperature must be a number >= 0" in refused.output
+    assert refused.exit_code == 1 and "temperature must be 0 (greedy) or a number >= 1e-05" in refused.output
 
 
 def test_decoding_fields_tune_the_run_and_bad_ones_are_one_line_errors(artifact, generator):

@@ -19,7 +19,7 @@ import pytest
 
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.acceptance import pass_cost
-from jacobi_rt.runtime.decoding import Progress, decode, prefill, step
+from jacobi_rt.runtime.decoding import Progress, decode, prefill_passes, step
 from jacobi_rt.runtime.draft import DraftLength, DraftProposer, check_draft
 from jacobi_rt.runtime.errors import ArtifactError, InputError
 from jacobi_rt.runtime.manifest import load_manifest
@@ -31,6 +31,16 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / "build" / "test-artifacts"
 TORCH_FREE = os.environ.get("JACOBI_RT_TORCH_FREE") == "1"
 PROMPTS = [[5, 17, 33, 80, 2], [101, 102, 103], list(range(40, 72)), [7]]
+
+
+def prefill(ctx, prompt: list[int], chunk: int) -> int:
+    """The prompt through `ctx` in chunks (decoding.prefill_passes run to its end): the first new token."""
+    passes = prefill_passes(ctx, prompt, chunk)
+    while True:
+        try:
+            next(passes)
+        except StopIteration as done:
+            return done.value
 
 
 # -- fixtures -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ BAD_REQUESTS = [
     (dict(prompt=None), InputError, "prompt"),
     (dict(prompt=[1, 2, 384]), InputError, "outside this model's vocabulary"),
     (dict(prompt=[1, -1]), InputError, "outside this model's vocabulary"),
+    (dict(prompt=[1, 2**70]), InputError, f"token id {2**70} is outside"),  # numpy holds it as an object
     (dict(prompt=[1.5, 2.0]), InputError, "integers"),
     (dict(prompt=[[1, 2]]), InputError, "flat"),
     (dict(prompt=[3] * 256), ContextLimitError, "context holds 256"),

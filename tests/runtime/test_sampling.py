@@ -139,6 +139,13 @@ def test_top_k_one_is_greedy_and_temperature_zero_needs_no_seed():
     assert greedy.greedy and greedy.params.seed is None
 
 
+def test_greedy_with_penalties_draws_no_seed():
+    """Penalties need the logits on the host (not greedy's in-graph ids), but nothing is drawn: no seed to report."""
+    penalised = Sampler(SamplingParams(repetition_penalty=1.2, presence_penalty=0.5), 0)
+    assert not penalised.greedy and penalised.params.seed is None
+    assert penalised.independent() is penalised  # an uncoupled draft: no noise to make its own
+
+
 def test_logprobs_are_the_models_log_softmax():
     logits = np.array([1.0, 3.0, 2.0, 0.0], dtype=np.float32)
     record = Sampler(SamplingParams(logprobs=2), 0).logprob(logits, 2)
@@ -148,7 +155,8 @@ def test_logprobs_are_the_models_log_softmax():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(temperature=-0.1), "temperature must be a number >= 0"),
+    (dict(temperature=-0.1), "temperature must be 0 \\(greedy\\) or a number >= 1e-05"),
+    (dict(temperature=1e-310), "temperature must be 0 \\(greedy\\) or a number >= 1e-05"),  # logits / T: inf
     (dict(temperature=float("nan")), "temperature"),
     (dict(temperature="hot"), "temperature"),
     (dict(top_p=0.0), r"top_p must be a number in \(0, 1\]"),

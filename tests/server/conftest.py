@@ -9,6 +9,7 @@ pytest.importorskip("fastapi", reason="the server needs the serve extra: pip ins
 pytest.importorskip("uvicorn", reason="the server needs the serve extra: pip install '.[serve]' from the checkout")
 httpx = pytest.importorskip("httpx", reason="the server tests need httpx (the dev extra)")
 
+from jacobi_rt.runtime import Generator  # noqa: E402
 from jacobi_rt.server.run import BackgroundServer  # noqa: E402
 from jacobi_rt.server.settings import ServerSettings  # noqa: E402
 
@@ -45,3 +46,20 @@ def llama_server(generator):
 def client(llama_server):
     with httpx.Client(base_url=llama_server.url, timeout=60) as c:
         yield c
+
+
+@pytest.fixture(params=[None, 4], ids=["default", "max-batch-4"])
+def each_mode(request, artifact):
+    """each_mode(**settings) -> a started server over the tiny llama, once as `jacobi-rt serve` runs by
+    default and once with --max-batch 4; each on a Generator of its own (a batch engine is not shared)."""
+    started: list[BackgroundServer] = []
+
+    def start(**settings) -> BackgroundServer:
+        gen = Generator.load(artifact("llama"), graph="inplace", threads=1)
+        server = BackgroundServer(gen, ServerSettings(model_id="llama", max_batch=request.param, **settings)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

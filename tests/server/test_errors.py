@@ -67,7 +67,7 @@ BAD = [
     (CHAT, {"messages": [{"content": "Hi"}]}, 400, "messages.0.role", "missing"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content", "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
-     "messages.0.content", "unsupported_value"),
+     "messages.0.content.0.type", "unsupported_value"),
     (CHAT, {"messages": [{"role": "user", "content": "word " * 400}]}, 400, "messages", "context_length_exceeded"),
     (CHAT, {"messages": HI, "max_tokens": 10**6}, 400, "max_tokens", "context_length_exceeded"),
     (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_value"),
@@ -86,6 +86,18 @@ BAD = [
     (CHAT, {"messages": HI, "functions": [{"name": "f"}]}, 400, "functions", "unsupported_value"),
     (CHAT, {"messages": HI, "response_format": {"type": "json_object"}}, 400, "response_format", "unsupported_value"),
     (CHAT, {"messages": [{"role": "user", "content": "Hi", "name": "bob"}]}, 400, "messages.0.name", "unsupported_value"),
+    # refused as OpenAI refuses them (issue 25)
+    (COMPLETIONS, {"prompt": "hi", "temperature": 5e-324}, 400, "temperature", "invalid_value"),  # logits / T overflows
+    (COMPLETIONS, {"prompt": "hi", "temperature": 1e-310}, 400, "temperature", "invalid_value"),
+    (COMPLETIONS, {"prompt": "hi", "stream": False, "stream_options": {"include_usage": True}}, 400, "stream_options",
+     "invalid_value"),
+    (CHAT, {"messages": HI, "stream": False, "stream_options": {}}, 400, "stream_options", "invalid_value"),
+    (CHAT, {"messages": [{"role": "bogus", "content": "Hi"}]}, 400, "messages.0.role", "invalid_value"),
+    (CHAT, {"messages": [{"role": "tool", "content": "42"}]}, 400, "messages.0.role", "invalid_value"),
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "messages.0.content", "missing"),
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "messages.0.content", "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": []}]}, 400, "messages.0.content", "invalid_value"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400, "messages.0.content.0.text", "missing"),
 ]
 
 
@@ -108,13 +120,44 @@ def test_bad_request(client, path, body, status, param, code):
                     status, param, code)
 
 
+def test_the_batch_server_refuses_the_same_bodies(artifact):
+    """--max-batch parses and checks requests as the default server does (BAD above runs on the default one)."""
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.server.run import BackgroundServer
+    from jacobi_rt.server.settings import ServerSettings
+
+    generator = Generator.load(artifact("llama"), graph="inplace", threads=1)
+    with BackgroundServer(generator, ServerSettings(model_id="llama", max_batch=4)) as server, \
+            httpx.Client(base_url=server.url, timeout=60) as c:
+        for path, body, status, param, code in BAD:
+            check_error(c.post(path, json=body), status, param, code)
+
+
 def test_fields_that_cannot_change_the_output_are_ignored(client):
     ignored = {"metadata": {"app": "x"}, "store": False, "service_tier": "auto", "tool_choice": "none",
-               "parallel_tool_calls": False, "stream_options": {"include_usage": False, "include_obfuscation": True}}
+               "parallel_tool_calls": False}
     echoed = {"role": "assistant", "content": "Hello", "refusal": None, "annotations": [], "tool_calls": []}
-    messages = [{"role": "user", "content": "Hi"}, echoed, {"role": "user", "content": "Again"}]
+    messages = [{"role": "system", "content": "Be brief"}, {"role": "developer", "content": "Be kind"},
+                {"role": "user", "content": "Hi"}, echoed, {"role": "user", "content": ""}]
     assert client.post(CHAT, json={"messages": messages, "max_tokens": 2, **ignored}).status_code == 200
     assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 2, **ignored}).status_code == 200
+    streamed = {"stream": True, "stream_options": {"include_usage": False, "include_obfuscation": True}}
+    assert client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": 2, **ignored, **streamed}).status_code == 200
+
+
+def test_refusals_say_what_is_wrong(client):
+    """Each message names the mistake, not what tripped over it (issue 25's misleading 400s)."""
+    no_text = client.post(CHAT, json={"messages": [{"role": "user", "content": [{"type": "text", "txt": "Hi"}]}]})
+    assert "a text part needs its text" in check_error(no_text, 400)["message"]
+    huge_id = client.post(COMPLETIONS, json={"prompt": [5, 2**70]})
+    assert f"token id {2**70} is outside this model's vocabulary" in check_error(huge_id, 400, "prompt")["message"]
+    long_seed = client.post(COMPLETIONS, content=b'{"prompt": "hi", "seed": ' + b"9" * 5000 + b"}",
+                            headers={"content-type": "application/json"})
+    message = check_error(long_seed, 400)["message"]
+    assert "5000 digits" in message and "sys." not in message
+    tools = [{"type": "function", "function": {"name": "f", "description": "a long description " * 20}}]
+    message = check_error(client.post(CHAT, json={"messages": HI, "tools": tools}), 400, "tools")["message"]
+    assert "description" not in message and len(message) < 100
 
 
 @pytest.mark.parametrize("path, body, param", [(COMPLETIONS, {"prompt": "hi \ud800 there"}, "prompt"),
@@ -220,6 +263,28 @@ def test_unknown_route_and_wrong_method(client):
 def test_the_server_still_serves_after_bad_input(client):
     assert client.get("/health").json()["status"] == "ok"
     assert client.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 3}).json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_client_that_leaves_mid_body_is_a_499_with_one_log_line(each_mode, caplog, capfd):
+    """Half a body, then the connection closes: counted as a client disconnect, logged once, no traceback."""
+    server = each_mode()
+    capfd.readouterr()
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        for _ in range(3):
+            with socket.create_connection((server.host, server.port)) as leaving:
+                leaving.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: 1000\r\n\r\n{\"prompt\": \"The qu")
+        limit = time.monotonic() + 10
+        while 'endpoint="completions"} 3.0' not in c.get("/metrics").text:
+            assert time.monotonic() < limit, c.get("/metrics").text
+            time.sleep(0.02)
+        counted = [line for line in c.get("/metrics").text.splitlines() if line.startswith("jacobi_rt_requests_total{")]
+        assert c.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 3}).status_code == 200
+    assert [line for line in counted if "completions" in line] == ['jacobi_rt_requests_total{code="499",endpoint="completions"} 3.0']
+    records = [r for r in caplog.records if r.name.startswith("jacobi_rt")]
+    assert [r.levelname for r in records] == ["WARNING"] * 3 and "left before sending its whole request body" in records[0].getMessage()
+    err = capfd.readouterr().err
+    assert "Exception in ASGI application" not in err and "Traceback" not in err, err
 
 
 def test_a_stalled_client_does_not_stall_others(llama_server, client):

@@ -88,3 +88,17 @@ def test_openai_client_sampling(llama_server):
         assert len(a.choices[0].logprobs.content[0].top_logprobs) == 2
         with pytest.raises(openai.BadRequestError, match="top_p"):
             api.chat.completions.create(model="llama", messages=HI, top_p=1.5)
+
+
+def test_greedy_with_penalties_reports_no_seed(each_mode):
+    """Penalties without a temperature: nothing is drawn, so there is no seed to report (nor to reproduce with)."""
+    import httpx
+
+    server = each_mode()
+    body = {"prompt": "The quick", "max_tokens": 6, "repetition_penalty": 1.3, "presence_penalty": 0.5}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        replies = [c.post(COMPLETIONS, json=body).json(), c.post(COMPLETIONS, json={**body, "n": 2}).json()]
+    for reply in replies:
+        assert reply["jacobi"]["seed"] is None, reply["jacobi"]
+    assert replies[1]["jacobi"]["seeds"] == [None, None]
+    assert replies[0]["choices"][0]["text"] == replies[1]["choices"][1]["text"]  # greedy: every choice alike

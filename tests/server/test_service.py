@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 
 def test_health(client):
@@ -63,3 +64,72 @@ def test_metrics_have_vllms_names(start_server):
     for line in text.splitlines():  # the exposition format: comments, or `name{labels} value`
         assert line.startswith("# HELP ") or line.startswith("# TYPE ") or \
             re.fullmatch(r'(vllm:|jacobi_rt_)[\w:]+(\{(\w+="[^"]*",?)+\})? [0-9.e+-]+', line), line
+
+
+def samples_of(text: str) -> dict[str, float]:
+    return {name: float(value) for name, value in
+            (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))}
+
+
+def test_metrics_count_every_choice(each_mode):
+    """n=2: the metrics' generated tokens are usage's completion tokens (each choice is a generation)."""
+    import httpx
+
+    server = each_mode()
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        reply = c.post("/v1/completions", json={"prompt": "The quick", "max_tokens": 7, "temperature": 1.0, "seed": 3, "n": 2})
+        samples = samples_of(c.get("/metrics").text)
+    usage = reply.json()["usage"]
+    assert usage["completion_tokens"] == 14
+    assert samples['vllm:generation_tokens_total{model_name="llama"}'] == 14
+    assert samples['vllm:request_generation_tokens_count{model_name="llama"}'] == 2
+    assert samples['jacobi_rt_generations_total{outcome="finished"}'] == 1  # one request
+
+
+def test_metrics_have_no_created_families_and_batch_histograms_only_when_batching(each_mode, request):
+    import httpx
+
+    server = each_mode()
+    batching = "max-batch" in request.node.callspec.id
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        c.post("/v1/completions", json={"prompt": "The quick", "max_tokens": 3})
+        text = c.get("/metrics").text
+    assert "_created" not in text
+    assert ("jacobi_rt_batch_rows" in text) == batching and ("jacobi_rt_batch_tokens" in text) == batching
+
+
+def test_health_in_batch_mode_counts_a_cancelled_row_until_its_pass_ends(artifact):
+    """The client leaves, its worker lets go at once; the engine's pass still runs its row, and /health says so."""
+    import threading
+
+    import httpx
+
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.server.run import BackgroundServer
+    from jacobi_rt.server.settings import ServerSettings
+
+    gen = Generator.load(artifact("llama"), graph="inplace", threads=1)
+    with BackgroundServer(gen, ServerSettings(model_id="llama", max_batch=4)) as server, \
+            httpx.Client(base_url=server.url, timeout=60) as c:
+        first_piece_out, held, passes_go_on = threading.Event(), threading.Event(), threading.Event()
+
+        def hold(record) -> None:  # 20 ms a pass; once the first piece has reached the client, the engine waits
+            if first_piece_out.is_set():
+                held.set()
+                passes_go_on.wait(20)
+            time.sleep(0.02)
+
+        gen.engine.stats.observers.append(hold)
+        with c.stream("POST", "/v1/completions", json={"prompt": "The quick", "max_tokens": 200, "stream": True,
+                                                       "jacobi": {"strategy": "greedy"}}) as response:
+            next(response.iter_lines())
+            first_piece_out.set()
+            assert held.wait(20)
+        limit = time.monotonic() + 20
+        while 'jacobi_rt_generations_total{outcome="cancelled"} 1.0' not in c.get("/metrics").text:
+            assert time.monotonic() < limit
+            time.sleep(0.02)
+        health = c.get("/health").json()
+        running = gen.engine.running
+        passes_go_on.set()
+    assert running == 1 and health["running"] == 1, health

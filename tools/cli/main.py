@@ -30,7 +30,7 @@ class Group(click.Group):
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "JACOBI_RT"})
 @click.version_option(__version__, prog_name="jacobi-rt")
 def cli():
-    """jacobi-rt: Jacobi and speculative Jacobi decoding, token-identical to greedy.
+    """jacobi-rt: Jacobi, lookahead and speculative decoding, token-identical to one token a pass.
 
     \b
     Typical use:

@@ -30,7 +30,8 @@ from .decoding import decoding_config, decoding_option
               help="Require 'Authorization: Bearer KEY' on /v1/* (else 401). /health and /metrics stay open.")
 @click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True,
               help="Decoding strategy when a request names none (its \"jacobi\": {\"strategy\": ...} field). "
-                   "Every strategy gives greedy's output; they differ only in speed.")
+                   "Every strategy gives the same tokens (greedy's, or for a seed the same sample); they differ only "
+                   "in speed.")
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Generations running at once (each on its own thread and KV buffers). On a CPU one generation "
                    "already uses every core; more workers share them (see --threads): more tokens/s in total, "
@@ -38,7 +39,7 @@ from .decoding import decoding_config, decoding_option
 @click.option("--max-batch", type=int, default=None,
               help="Continuous batching: up to N generations share every pass of the model (one engine, N slots; "
                    "needs the in-place graph); replaces --workers. On 2 CPU cores, 16 streams served about 5x the "
-                   "tokens/s of one (README, Serve).")
+                   "tokens/s of one (docs/bench/2026-12-01-continuous-batching.md).")
 @click.option("--batch-context", type=int, default=None,
               help="With --max-batch: each slot's context, prompt + output. Default: the artifact's, or at most 2048 "
                    "when its in-place graph has the default (scatter) attention, which reads a slot's whole context "
@@ -81,7 +82,8 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
       POST /v1/chat/completions   messages -> reply (the artifact's chat template applied)
       GET  /v1/models             the served model (its id: --model-name)
       GET  /health, GET /metrics  liveness; Prometheus metrics
-    Output is greedy decoding: temperature must be 0 or left out. jacobi-rt's own knobs go in
+    Sampling as OpenAI defines it (temperature, top_p, seed, n, penalties, logprobs; vLLM's top_k,
+    min_p, repetition_penalty); temperature 0 or left out is greedy. jacobi-rt's own knobs go in
     a "jacobi" field ({"strategy": "jacobi", "window": 8}, and any per-request --decoding field,
     e.g. {"branches": 1}); --decoding sets the server's defaults. Responses carry the decoding stats
     (tokens per pass, passes) in a "jacobi" field too.
