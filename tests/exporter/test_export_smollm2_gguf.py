@@ -87,35 +87,23 @@ def test_jacobi_equals_greedy_on_the_portable_graph(smollm2_gguf):
 def test_a_chain_window_is_bitwise_one_token_passes(smollm2_gguf):
     """What lets every strategy equal greedy at level 4: a chain window of W tokens gives, row by row,
     the logits of W one-token passes, bit for bit (the int8 activation blocks are per row; a fused
-    node must keep it so)."""
+    node must keep it so), through the runtime's own context in the mode its load-time check picked
+    on this CPU (runtime/backends/exact_rows.py: on an AVX2-only CPU a one-token pass runs as two rows)."""
     import numpy as np
-    import onnxruntime as ort
+
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 
     folder, manifest = smollm2_gguf
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(str(folder / manifest.graphs["portable"]), options, providers=["CPUExecutionProvider"])
-    layers, arch = manifest.architecture.num_layers, manifest.architecture
-
-    def run(ids, past, start):
-        width, length = len(ids), past[0].shape[2]
-        feeds = {"input_ids": np.array([ids], np.int64), "position_ids": np.arange(start, start + width)[None],
-                 "attention_mask": np.ones((1, length + width), np.int64), "window_mask": np.tril(np.ones((1, width, width), bool))}
-        feeds.update({f"past_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}": t for i, t in enumerate(past)})
-        out = session.run(None, feeds)
-        return out[0][0], out[2:]
-
+    backend = OrtBackend(folder, manifest, "cpu", 2, graph="portable")
+    assert backend.rows.mode in ("native", "padded")
     rng = np.random.default_rng(0)
-    prompt = rng.integers(100, 20000, 40).tolist()
-    _, past = run(prompt, [np.zeros((1, arch.kv_heads, 0, arch.head_dim), np.float32)] * (2 * layers), 0)
-    for width in (2, 3, 8, 16):
-        tokens = rng.integers(100, 20000, width).tolist()
-        window, _ = run(tokens, past, len(prompt))
-        cache, alone = past, []
-        for i, token in enumerate(tokens):
-            logits, cache = run([token], cache, len(prompt) + i)
-            alone.append(logits[0])
-        assert np.array_equal(window, np.stack(alone)), f"window {width}"
+    prompt = rng.integers(100, 20000, 40)
+    with backend.context(80) as ctx:
+        ctx.forward(prompt[None])
+        ctx.commit(len(prompt))
+        for width in (2, 3, 8, 16):
+            window, alone = window_and_one_token_passes(ctx, rng.integers(100, 20000, width))
+            assert np.array_equal(window, alone), f"window {width}"
 
 
 # Two bench prompts where lookahead's side branches flipped a near-tie at level 4 (top-2 gaps 0.12 and
