@@ -111,13 +111,17 @@ def inplace_attention_for(model):
     return attention_swapped(model, NAME, inplace_attention)
 
 
-def unsupported(shape, attention: str = ATTENTION) -> str | None:
+def unsupported(shape) -> str | None:
     """Why the in-place attention cannot serve this model (None when it can)."""
     if shape.num_heads % shape.kv_heads:
         return f"{shape.num_heads} query heads are not a multiple of {shape.kv_heads} KV heads"
-    if attention == "gqa" and shape.head_dim % 8:
-        return f"head_dim {shape.head_dim} is not a multiple of 8 (GroupQueryAttention's requirement)"
     return None
+
+
+def attention_form(shape) -> str:
+    """The gqa form where onnxruntime's GroupQueryAttention takes the head size (a multiple of 16 on
+    the CPU: "head_size shall be a multiple of 16"), else the scatter form, which takes any."""
+    return ATTENTION if shape.head_dim % 16 == 0 else "scatter"
 
 
 def sample_inputs(shape, dtype, batch=2, window=3, lengths=(1, 4), capacity=11) -> tuple:
@@ -165,20 +169,21 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
     pack_attention(onnx_model)
 
 
-def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None) -> tuple[dict, dict]:
-    """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures), or
-    ({}, {"skipped": why}) when this family cannot map onto GroupQueryAttention (the artifact then
-    has the portable graph only). A graph that traces but disagrees with PyTorch raises."""
+def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, progress=None,
+                      max_context: int | None = None) -> tuple[dict, dict]:
+    """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures with the
+    attention form), or ({}, {"skipped": why}) when this family cannot map onto it (the artifact
+    then has the portable graph only). A graph that traces but disagrees with PyTorch raises."""
     from jacobi_rt.runtime.errors import JacobiError
 
     from .inplace_check import CASES, check_inplace_against_torch
 
-    reason = unsupported(shape)
+    reason, attention = unsupported(shape), attention_form(shape)
     path = folder / GRAPH_FILE
     if reason is None:
-        step(f"tracing the in-place graph ({ATTENTION} attention, opset {opset})")
+        step(f"tracing the in-place graph ({attention} attention, opset {opset})")
         try:
-            export_inplace_onnx(model, shape, path, opset)
+            export_inplace_onnx(model, shape, path, opset, attention)
         except JacobiError:
             raise
         except Exception as exc:  # torch.export / onnxscript raise many types for an architecture they cannot trace
@@ -189,5 +194,5 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
         step(f"no in-place graph for this model: {reason}")
         return {}, {"skipped": reason}
     step(f"checking the in-place graph against PyTorch at {len(CASES)} batches")
-    report = check_inplace_against_torch(model, shape, path, dtype, progress)
-    return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": ATTENTION}
+    report = check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context)
+    return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention}

@@ -80,11 +80,16 @@ def other_tokenizer():
 
 def make_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:
     """Write a tiny random `family` model folder (weights scaled up so greedy output varies)."""
+    return save_tiny_model(tiny_config(family), folder, seed)
+
+
+def save_tiny_model(config, folder: Path, seed: int = 0) -> Path:
+    """Write a tiny random model of `config` with the tiny tokenizer (weights scaled up so greedy output varies)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family))
+    model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # larger weights -> peaked, varied logits instead of near-uniform ones
         for p in model.parameters():
             if p.dim() == 2:
