@@ -37,7 +37,7 @@ GRAPH_FILE = "model-inplace.onnx"
 
 @dataclass
 class InplaceWindow:
-    """What every layer's attention needs for one pass, handed through the model's kwargs."""
+    """What every layer's attention needs for one pass, set on the attention modules for the pass."""
 
     past: tuple  # key0, value0, key1, value1, ...: [B, Hkv, C, D]
     seqlens_k: torch.Tensor  # [B] int32: length + W - 1
@@ -45,16 +45,17 @@ class InplaceWindow:
     presents: dict = field(default_factory=dict)  # layer -> (key, value)
 
 
-def inplace_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, jacobi_window=None, **kwargs):
+def inplace_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     # query: [B, H, W, D]; key, value: [B, Hkv, W, D] (the window only: the model was given no cache)
     batch, heads, window, dim = query.shape
     kv_heads = key.shape[1]
     layer = module.layer_idx
-    state: InplaceWindow = jacobi_window
+    state: InplaceWindow = module.jacobi_window
     flat = lambda t: t.transpose(1, 2).reshape(batch, window, -1)  # noqa: E731  [B, W, heads*D]
     out, present_key, present_value = torch.ops.jacobi.gqa(
         flat(query), flat(key), flat(value), state.past[2 * layer], state.past[2 * layer + 1],
         state.seqlens_k, state.total_len, attention_mask, heads, kv_heads, float(scaling if scaling is not None else dim**-0.5),
+        float(softcap or 0.0),
     )
     state.presents[layer] = (present_key, present_value)
     return out.view(batch, window, heads, dim), None
@@ -94,13 +95,20 @@ class InplaceWindowModel(torch.nn.Module):
             seqlens_k=(cache_lengths + window - 1).to(torch.int32),
             total_len=torch.full((), total, dtype=torch.int32),
         )
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=window_bias(attention_mask, window_mask, cache_lengths, dtype, past[0].shape[2]),
-            use_cache=False,
-            jacobi_window=state,
-        )
+        # on the attention modules, not through the forward's kwargs: some families' layers (StableLM) drop them
+        layers = [m for m in self.model.modules() if hasattr(m, "layer_idx")]
+        for module in layers:
+            module.jacobi_window = state
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=window_bias(attention_mask, window_mask, cache_lengths, dtype, past[0].shape[2]),
+                use_cache=False,
+            )
+        finally:
+            for module in layers:
+                del module.jacobi_window
         logits = out.logits.float()  # [B, W, vocab]
         present = [t for i in range(self.num_layers) for t in state.presents[i]]
         return (logits, logits.argmax(dim=-1), *present)
