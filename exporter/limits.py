@@ -21,7 +21,7 @@ ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 @dataclass
 class ContextLimit:
     positions: int
-    why: str  # what sets it, for messages: "the model's 256 positions"
+    why: str  # what sets it, for messages (plain words: the CLI prints them as they are): "the model's 256 positions"
 
 
 def context_limit(config: dict) -> ContextLimit | None:
@@ -31,11 +31,11 @@ def context_limit(config: dict) -> ContextLimit | None:
     limits = [ContextLimit(positions, f"the model's {positions} positions")] if positions else []
     window = _sliding_window(config)
     if window:
-        limits.append(ContextLimit(window, f"the model's sliding window of {window} positions (`sliding_window`)"))
+        limits.append(ContextLimit(window, f"the model's sliding window of {window} positions, config.json's sliding_window"))
     for rope in rope_settings(config):
         original = _positive(rope.get("original_max_position_embeddings")) or _positive(config.get("original_max_position_embeddings"))
         if _rope_type(rope) == "longrope" and original:
-            limits.append(ContextLimit(original, f"longrope's `original_max_position_embeddings` {original}: past it the model "
+            limits.append(ContextLimit(original, f"longrope's original_max_position_embeddings, {original}: past it the model "
                                                   "switches to its long factors mid-sequence"))
     return min(limits, key=lambda limit: limit.positions, default=None)
 
@@ -45,7 +45,7 @@ def check_rope(config: dict, where: str) -> None:
     for rope in rope_settings(config):
         kind = _rope_type(rope)
         if kind not in ROPE_TYPES:
-            raise ModelSourceError(f"{where}: `rope_scaling` type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+            raise ModelSourceError(f"{where}: rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
 
 
 def rope_settings(config: dict) -> list[dict]:
@@ -83,13 +83,15 @@ def static_rope(model):
     saved = []
     for module in model.modules():
         kinds = getattr(module, "rope_type", None)
-        if not isinstance(kinds, (str, dict)) or not hasattr(module, "original_inv_freq" if isinstance(kinds, str) else "config"):
+        rotary = any(name.endswith("inv_freq") for name, _ in module.named_buffers(recurse=False))
+        if not rotary or not isinstance(kinds, (str, dict)):
             continue
-        saved.append((module, kinds))
-        for prefix, kind in ([("", kinds)] if isinstance(kinds, str) else [(f"{k}_", v) for k, v in kinds.items()]):
+        per_prefix = {"": kinds} if isinstance(kinds, str) else {f"{layer}_": kind for layer, kind in kinds.items()}
+        for prefix, kind in per_prefix.items():
             if kind in ("dynamic", "longrope"):
                 getattr(module, f"{prefix}inv_freq").copy_(getattr(module, f"{prefix}original_inv_freq"))
-        module.rope_type = "default" if isinstance(kinds, str) else {k: "default" for k in kinds}
+        saved.append((module, kinds))
+        module.rope_type = "default" if isinstance(kinds, str) else dict.fromkeys(kinds, "default")
     try:
         yield model
     finally:

@@ -76,12 +76,14 @@ def more_config(family: str, common: dict):
     sizes = {k: common[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                     "num_attention_heads", "max_position_embeddings", "eos_token_id", "bos_token_id", "pad_token_id")}
     if family == "phi3":
+        # Phi3Config reads original_max_position_embeddings at the top level (4096 in the checkpoint, of 131072)
         fields = dict(num_key_value_heads=2, partial_rotary_factor=0.75, tie_word_embeddings=True, hidden_act="silu",
+                      original_max_position_embeddings=128,
                       rope_scaling={"rope_type": "longrope", "original_max_position_embeddings": 128,
                                     "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0], "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})
-    elif family == "gemma2":
-        fields = dict(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=32, attn_logit_softcapping=50.0,
-                      final_logit_softcapping=30.0, sliding_window=96, layer_types=["sliding_attention", "full_attention"],
+    elif family == "gemma2":  # capping at 2 and 5 (the checkpoint: 50 and 30) so that it changes these tiny scores
+        fields = dict(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=32, attn_logit_softcapping=2.0,
+                      final_logit_softcapping=5.0, sliding_window=96, layer_types=["sliding_attention", "full_attention"],
                       hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=False)
     elif family == "granite":
         fields = dict(num_key_value_heads=2, embedding_multiplier=12.0, attention_multiplier=0.015625,

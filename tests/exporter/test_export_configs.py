@@ -99,6 +99,7 @@ def test_max_context_beyond_a_sliding_window_names_the_window(case, tmp_path):
     message = str(info.value)
     assert "`max_context`" in message and "sliding window of 16" in message and "64" in message
     assert "256" not in message  # not the positions, which are not what stops it
+    assert "`" not in info.value.naming(lambda parameter: "--max-context")  # what the command line prints
     assert not (tmp_path / "out").exists()
 
 
@@ -134,7 +135,7 @@ def test_an_unknown_rope_type_is_refused_before_loading(tmp_path):
     with pytest.raises(ModelSourceError) as info:
         export(str(folder), tmp_path / "out")
     message = str(info.value)
-    assert "`rope_scaling`" in message and "'su-mystery'" in message and "longrope" in message
+    assert "rope_scaling type 'su-mystery'" in message and "longrope" in message
     assert not (tmp_path / "out").exists()
 
 
