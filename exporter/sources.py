@@ -21,6 +21,7 @@ from .limits import ContextLimit, check_rope, context_limit
 SUPPORTED = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gpt2",
     "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite", "olmo2", "gpt_neox", "stablelm", "smollm3",
+    "starcoder2", "gptj", "nemotron", "olmo", "cohere",
 )}
 
 BUILTIN = {

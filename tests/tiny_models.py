@@ -64,6 +64,11 @@ MORE_FAMILIES = {
     "gemma": "google/gemma-2b",  # multi-query, scaled embeddings, (1 + w) RMSNorm, gelu_pytorch_tanh
     "gemma3_text": "google/gemma-3-1b-it",  # local/global layers with their own rope bases, q/k norms, windows
     "smollm3": "HuggingFaceTB/SmolLM3-3B",  # layers without rope
+    "starcoder2": "bigcode/starcoder2-3b",  # LayerNorm with bias, biased projections, GQA, a sliding window
+    "gptj": "EleutherAI/gpt-j-6b",  # interleaved (rotate-every-two) rotary on part of the head, parallel attention/MLP
+    "nemotron": "nvidia/Minitron-4B-Base",  # LayerNorm1P, squared-ReLU MLP, rotary on half the head
+    "olmo": "allenai/OLMo-1B-hf",  # non-parametric LayerNorm, q/k/v clipping
+    "cohere": "CohereForAI/c4ai-command-r-v01",  # interleaved rotary, parallel attention/MLP, logit scale
 }
 
 
@@ -106,6 +111,18 @@ def more_config(family: str, common: dict):
         fields = dict(num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=96,
                       layer_types=["sliding_attention", "full_attention"], rope_local_base_freq=10000.0, rope_theta=1000000.0,
                       tie_word_embeddings=False, hidden_activation="gelu_pytorch_tanh")
+    elif family == "starcoder2":
+        fields = dict(num_key_value_heads=2, sliding_window=128, use_bias=True, hidden_act="gelu_pytorch_tanh",
+                      norm_epsilon=1e-5, rope_theta=999999.0, tie_word_embeddings=False)
+    elif family == "gptj":
+        fields = dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, rotary_dim=8, activation_function="gelu_new",
+                      tie_word_embeddings=False)
+    elif family == "nemotron":
+        fields = dict(num_key_value_heads=2, partial_rotary_factor=0.5, hidden_act="relu2", tie_word_embeddings=False)
+    elif family == "olmo":
+        fields = dict(num_key_value_heads=4, clip_qkv=8.0, tie_word_embeddings=False)
+    elif family == "cohere":
+        fields = dict(num_key_value_heads=2, logit_scale=0.0625, use_qk_norm=False, tie_word_embeddings=True)
     elif family == "smollm3":
         fields = dict(num_key_value_heads=2, no_rope_layers=[1, 0], rope_theta=5000000.0, tie_word_embeddings=True,
                       use_sliding_window=False)

@@ -15,8 +15,8 @@ from jacobi_rt.runtime.errors import ExportCheckError, JacobiError, ModelSourceE
 
 from export_helpers import leftovers, listing, sha256
 
-SUPPORTED = ["gemma", "gemma2", "gemma3_text", "gpt2", "gpt_neox", "granite", "llama", "mistral", "olmo2", "phi", "phi3",
-             "qwen2", "qwen3", "smollm3", "stablelm"]
+SUPPORTED = sorted(["llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite",
+                    "olmo2", "gpt_neox", "stablelm", "smollm3", "starcoder2", "gptj", "nemotron", "olmo", "cohere"])
 
 
 def smollm2_gguf() -> Path | None:
