@@ -41,10 +41,13 @@ def attention_swapped(model, name: str, function):
     check; restore eager on exit."""
     from transformers import AttentionInterface
 
+    from .falcon import falcon_attention_routed
+
     AttentionInterface.register(name, function)
     model.set_attn_implementation(name)
     try:
-        yield model
+        with falcon_attention_routed(model, function):  # the one supported family whose attention bypasses the interface
+            yield model
     finally:
         model.set_attn_implementation("eager")
 

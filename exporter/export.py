@@ -25,7 +25,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 
 from . import sources
 from .destination import recover_interrupted
-from .limits import ContextLimit, check_rope, context_limit
+from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
 from . import weights as weight_step
@@ -101,7 +101,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         keep_first_layers(model, keep_layers)
     shape = probe(model)
     config = model.config.to_dict()
-    check_rope(config, source.name)
+    check_config(config, source.name)
     limit = context_limit(config) or ContextLimit(shape.max_positions, f"the model's {shape.max_positions} positions")
     max_context = limit.positions if options.max_context is None else options.max_context
     check_max_context(max_context, limit)

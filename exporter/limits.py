@@ -40,8 +40,11 @@ def context_limit(config: dict) -> ContextLimit | None:
     return min(limits, key=lambda limit: limit.positions, default=None)
 
 
-def check_rope(config: dict, where: str) -> None:
-    """Refuse a rope type the export cannot trace faithfully, naming the field and its value."""
+def check_config(config: dict, where: str) -> None:
+    """Refuse a config the export cannot follow faithfully, naming the field and its value: an
+    unknown rope type, or ALiBi (Falcon-RW: positions as an attention bias, which the graphs lack)."""
+    if config.get("alibi") is True:
+        raise ModelSourceError(f"{where}: alibi true (ALiBi position biases) is not supported; only rotary Falcon models export")
     for rope in rope_settings(config):
         kind = _rope_type(rope)
         if kind not in ROPE_TYPES:

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from jacobi_rt.runtime.errors import ModelSourceError
 
-from .limits import ContextLimit, check_rope, context_limit
+from .limits import ContextLimit, check_config, context_limit
 
 # model_type -> family. Each is exported through the model's own forward and covered by tests
 # (tests/tiny_models.py: FAMILIES and MORE_FAMILIES, each named after the checkpoint it shrinks).
 SUPPORTED = {name: name for name in (
     "llama", "mistral", "qwen2", "qwen3", "gpt2",
     "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite", "olmo2", "gpt_neox", "stablelm", "smollm3",
-    "starcoder2", "gptj", "nemotron", "olmo", "cohere",
+    "starcoder2", "gptj", "nemotron", "olmo", "cohere", "falcon",
 )}
 
 BUILTIN = {
@@ -140,7 +140,7 @@ def _hf_folder(path: Path) -> ModelSource:
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
     if not has_weights:
         raise ModelSourceError(f"{path}: no weights (*.safetensors or *.bin) next to config.json")
-    check_rope(config, str(path))
+    check_config(config, str(path))
     layers = config.get("num_hidden_layers", config.get("n_layer"))
     return ModelSource("hf-folder", str(path), path, None, model_type, context_limit(config), layers if isinstance(layers, int) else None)
 

@@ -69,6 +69,7 @@ MORE_FAMILIES = {
     "nemotron": "nvidia/Minitron-4B-Base",  # LayerNorm1P, squared-ReLU MLP, rotary on half the head
     "olmo": "allenai/OLMo-1B-hf",  # non-parametric LayerNorm, q/k/v clipping
     "cohere": "CohereForAI/c4ai-command-r-v01",  # interleaved rotary, parallel attention/MLP, logit scale
+    "falcon": "tiiuae/falcon-40b",  # new decoder architecture: grouped KV in one fused qkv, two parallel layer norms
 }
 
 
@@ -123,6 +124,9 @@ def more_config(family: str, common: dict):
         fields = dict(num_key_value_heads=4, clip_qkv=8.0, tie_word_embeddings=False)
     elif family == "cohere":
         fields = dict(num_key_value_heads=2, logit_scale=0.0625, use_qk_norm=False, tie_word_embeddings=True)
+    elif family == "falcon":
+        fields = dict(num_kv_heads=2, new_decoder_architecture=True, multi_query=True, parallel_attn=True, bias=False,
+                      alibi=False, tie_word_embeddings=False)
     elif family == "smollm3":
         fields = dict(num_key_value_heads=2, no_rope_layers=[1, 0], rope_theta=5000000.0, tie_word_embeddings=True,
                       use_sliding_window=False)

@@ -139,6 +139,19 @@ def test_an_unknown_rope_type_is_refused_before_loading(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_alibi_falcon_is_refused_before_loading(tmp_path):
+    """Falcon-RW's ALiBi biases have no place in the graphs; rotary Falcons export (test_export_families.py)."""
+    from jacobi_rt.exporter import export
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "falcon", "alibi": True, "max_position_embeddings": 2048}))
+    (folder / "model.safetensors").write_bytes(os.urandom(64))
+    with pytest.raises(ModelSourceError) as info:
+        export(str(folder), tmp_path / "out")
+    assert "alibi true" in str(info.value) and not (tmp_path / "out").exists()
+
+
 def test_context_limits_from_config_fields():
     from jacobi_rt.exporter.limits import context_limit
 

@@ -16,7 +16,8 @@ from jacobi_rt.runtime.errors import ExportCheckError, JacobiError, ModelSourceE
 from export_helpers import leftovers, listing, sha256
 
 SUPPORTED = sorted(["llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite",
-                    "olmo2", "gpt_neox", "stablelm", "smollm3", "starcoder2", "gptj", "nemotron", "olmo", "cohere"])
+                    "olmo2", "gpt_neox", "stablelm", "smollm3", "starcoder2", "gptj", "nemotron", "olmo", "cohere",
+                    "falcon"])
 
 
 def smollm2_gguf() -> Path | None:
@@ -86,7 +87,7 @@ def test_file_that_is_not_gguf(tmp_path, out):
     assert ".gguf" in message
 
 
-@pytest.mark.parametrize("model_type", ["bert", "mamba", "falcon"])
+@pytest.mark.parametrize("model_type", ["bert", "mamba", "bloom"])
 def test_unsupported_architecture_before_loading_weights(tmp_path, out, model_type):
     """Refused from config.json alone: the weights file here is garbage, so reaching it would fail differently."""
     folder = tmp_path / model_type
