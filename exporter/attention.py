@@ -15,7 +15,7 @@ import torch
 NAME = "jacobi_grouped"
 
 
-def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def grouped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     # query: [B, H, W, D]; key, value: [B, Hkv, T, D] (cache included); attention_mask: [B, 1, W, T] additive
     batch, heads, window, dim = query.shape
     kv_heads, total = key.shape[1], key.shape[2]
@@ -25,6 +25,8 @@ def grouped_attention(module, query, key, value, attention_mask, scaling=None, d
     q = query.reshape(batch, kv_heads, group * window, dim)
     scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # [B, Hkv, G*W, T]
     scores = scores.view(batch, kv_heads, group, window, total)
+    if softcap is not None:  # Gemma 2's attention logit soft-capping, before the mask as in its eager attention
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, None]  # [B, 1, 1, W, T]
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -39,10 +41,13 @@ def attention_swapped(model, name: str, function):
     check; restore eager on exit."""
     from transformers import AttentionInterface
 
+    from .falcon import falcon_attention_routed
+
     AttentionInterface.register(name, function)
     model.set_attn_implementation(name)
     try:
-        yield model
+        with falcon_attention_routed(model, function):  # the one supported family whose attention bypasses the interface
+            yield model
     finally:
         model.set_attn_implementation("eager")
 

@@ -23,6 +23,14 @@ TOLERANCE = {"float32": 2e-3, "float16": 5e-2}
 ORT_HINT = 'pip install ".[cpu]" (or ".[gpu]") from the jacobi-rt checkout: the export check runs the graph in onnxruntime'
 
 
+def fitted(shapes: list, limit: int | None) -> list:
+    """(batch, window, past) shapes shrunk to fit `limit` positions (the exported context: a
+    sliding window can be shorter than the check's longest past)."""
+    if limit is None:
+        return list(shapes)
+    return [(batch, min(window, limit), min(past, limit - min(window, limit))) for batch, window, past in shapes]
+
+
 @dataclass
 class CheckReport:
     shapes: list = field(default_factory=list)
@@ -68,15 +76,16 @@ def random_case(model, shape: ModelShape, batch: int, window: int, past: int, se
     return [ids[:, past:], positions, mask, window_mask, *kv]
 
 
-def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progress=None) -> CheckReport:
-    """Compare ONNX (onnxruntime, CPU) with the PyTorch window model; raise ExportCheckError if out of tolerance."""
+def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progress=None, max_context: int | None = None) -> CheckReport:
+    """Compare ONNX (onnxruntime, CPU) with the PyTorch window model; raise ExportCheckError if out of tolerance.
+    max_context: the exported context; the shapes are fitted into it."""
     ort = require("onnxruntime", ORT_HINT)
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     wrapper = WindowModel(model, shape.num_layers).eval()
     report = CheckReport(tolerance=TOLERANCE[dtype])
-    for seed, (batch, window, past) in enumerate(SHAPES):
+    for seed, (batch, window, past) in enumerate(fitted(SHAPES, max_context)):
         inputs = random_case(model, shape, batch, window, past, seed)
         with torch.no_grad():
             expected = [t.float().numpy() for t in wrapper(*inputs)]
@@ -107,7 +116,8 @@ def _compare(report: CheckReport, expected: list, got: list, shape: tuple) -> No
     report.shapes.append({"batch": shape[0], "window": shape[1], "past": shape[2], "max_logit_diff": logit_diff})
 
 
-def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape, text_ids: list[int], progress=None) -> CheckReport:
+def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape, text_ids: list[int], progress=None,
+                       max_context: int | None = None) -> CheckReport:
     """A quantized graph is compared with the unquantized ONNX: agreement is reported, not enforced.
 
     Besides the random windows, `text_ids` (tokenized natural text) is run as one prefill window;
@@ -119,7 +129,7 @@ def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape,
     quant = ort.InferenceSession(str(quantized_path), providers=["CPUExecutionProvider"])
     names = [i.name for i in ref.get_inputs()]
     report = CheckReport(tolerance=float("inf"), reference="unquantized onnx")
-    for seed, (batch, window, past) in enumerate(SHAPES):
+    for seed, (batch, window, past) in enumerate(fitted(SHAPES, max_context)):
         feeds = dict(zip(names, [t.numpy() for t in random_case(model, shape, batch, window, past, seed)]))
         _compare(report, ref.run(None, feeds), quant.run(None, feeds), (batch, window, past))
         if progress:

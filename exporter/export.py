@@ -25,6 +25,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 
 from . import sources
 from .destination import recover_interrupted
+from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
 from . import weights as weight_step
@@ -100,9 +101,10 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         step(f"keeping the first {keep_layers} decoder layers")
         keep_first_layers(model, keep_layers)
     shape = probe(model)
-    # The window graph's explicit mask replaces a sliding-window mask, so stay inside the window.
-    limit = min(shape.max_positions, getattr(model.config, "sliding_window", None) or shape.max_positions)
-    max_context = limit if options.max_context is None else options.max_context
+    config = model.config.to_dict()
+    check_config(config, source.name)
+    limit = context_limit(config) or ContextLimit(shape.max_positions, f"the model's {shape.max_positions} positions")
+    max_context = limit.positions if options.max_context is None else options.max_context
     check_max_context(max_context, limit)
     source_info = source.describe()
     if keep_layers is not None:
@@ -112,7 +114,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         step(f"reusing the checked graphs of {options.graphs_from}")
         graphs, check = reuse_graphs(Path(options.graphs_from).expanduser(), folder, source_info, options, max_context)
     else:
-        graphs, check = _trace_and_check(model, shape, folder, options, step, check_progress)
+        graphs, check = _trace_and_check(model, shape, folder, options, max_context, step, check_progress)
     graph = folder / graphs[PORTABLE]
 
     weights = None
@@ -120,7 +122,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         gguf_path = source.folder / source.gguf_file if source.gguf_file else None
         weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step, max_positions=shape.max_positions)
         sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][: max_context]
-        report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), model, shape, sample_ids, _progress(check_progress))
+        report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), model, shape, sample_ids, _progress(check_progress), max_context)
         check[f"{weights.kind}_vs_fp"] = report.to_dict()
         check["weights"] = weights.to_dict()
         weight_step.replace_graphs(folder, graphs)
@@ -151,8 +153,9 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     )
 
 
-def _trace_and_check(model, shape, folder: Path, options: ExportOptions, step, check_progress) -> tuple[dict[str, str], dict]:
-    """Trace the portable graph (and the in-place one) into `folder`, each checked against PyTorch."""
+def _trace_and_check(model, shape, folder: Path, options: ExportOptions, max_context: int, step, check_progress) -> tuple[dict[str, str], dict]:
+    """Trace the portable graph (and the in-place one) into `folder`, each checked against PyTorch
+    at shapes inside `max_context`."""
     import torch
 
     from .check import SHAPES, check_against_torch
@@ -164,13 +167,14 @@ def _trace_and_check(model, shape, folder: Path, options: ExportOptions, step, c
     export_onnx(model, shape, graph, options.opset)
 
     step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
-    report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress))
+    report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress), max_context)
     check = {"vs_pytorch": report.to_dict()}
     graphs = {PORTABLE: GRAPH_FILE}
     if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
         from .inplace import add_inplace_graph
 
-        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step, check_progress)
+        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step,
+                                                  check_progress, max_context)
         graphs.update(extra)
     return graphs, check
 
@@ -179,7 +183,7 @@ def _check_limits(source, options: ExportOptions) -> None:
     """max_context and keep_layers against what the config says, before the weights load
     (the checks after loading, on the model itself, stay authoritative)."""
     if options.max_context is not None and source.max_positions:
-        check_max_context(options.max_context, source.max_positions)
+        check_max_context(options.max_context, source.limit)
     if options.keep_layers is not None and source.num_layers:
         check_keep_layers(options.keep_layers, source.num_layers)
     if options.weights == "gguf" and not source.gguf_file:

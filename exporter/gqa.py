@@ -38,6 +38,7 @@ def gqa(
     num_heads: int,
     kv_heads: int,
     scale: float,
+    softcap: float = 0.0,  # Gemma 2's attention logit soft-capping: tanh(scores / softcap) * softcap; 0 = none
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, window, _ = query.shape
     dim = past_key.shape[-1]
@@ -53,6 +54,8 @@ def gqa(
     keys, values = present_key[:, :, :total], present_value[:, :, :total]  # [B, Hkv, T, D]
     q = query.view(batch, window, kv_heads, group, dim).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, W, D]
     scores = torch.matmul(q, keys[:, :, None].transpose(-1, -2)).float() * scale  # [B, Hkv, G, W, T]
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     causal = torch.arange(total)[None, None, :] <= rows[:, :, None]  # [B, W, T]
     scores = scores + bias[:, :, None].float()
     scores = scores.masked_fill(~causal[:, None, None], float("-inf"))
@@ -63,7 +66,7 @@ def gqa(
 
 
 @gqa.register_fake
-def _(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads, kv_heads, scale):
+def _(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads, kv_heads, scale, softcap=0.0):
     return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
@@ -94,11 +97,13 @@ def _register_schema() -> None:
         attributes=[schema.Attribute("num_heads", schema.AttrType.INT, required=True),
                     schema.Attribute("kv_num_heads", schema.AttrType.INT, required=True),
                     schema.Attribute("scale", schema.AttrType.FLOAT, required=False),
+                    schema.Attribute("softcap", schema.AttrType.FLOAT, required=False),
                     schema.Attribute("do_rotary", schema.AttrType.INT, required=False)],
     ))
 
 
-def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads: int, kv_heads: int, scale: float):
+def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads: int, kv_heads: int, scale: float,
+             softcap: float = 0.0):
     """The ONNX translation (for torch.onnx.export's custom_translation_table): one contrib node."""
     from onnxscript import opset18 as op
     from onnxscript.values import Opset
@@ -113,7 +118,7 @@ def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias
     return msft.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_len,
         None, None, None, bias, None, None, None, None, None, query_seqlens,  # cos, sin, position_ids, bias, sink, scales, norms
-        num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, do_rotary=0,
+        num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, softcap=softcap, do_rotary=0,
     )
 
 

@@ -37,7 +37,7 @@ GRAPH_FILE = "model-inplace.onnx"
 
 @dataclass
 class InplaceWindow:
-    """What every layer's attention needs for one pass, handed through the model's kwargs."""
+    """What every layer's attention needs for one pass, set on the attention modules for the pass."""
 
     past: tuple  # key0, value0, key1, value1, ...: [B, Hkv, C, D]
     seqlens_k: torch.Tensor  # [B] int32: length + W - 1
@@ -45,16 +45,17 @@ class InplaceWindow:
     presents: dict = field(default_factory=dict)  # layer -> (key, value)
 
 
-def inplace_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, jacobi_window=None, **kwargs):
+def inplace_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     # query: [B, H, W, D]; key, value: [B, Hkv, W, D] (the window only: the model was given no cache)
     batch, heads, window, dim = query.shape
     kv_heads = key.shape[1]
     layer = module.layer_idx
-    state: InplaceWindow = jacobi_window
+    state: InplaceWindow = module.jacobi_window
     flat = lambda t: t.transpose(1, 2).reshape(batch, window, -1)  # noqa: E731  [B, W, heads*D]
     out, present_key, present_value = torch.ops.jacobi.gqa(
         flat(query), flat(key), flat(value), state.past[2 * layer], state.past[2 * layer + 1],
         state.seqlens_k, state.total_len, attention_mask, heads, kv_heads, float(scaling if scaling is not None else dim**-0.5),
+        float(softcap or 0.0),
     )
     state.presents[layer] = (present_key, present_value)
     return out.view(batch, window, heads, dim), None
@@ -94,13 +95,20 @@ class InplaceWindowModel(torch.nn.Module):
             seqlens_k=(cache_lengths + window - 1).to(torch.int32),
             total_len=torch.full((), total, dtype=torch.int32),
         )
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=window_bias(attention_mask, window_mask, cache_lengths, dtype, past[0].shape[2]),
-            use_cache=False,
-            jacobi_window=state,
-        )
+        # on the attention modules, not through the forward's kwargs: some families' layers (StableLM) drop them
+        layers = [m for m in self.model.modules() if hasattr(m, "layer_idx")]
+        for module in layers:
+            module.jacobi_window = state
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=window_bias(attention_mask, window_mask, cache_lengths, dtype, past[0].shape[2]),
+                use_cache=False,
+            )
+        finally:
+            for module in layers:
+                del module.jacobi_window
         logits = out.logits.float()  # [B, W, vocab]
         present = [t for i in range(self.num_layers) for t in state.presents[i]]
         return (logits, logits.argmax(dim=-1), *present)
@@ -111,13 +119,17 @@ def inplace_attention_for(model):
     return attention_swapped(model, NAME, inplace_attention)
 
 
-def unsupported(shape, attention: str = ATTENTION) -> str | None:
+def unsupported(shape) -> str | None:
     """Why the in-place attention cannot serve this model (None when it can)."""
     if shape.num_heads % shape.kv_heads:
         return f"{shape.num_heads} query heads are not a multiple of {shape.kv_heads} KV heads"
-    if attention == "gqa" and shape.head_dim % 8:
-        return f"head_dim {shape.head_dim} is not a multiple of 8 (GroupQueryAttention's requirement)"
     return None
+
+
+def attention_form(shape) -> str:
+    """The gqa form where onnxruntime's GroupQueryAttention takes the head size (a multiple of 16 on
+    the CPU: "head_size shall be a multiple of 16"), else the scatter form, which takes any."""
+    return ATTENTION if shape.head_dim % 16 == 0 else "scatter"
 
 
 def sample_inputs(shape, dtype, batch=2, window=3, lengths=(1, 4), capacity=11) -> tuple:
@@ -165,10 +177,11 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
     pack_attention(onnx_model)
 
 
-def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, check_progress=None) -> tuple[dict, dict]:
-    """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures), or
-    ({}, {"skipped": why}) when this family cannot map onto GroupQueryAttention (the artifact then
-    has the portable graph only). A graph that traces but disagrees with PyTorch raises.
+def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, check_progress=None,
+                      max_context: int | None = None) -> tuple[dict, dict]:
+    """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures with the
+    attention form), or ({}, {"skipped": why}) when this family cannot map onto it (the artifact
+    then has the portable graph only). A graph that traces but disagrees with PyTorch raises.
 
     check_progress(n): as export()'s, called when the check starts (a bar made before the trace
     would count the trace's minutes as the first shape's)."""
@@ -176,12 +189,12 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
 
     from .inplace_check import CASES, check_inplace_against_torch
 
-    reason = unsupported(shape)
+    reason, attention = unsupported(shape), attention_form(shape)
     path = folder / GRAPH_FILE
     if reason is None:
-        step(f"tracing the in-place graph ({ATTENTION} attention, opset {opset})")
+        step(f"tracing the in-place graph ({attention} attention, opset {opset})")
         try:
-            export_inplace_onnx(model, shape, path, opset)
+            export_inplace_onnx(model, shape, path, opset, attention)
         except JacobiError:
             raise
         except Exception as exc:  # torch.export / onnxscript raise many types for an architecture they cannot trace
@@ -193,5 +206,5 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
         return {}, {"skipped": reason}
     step(f"checking the in-place graph against PyTorch at {len(CASES)} batches")
     progress = check_progress(len(CASES)) if check_progress else None
-    report = check_inplace_against_torch(model, shape, path, dtype, progress)
-    return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": ATTENTION}
+    report = check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context)
+    return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention}

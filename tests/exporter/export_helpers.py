@@ -172,3 +172,22 @@ def listing(folder: Path) -> set:
 def leftovers(folder: Path, name: str) -> list:
     """Staging or backup folders an export of `name` may leave beside it."""
     return sorted(p.name for p in Path(folder).iterdir() if p.name.startswith(f".{name}."))
+
+
+def assert_generation_is_greedy(artifact: Path, hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """The runtime's greedy equals transformers' greedy `generate`, and every strategy equals greedy;
+    returns the greedy ids."""
+    import torch
+
+    from jacobi_rt.runtime import Generator
+
+    generator = Generator.load(artifact, threads=1)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                                eos_token_id=generator.manifest.tokens.eos_ids, pad_token_id=0)
+    greedy = generator.generate(prompt, max_new_tokens=max_new_tokens, strategy="greedy").ids
+    assert greedy == out[0, len(prompt):].tolist(), "runtime greedy != transformers greedy"
+    for strategy in ("jacobi", "lookahead", "auto"):
+        assert generator.generate(prompt, max_new_tokens=max_new_tokens, strategy=strategy).ids == greedy, strategy
+    return greedy

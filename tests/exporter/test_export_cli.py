@@ -72,7 +72,7 @@ def test_missing_model(invoke, tmp_path):
 def test_unsupported_architecture(invoke, tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "mamba"}))
-    assert_one_line_error(invoke("export", tmp_path / "m", "--out", tmp_path / "a"), "'mamba'", "supported: gpt2, llama")
+    assert_one_line_error(invoke("export", tmp_path / "m", "--out", tmp_path / "a"), "'mamba'", "supported: cohere, falcon, gemma", "llama, mistral")
 
 
 def test_existing_destination(invoke, tiny_model, tmp_path):

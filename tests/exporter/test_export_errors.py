@@ -15,7 +15,9 @@ from jacobi_rt.runtime.errors import ExportCheckError, JacobiError, ModelSourceE
 
 from export_helpers import leftovers, listing, sha256
 
-SUPPORTED = ["gpt2", "llama", "mistral", "qwen2", "qwen3"]
+SUPPORTED = sorted(["llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite",
+                    "olmo2", "gpt_neox", "stablelm", "smollm3", "starcoder2", "gptj", "nemotron", "olmo", "cohere",
+                    "falcon"])
 
 
 def smollm2_gguf() -> Path | None:
@@ -85,7 +87,7 @@ def test_file_that_is_not_gguf(tmp_path, out):
     assert ".gguf" in message
 
 
-@pytest.mark.parametrize("model_type", ["bert", "mamba"])
+@pytest.mark.parametrize("model_type", ["bert", "mamba", "bloom"])
 def test_unsupported_architecture_before_loading_weights(tmp_path, out, model_type):
     """Refused from config.json alone: the weights file here is garbage, so reaching it would fail differently."""
     folder = tmp_path / model_type
@@ -97,6 +99,19 @@ def test_unsupported_architecture_before_loading_weights(tmp_path, out, model_ty
     assert time.perf_counter() - started < 2.0
     assert f"'{model_type}'" in message and "not supported" in message
     assert all(name in message for name in SUPPORTED), message
+
+
+def test_the_readme_lists_the_supported_families():
+    import re
+
+    from jacobi_rt.exporter import sources
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = re.search(r"Supported families\s+\(config.json's `model_type`\):(.*?); GGUF files:(.*?)\. ", readme, re.S)
+    assert listed, "README: the supported-families sentence moved"
+    names = lambda text: re.findall(r"`(\w+)`", text)  # noqa: E731
+    assert names(listed.group(1)) == sorted(sources.SUPPORTED) == SUPPORTED
+    assert names(listed.group(2)) == sorted(sources.GGUF_ARCH)
 
 
 def test_corrupt_gguf(tmp_path, out):

@@ -120,13 +120,14 @@ def test_the_custom_ops_eager_body_is_the_portable_attention(exported, hf_model)
         np.testing.assert_allclose(got[2][b : b + 1, :, : r["length"] + 6].numpy(), want[2].numpy(), atol=1e-5)
 
 
-def test_a_family_gqa_cannot_serve_falls_back_to_the_portable_graph():
-    from jacobi_rt.exporter.inplace import unsupported
+def test_a_head_size_gqa_cannot_take_gets_the_scatter_form_and_uneven_groups_the_portable_graph():
+    from jacobi_rt.exporter.inplace import attention_form, unsupported
     from jacobi_rt.exporter.trace import ModelShape
 
-    odd = ModelShape(num_layers=2, num_heads=4, kv_heads=2, head_dim=12, hidden_size=48, vocab_size=10, max_positions=8)
-    assert "multiple of 8" in unsupported(odd, attention="gqa")
-    assert unsupported(odd, attention="scatter") is None
+    for head_dim in (8, 12):  # onnxruntime's GroupQueryAttention: "head_size shall be a multiple of 16"
+        odd = ModelShape(num_layers=2, num_heads=4, kv_heads=2, head_dim=head_dim, hidden_size=4 * head_dim, vocab_size=10, max_positions=8)
+        assert unsupported(odd) is None and attention_form(odd) == "scatter"
+    assert attention_form(ModelShape(2, 4, 2, 16, 64, 10, 8)) == "gqa"
     assert "multiple of" in unsupported(ModelShape(2, 5, 2, 16, 80, 10, 8))
     assert unsupported(ModelShape(2, 4, 2, 16, 64, 10, 8)) is None
 
