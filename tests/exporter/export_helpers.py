@@ -146,20 +146,6 @@ def assert_greedy_equal(greedy: np.ndarray, reference_logits: np.ndarray, where:
         raise AssertionError(f"{where}greedy ids differ at {bad.tolist()} (reference top-2 gaps {gaps})")
 
 
-def window_and_one_token_passes(ctx, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The logits of `tokens` as one chain window after `ctx`'s committed entries, and the logits of
-    the same tokens fed one pass each; `ctx` is left at the length it had."""
-    start = ctx.length
-    window = ctx.forward(tokens[None], want_logits=True).logits[0]
-    ctx.commit(0)
-    alone = []
-    for token in tokens:
-        alone.append(ctx.forward(np.array([[token]]), want_logits=True).logits[0, 0])
-        ctx.commit(1)
-    ctx.trim(start)
-    return window, np.stack(alone)
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from export_helpers import window_and_one_token_passes
+from chain_windows import window_and_one_token_passes
 
 pytestmark = pytest.mark.slow
 NAME = "smollm2-135m-gguf"
@@ -84,17 +84,21 @@ def test_jacobi_equals_greedy_on_the_portable_graph(smollm2_gguf):
         assert greedy.text.strip() and jacobi.ids == greedy.ids
 
 
-def test_a_chain_window_is_bitwise_one_token_passes(smollm2_gguf):
+@pytest.mark.parametrize("graph", ["portable", "inplace"])
+def test_a_chain_window_is_bitwise_one_token_passes(smollm2_gguf, graph):
     """What lets every strategy equal greedy at level 4: a chain window of W tokens gives, row by row,
     the logits of W one-token passes, bit for bit (the int8 activation blocks are per row; a fused
     node must keep it so), through the runtime's own context in the mode its load-time check picked
-    on this CPU (runtime/backends/exact_rows.py: on an AVX2-only CPU a one-token pass runs as two rows)."""
+    on this CPU (runtime/backends/exact_rows.py: on an AVX2-only CPU a one-token pass runs as two rows).
+    The in-place graph needs GroupQueryAttention's extra query row (exporter/gqa_rows.py) besides:
+    without it, windows 2-16 differed by up to 0.8 in the logits."""
     import numpy as np
 
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 
     folder, manifest = smollm2_gguf
-    backend = OrtBackend(folder, manifest, "cpu", 2, graph="portable")
+    assert manifest.check["weights"]["attention_extra_row"]
+    backend = OrtBackend(folder, manifest, "cpu", 2, graph=graph)
     assert backend.rows.mode in ("native", "padded")
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, 20000, 40)
@@ -143,27 +147,6 @@ def test_side_branches_at_level_4_are_what_the_rule_prevents(smollm2_gguf, monke
     monkeypatch.setattr(OrtBackend, "limits", property(lambda self: dataclasses.replace(Backend.limits.fget(self), branches=True)))
     folder, _ = smollm2_gguf
     assert any(lookahead != greedy for greedy, lookahead in _outputs(folder, ("greedy", "lookahead")))
-
-
-def test_the_inplace_graph_chain_window_is_bitwise_one_token_passes(smollm2_gguf):
-    """The in-place graph at level 4, through the runtime's own context: GroupQueryAttention's extra
-    query row (exporter/gqa_rows.py) keeps it off the one-row path, so a chain window's rows are one-token
-    passes bit for bit (without the row, windows 2-16 differed by up to 0.8 in the logits)."""
-    import numpy as np
-
-    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
-
-    folder, manifest = smollm2_gguf
-    assert manifest.check["weights"]["attention_extra_row"]
-    backend = OrtBackend(folder, manifest, "cpu", 2, graph="inplace")
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(100, 20000, 40)
-    with backend.context(64) as ctx:
-        ctx.forward(prompt[None])
-        ctx.commit(len(prompt))
-        for width in (2, 3, 8, 16):
-            window, alone = window_and_one_token_passes(ctx, rng.integers(100, 20000, width))
-            assert np.array_equal(window, alone), f"window {width}"
 
 
 def test_tree_strategies_equal_greedy_on_the_inplace_graph(smollm2_gguf):

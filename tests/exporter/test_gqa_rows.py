@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("gguf", reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'")
 
-from export_helpers import window_and_one_token_passes  # noqa: E402
+from chain_windows import window_and_one_token_passes  # noqa: E402
 from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 
