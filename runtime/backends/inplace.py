@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import BackendError
 from ..spec import kv_inputs, kv_outputs
 from .base import BackendContext, StepOutput
-from .exact_rows import one_row_tile, pad
+from .exact_rows import pad_if_needed
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -131,9 +131,7 @@ class OrtInplaceContext(BackendContext):
             window_mask = self._lower_triangular(window)
         if window_mask.shape != (batch, window, window) or window_mask.dtype != bool or not window_mask.flags.c_contiguous:
             window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
-        self.padding = int(self.backend.pad_rows and one_row_tile(batch, window))
-        if self.padding:  # one more column: no one-row MatMulNBits tile (exact_rows.py)
-            ids, positions, window_mask = pad(ids, positions, window_mask)
+        ids, positions, window_mask, self.padding = pad_if_needed(self.backend.pad_rows, ids, positions, window_mask)
         width, total = window + self.padding, total + self.padding
         greedy = self._greedy[: batch * width].reshape(batch, width)
 

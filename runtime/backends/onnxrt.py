@@ -26,7 +26,7 @@ from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendContext, BackendLimits, StepOutput
 from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext, release
-from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, one_row_tile, pad
+from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, pad_if_needed
 from .inplace import OrtInplaceContext
 
 ORT_HINT = 'pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); from the jacobi-rt checkout: pip install ".[cpu]" or ".[gpu]"'
@@ -249,11 +249,8 @@ class OrtContext(BackendContext):
         if window_mask is None:
             window_mask = self._lower_triangular(window)
         window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
-        self.padding = int(self.backend.pad_rows and one_row_tile(batch, window))
-        if self.padding:
-            ids, positions, window_mask = pad(ids, positions, window_mask)
-            total += 1
-        width = window + self.padding
+        ids, positions, window_mask, self.padding = pad_if_needed(self.backend.pad_rows, ids, positions, window_mask)
+        width, total = window + self.padding, total + self.padding
         mask = self._ones[:, :total]  # [B, P+W], contiguous only for B == 1
         mask = mask if batch == 1 else np.ascontiguousarray(mask)
         greedy = self._greedy[:, :width] if batch == 1 else np.empty((batch, width), dtype=np.int64)
