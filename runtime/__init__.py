@@ -16,9 +16,13 @@ from .errors import (
     MissingDependencyError,
 )
 from .generator import GenerationResult, Generator, Stats
+from .params import GenerationParams
+from .sampling import SamplingParams
 
 __all__ = [
     "Generator",
+    "GenerationParams",
+    "SamplingParams",
     "GenerationResult",
     "Stats",
     "JacobiError",

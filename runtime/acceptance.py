@@ -83,16 +83,6 @@ class PassCosts:
         return None
 
 
-def best_length(p: float, limit: int, cost: Callable[[int], float], per_token: float = 0.0) -> tuple[int, float]:
-    """The one length rule (allocator.cut) for a constant acceptance p: the number of guesses L in 1..limit maximising the expected committed
-    tokens per unit of time, (1 + p + ... + p^L) / (cost(L + 1) + L * per_token), and that gain
-    (a greedy pass: 1.0); (0, 1.0) when limit < 1. p: the chance a guess is right when the ones before
-    it were; cost: the target pass-cost curve; per_token: what producing one guess costs, in target
-    W=1 passes (a draft pass; 0 for free guesses such as n-grams). Lookahead's candidates and the
-    draft's chain are both cut by it; each caller decides whether the gain beats greedy by its margin."""
-    return cut((p,) * max(limit, 0), limit, cost, per_token)
-
-
 def matched_prefix(tokens: Sequence[int], committed: Sequence[int]) -> int:
     """How many leading tokens of a guess equal the committed tokens."""
     n = 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .acceptance import PassCosts, best_length, matched_prefix
+from .acceptance import PassCosts, matched_prefix
 from .allocator import Allocation, Guess, Offer
 from .backends.base import PREFILL_CHUNK, Backend
 from .config import DEFAULTS, DecodingConfig
@@ -68,8 +68,8 @@ class DraftLength:
     guesses commit 1 + p + ... + p^K tokens per target pass and cost costs(K+1) target
     W=1 passes plus K draft passes of relative cost c (both measured online). `offer` hands the
     allocator that chain; it cuts K by the one length rule, K = 0 (a plain greedy pass, no draft)
-    when no K beats greedy by `margin`; then every `probe_every` target passes `settle` tries the
-    draft again, since acceptance and costs drift with the text and context.
+    when no K beats greedy by `margin`; then every `probe_every` target passes its offer is a probe,
+    sent whatever its gain, since acceptance and costs drift with the text and context.
     """
 
     k_max: int
@@ -111,27 +111,17 @@ class DraftLength:
     def offer(self, limit: int) -> Offer:
         """One chain of up to min(k_max, limit) draft tokens, each right with chance p, each costing a
         draft pass: the allocator cuts it by the one length rule, or drops it when it does not beat
-        greedy by `margin`."""
+        greedy by `margin`. After `probe_every` - 1 passes without the draft, the chain is a probe: sent
+        at its best length whatever its gain (the text may have become predictable)."""
         limit = min(self.k_max, limit)
         if limit < 1:
             return Offer()
-        return Offer((Guess((self.p,) * limit, cost=self.relative_cost),), margin=self.margin)
+        probe = -1.0 if self.idle + 1 >= self.probe_every else None
+        return Offer((Guess((self.p,) * limit, cost=self.relative_cost, margin=probe),), margin=self.margin)
 
-    def settle(self, chosen: int, limit: int) -> int:
-        """K for this pass, given the allocator's `chosen` K within `limit`: 0 means the draft sits out,
-        except every `probe_every` passes, when it runs at its best K anyway (the text may have become
-        predictable)."""
-        limit = min(self.k_max, limit)
-        if limit < 1:
-            return 0
-        if chosen:
-            self.idle = 0
-            return chosen
-        self.idle += 1
-        if self.idle >= self.probe_every:
-            self.idle = 0
-            return best_length(self.p, limit, self.costs, self.relative_cost)[0]
-        return 0
+    def sent(self, k: int) -> None:
+        """The allocator sent k draft tokens this pass (0: the draft sat out)."""
+        self.idle = 0 if k else self.idle + 1
 
     def observe_acceptance(self, sent: int, accepted: int) -> None:
         """A guess is tried up to and including the first wrong one."""
@@ -208,15 +198,16 @@ class DraftProposer(Proposer):
         # never asked (K = 0 throughout, or a losing arm of `auto`) costs nothing.
 
     def offer(self, limit: int) -> Offer:
+        limit = min(limit, self._room()) if self.usable else 0  # what the draft's own cache can hold
         if self.k is None:
             return self.length.offer(limit)
         k = min(self.k, limit)  # a fixed K: sent whole
         return Offer((Guess((self.length.p,) * k, cost=self.length.relative_cost),), fixed=True) if k else Offer()
 
     def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        chosen = allocation.picks[0][1] if allocation.picks else 0
-        k = self.length.settle(chosen, limit) if self.k is None else chosen
-        k = min(k, self._room()) if self.usable else 0
+        k = allocation.picks[0][1] if allocation.picks else 0
+        if self.k is None and limit >= 1:
+            self.length.sent(k)
         self.chain = self._run_draft(k) if k > 0 else []
         self.stats["proposed"] += len(self.chain)
         return [self.chain] if self.chain else []

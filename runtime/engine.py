@@ -1,20 +1,32 @@
-"""BatchEngine: continuous batching. Many generations share each target pass, one row (slot) each.
+"""The engine: the one decoding loop, for a lone generation (a batch of one row) and for many.
 
-One in-place backend context holds S slots (rows of the fixed-capacity cache, each with its own
-length). A loop (a background thread, or `step()` called directly) owns it; each pass:
+One backend context holds S slots (rows of the cache, each with its own length; a context of the
+portable graph or TensorRT holds one). Each `step()` is one target pass:
 
-    1. drop cancelled rows, admit waiting requests into free slots, keep the active rows packed in
-       the lowest slots (the last one moves into a freed slot), so a pass runs rows [0, k) only;
+    1. drop finished and cancelled rows, admit waiting ones into free slots, keep the active rows
+       packed in the lowest slots (the last one moves into a freed slot), so a pass runs rows [0, k);
     2. choose the pass: a prefill pass (rows still reading their prompt, chunks split by the budget)
        alternates with a decoding pass while both kinds of rows wait; the budget (runtime.scheduler)
-       picks the decoding pass's window from the measured cost curve and the rows' acceptance;
-    3. every row in the pass plans its window (a prompt chunk, or its last token + its proposer's
-       guesses as a tree), rows are padded to one width (padding attends to itself only and is
-       never committed), one forward runs, and each row commits its own accepted entries.
+       picks the decoding pass's width from the measured cost curve and the rows' offers;
+    3. plan: every row in the pass builds its window (a prompt chunk, or its last token + the guesses
+       the allocator sent as a tree); rows are padded to one width (padding attends to itself only and
+       is never committed);
+    4. one forward, timed here and nowhere else;
+    5. accept and commit: each row reads its predictions (the in-graph greedy ids, or its sampler on its
+       own logits), walks its tree, keeps its own entries, and hands its proposer the one PassResult.
 
-Rows join and leave between passes; a finished or cancelled row frees its slot at once. Each row
-keeps its own strategy, proposer, sampler, limits and statistics; greedy rows read the in-graph
-greedy ids, sampling rows their own logits. A row's tokens reach its caller through a queue.
+A lone `Generator.generate()` runs `run_alone` in the caller's thread; `Generator.start_engine()` runs
+`Engine.start()`'s thread for every caller. Every committed token is the target's own prediction
+given its prefix, so each row equals its own one-token decoding (greedy, or seeded sampling).
+
+A pass, one row, lookahead (last committed token "a", a guess "b c d" and a side branch "b e"):
+
+    window   a  b  c  d  e       positions  L  L+1 L+2 L+3 L+2     (L: the row's length)
+    mask     a: a                predictions    b   c   x   .   .  (the target's pick at each node)
+             b: a b              accept: b (= pick at a), c (= pick at b); x is the pick at c, not d:
+             c: a b c            committed b c x, KV kept for a b c (a prefix: a length update)
+             d: a b c d
+             e: a b    e
 """
 
 from __future__ import annotations
@@ -24,22 +36,32 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
-from .backends.base import Backend
-from .decoding import Progress, _sampling, sampled_predictions
+from .allocator import Offer, allocate
+from .backends.base import Backend, BackendContext
 from .errors import BackendError, InputError
 from .passes import pass_result
-from .allocator import Offer, allocate
 from .proposers import Proposer, observe_costs, own_cost
-from .sampling import Sampler
+from .sampling import Sampler, SamplingParams
 from .scheduler import Bid, PassBudget
 from .tree import Tree, build_tree
 from .windows import AdaptiveWindow, FixedWindow
 
 END = None  # what a row's queue carries after its last tokens
+
+
+@dataclass
+class Progress:
+    """What a row's generation did, filled in as it runs."""
+
+    prefill_passes: int = 0
+    prefill_seconds: float = 0.0  # from admission to the first token
+    target_passes: int = 0  # decoding passes, prefill not included
+    accepted: int = 0  # tokens committed by decoding passes (the prefill's token not included)
+    finish_reason: str = ""  # "eos", "length" (max_new_tokens), "context" (max_context), "cancelled"; "stop" is the caller's
 
 
 @dataclass
@@ -54,29 +76,31 @@ class Planned:
 
 
 class Row:
-    """One generation inside the engine: its prompt, proposer, sampler, slot, and committed tokens."""
+    """One generation: its prompt, proposer, sampler, limits, slot, and committed tokens (`tokens`: a queue
+    of each pass's committed tokens, [] for a prompt chunk, then END)."""
 
-    def __init__(self, prompt: list[int], max_new_tokens: int, proposer: Proposer, sampler: Sampler,
+    def __init__(self, prompt: list[int], max_new_tokens: int, proposer: Proposer, sampler: Sampler | None,
                  window: int | FixedWindow | AdaptiveWindow, eos_ids: set[int], max_context: int):
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.proposer = proposer
-        self.sampler = sampler
+        self.sampler = sampler or Sampler(SamplingParams(), len(prompt))
+        self.sampling = not self.sampler.greedy  # logits reach the host and the sampler picks
         self.policy = FixedWindow(window) if isinstance(window, int) else window
         self.eos_ids = eos_ids
         self.max_context = max_context
         self.progress = Progress()
-        self.tokens: queue.Queue = queue.Queue()  # lists of committed tokens per pass ([] for a prompt chunk), then END
+        self.tokens: queue.Queue = queue.Queue()
         self.slot = -1
         self.fed = 0  # prompt tokens in the cache
         self.last: int | None = None  # the last committed token (its KV not written yet); None while prefilling
         self.produced = 0
-        self.history: list[int] | None = None  # with a sampler: prompt + every new token
-        self.session_seconds = 0.0  # this row's share of the passes it took part in
+        self.history: list[int] | None = None  # when sampling: prompt + every new token
+        self.session_seconds = 0.0  # this row's share of the forwards it took part in
         self.error: BaseException | None = None
         self.finished = False
         self.cancelled = threading.Event()
-        self.submitted = self.first_token_at = None  # engine clock
+        self.admitted_at = self.first_token_at = None  # engine clock
         self._want = 1
         self._offer = Offer()  # the proposer's offer for the next pass
         self._planned: Planned | None = None
@@ -88,8 +112,9 @@ class Row:
     # -- before the pass --------------------------------------------------------------------------
 
     def bid(self, length: int) -> Bid:
-        """What this row asks of its next decoding pass: the window its policy picks (within its limits)
-        and its proposer's offer for it."""
+        """What this row asks of its next decoding pass: the window its policy picks, within max_new_tokens
+        and the context (the new last token sits at `length`; a pass of w predicts up to length + w), and
+        its proposer's offer for it."""
         room = self.max_context - 1 - length
         self._want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
         self._offer = self.proposer.offer(self._want - 1)
@@ -101,13 +126,13 @@ class Row:
             piece = self.prompt[self.fed : self.fed + width]
             last_chunk = self.fed + len(piece) >= len(self.prompt)
             planned = Planned(piece, length + np.arange(len(piece), dtype=np.int64), _tril(len(piece)),
-                              last_chunk and _sampling(self.sampler))
+                              last_chunk and self.sampling)
         else:
             w = min(self._want, width)
             guesses = self.proposer.take(allocate(self._offer, w - 1, own_cost(self.proposer)), w - 1)
             tree = build_tree(self.last, guesses, max_nodes=w)
             planned = Planned(tree.tokens, length + np.asarray(tree.positions, dtype=np.int64), tree.window_mask,
-                              _sampling(self.sampler), tree)
+                              self.sampling, tree)
         self._planned = planned
         return planned
 
@@ -115,26 +140,26 @@ class Row:
 
     def settle(self, greedy: np.ndarray, logits: np.ndarray | None, length: int, seconds: float,
                shape: tuple[int, int]) -> list[int]:
-        """Read this row's predictions; return the window entries whose KV to keep. `length`: the
-        row's cached entries before the pass; `seconds`: the pass's forward; `shape`: its (rows, width)."""
+        """Accept and commit this row's part of the pass; return the window entries whose KV to keep.
+        `length`: the row's cached entries before the pass; `seconds`: the forward; `shape`: its (rows, width)."""
         planned, self._planned = self._planned, None
         if planned.tree is None:
             return self._settle_prefill(planned, greedy, logits)
         tree = planned.tree
-        if _sampling(self.sampler):
+        if self.sampling:
             predictions = sampled_predictions(self.sampler, logits, tree.tokens, tree.parents, self.history)
         else:
             predictions = greedy.tolist()
-        verdict = tree.accept(predictions)
-        if _sampling(self.sampler):
+        verdict = tree.accept(predictions)  # the walk down the target's own predictions
+        if self.sampling:
             for entry, token in zip(verdict.keep, verdict.committed):
                 self.sampler.record(logits[entry], token)
             self.history += verdict.committed
         result = pass_result(tree, predictions, verdict, seconds, *shape)
-        observe_costs(self.proposer, result)
+        observe_costs(self.proposer, result)  # the loop teaches the cost curves, once per pass
         self.proposer.update(result)
-        new = verdict.committed
         self.policy.observe(result)
+        new = verdict.committed
         self.last = new[-1]
         self.produced += len(new)
         self.progress.target_passes += 1
@@ -147,15 +172,15 @@ class Row:
         self.fed += n
         self.progress.prefill_passes += 1
         if self.fed < len(self.prompt):
-            self.tokens.put([])
+            self.tokens.put([])  # the caller gets control between prefill passes
             return list(range(n))
-        if _sampling(self.sampler):
+        if self.sampling:
             first = self.sampler.sample(logits[n - 1], self.prompt, len(self.prompt))
             self.sampler.record(logits[n - 1], first)
             self.history = [*self.prompt, first]
         else:
             first = int(greedy[n - 1])
-        self.proposer.use_sampler(self.sampler if _sampling(self.sampler) else None)
+        self.proposer.use_sampler(self.sampler if self.sampling else None)
         self.proposer.start(self.prompt, first)
         self.last = first
         self.produced = 1
@@ -163,10 +188,10 @@ class Row:
         return list(range(n))
 
     def _emit(self, new: list[int], length: int) -> None:
-        """Send the pass's tokens; finish on EOS, max_new_tokens or the context limit (as decoding.decode)."""
+        """Send the pass's tokens; finish on EOS (tokens after it are dropped), max_new_tokens or the context."""
         cut = next((i for i, t in enumerate(new) if t in self.eos_ids), None)
         if cut is not None:
-            self.progress.accepted -= len(new) - cut - 1  # tokens after the EOS are dropped
+            self.progress.accepted -= len(new) - cut - 1
             self.tokens.put(new[: cut + 1])
             self.progress.finish_reason = "eos"
         else:
@@ -183,12 +208,26 @@ class Row:
         self.finished = True
 
 
+def sampled_predictions(sampler: Sampler, logits: np.ndarray, tokens: list[int], parents: list[int],
+                        history: list[int]) -> list[int]:
+    """The token sampled at each window node: node i's prefix is the history and its ancestors' tokens
+    below the root plus its own, its position len(history) + depth (the root is history[-1])."""
+    paths: list[list[int]] = []
+    predictions = []
+    for node, parent in enumerate(parents):
+        path = [] if parent < 0 else [*paths[parent], tokens[node]]
+        paths.append(path)
+        prefix = history + path
+        predictions.append(sampler.sample(logits[node], prefix, len(prefix)))
+    return predictions
+
+
 @dataclass
 class PassRecord:
     """What one engine pass did (for metrics and tests)."""
 
     kind: str  # "prefill" or "decode"
-    rows: int  # rows in the pass (padding rows of idle slots included)
+    rows: int
     window: int  # the pass's width
     tokens: int  # tokens committed (prompt chunks included)
     seconds: float
@@ -203,44 +242,48 @@ class EngineStats:
     observers: list[Callable[[PassRecord], None]] = field(default_factory=list)
 
 
-class BatchEngine:
-    """S slots over one in-place context; `submit()` from any thread, `step()` from one (or `start()` a thread)."""
+class Engine:
+    """S slots over one backend context; `submit()` from any thread, `step()` from one (or `start()` a thread)."""
 
-    def __init__(self, backend: Backend, slots: int, capacity: int | None = None, prefill_chunk: int | None = None,
-                 budget: PassBudget | None = None, clock: Callable[[], float] = time.perf_counter):
-        if not isinstance(slots, int) or slots < 1:
-            raise InputError(f"the engine needs at least 1 slot (max batch), not {slots!r}")
-        limits = backend.limits
-        self.capacity = min(capacity or limits.max_context, limits.max_context)
-        self.ctx = backend.context(self.capacity, batch=slots)
-        if not hasattr(self.ctx, "select"):
-            self.ctx.close()
-            raise BackendError(f"continuous batching needs the in-place graph (rows with their own lengths); the "
-                               f"{backend.name} backend opened {type(self.ctx).__name__}: re-export the artifact "
-                               "(it adds model-inplace.onnx) and load it with graph='auto' or 'inplace'; 'auto' keeps "
-                               "weights quantized at accuracy level 4 on the portable graph (faster for one sequence): "
-                               "load those with graph='inplace' (exact when re-exported with this jacobi-rt, which gives "
-                               "their attention an extra row)")
-        self.slots = slots
-        self.prefill_chunk = prefill_chunk or limits.prefill_chunk
-        self.budget = budget or PassBudget(prefill_tokens=max(self.prefill_chunk, 16))
+    def __init__(self, ctx: BackendContext, prefill_chunk: int, budget: PassBudget | None = None,
+                 clock: Callable[[], float] = time.perf_counter, owns_context: bool = False):
+        self.ctx = ctx
+        self.slots = ctx.batch
+        self.capacity = ctx.capacity
+        self.prefill_chunk = prefill_chunk
+        self.budget = budget or PassBudget(prefill_tokens=max(prefill_chunk, 16))
         self.clock = clock
         self.rows: list[Row] = []  # active rows; rows[i].slot == i (packed)
         self.waiting: deque[Row] = deque()
         self.stats = EngineStats()
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._owns_context = owns_context
+        self._wake = threading.Condition(threading.Lock())
         self._prefill_turn = True
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    @classmethod
+    def open(cls, backend: Backend, slots: int, capacity: int | None = None, prefill_chunk: int | None = None,
+             budget: PassBudget | None = None, clock: Callable[[], float] = time.perf_counter) -> "Engine":
+        """An engine of `slots` rows of `capacity` entries each (default the backend's context) on a context of its own."""
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise InputError(f"the engine needs at least 1 slot (max batch), not {slots!r}")
+        if slots > 1 and not backend.batched:
+            raise BackendError(f"{slots} slots need rows of their own lengths (the in-place graph); the {backend.name} "
+                               "backend's contexts hold one row. Re-export the artifact (it adds model-inplace.onnx) "
+                               "and load it with graph='auto' or 'inplace' ('auto' keeps a level-4 artifact exported "
+                               "before the extra attention row on the portable graph), or run one slot")
+        limits = backend.limits
+        capacity = min(capacity or limits.max_context, limits.max_context)
+        return cls(backend.context(capacity, batch=slots), prefill_chunk or limits.prefill_chunk, budget, clock,
+                   owns_context=True)
 
     # -- any thread -------------------------------------------------------------------------------
 
     def submit(self, row: Row) -> Row:
         with self._wake:
             if self._closed:
-                raise BackendError("the batch engine is closed")
-            row.submitted = self.clock()
+                raise BackendError("the engine is closed")
             self.waiting.append(row)
             self._wake.notify()
         return row
@@ -259,24 +302,26 @@ class BatchEngine:
     def queued(self) -> int:
         return len(self.waiting)
 
-    def start(self) -> "BatchEngine":
+    def start(self) -> "Engine":
         """Run passes on a background thread until close()."""
         self._thread = threading.Thread(target=self._loop, name="jacobi-rt-engine", daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
+        """Stop the loop; rows not finished fail (a cancelled one ends as cancelled); the context is closed if the engine opened it."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
         for row in [*self.rows, *self.waiting]:
-            if not row.finished:
-                row.fail(BackendError("the batch engine was closed before this generation ended"))
+            if not row.finished and not row.cancelled.is_set():
+                row.fail(BackendError("the engine was closed before this generation ended"))
             self._release(row)
         self.rows, self.waiting = [], deque()
-        self.ctx.close()
+        if self._owns_context:
+            self.ctx.close()
 
     # -- the loop's thread ------------------------------------------------------------------------
 
@@ -312,14 +357,14 @@ class BatchEngine:
         return record
 
     def _admit(self) -> None:
-        with self._lock:
+        with self._wake:
             while self.waiting and len(self.rows) < self.slots:
                 row = self.waiting.popleft()
                 if row.cancelled.is_set():
                     self._release(row)
                     continue
-                row.slot = len(self.rows)
-                self.ctx.lengths[row.slot] = 0
+                row.slot, row.admitted_at = len(self.rows), self.clock()
+                self.ctx.trim_row(row.slot, 0)
                 self.rows.append(row)
             for row in [r for r in self.waiting if r.cancelled.is_set()]:
                 self.waiting.remove(row)
@@ -335,7 +380,7 @@ class BatchEngine:
                 mover.slot = slot
                 self.rows[slot] = mover
             else:
-                self.ctx.lengths[slot] = 0
+                self.ctx.trim_row(slot, 0)
             self.rows.pop()
             row.slot = -1
             self._release(row)
@@ -351,9 +396,14 @@ class BatchEngine:
 
     def _choose(self) -> tuple[str, range, int]:
         """The pass's kind, its rows (a range of slots) and its width."""
+        lengths = self.ctx.lengths
+        if len(self.rows) == 1:  # alone: the row's own prompt chunk or window
+            row = self.rows[0]
+            if row.prefilling:
+                return "prefill", range(1), min(self.prefill_chunk, len(row.prompt) - row.fed)
+            return "decode", range(1), self.budget.decode_window([row.bid(int(lengths[0]))])
         prefill = [r.slot for r in self.rows if r.prefilling]
         decode = [r.slot for r in self.rows if not r.prefilling]
-        lengths = self.ctx.lengths
         if prefill and (not decode or self._prefill_turn):
             self._prefill_turn = False
             first = min(prefill)
@@ -370,23 +420,22 @@ class BatchEngine:
         return "decode", span, width
 
     def _run(self, kind: str, span: range, width: int) -> PassRecord:
-        lengths = self.ctx.lengths
-        width = max(1, min(width, self.capacity - int(lengths[span.start : span.stop].max())))
-        rows = [self.rows[s] for s in span]
-        planned = [row.plan(width, int(lengths[row.slot])) for row in rows]
+        before = self.ctx.lengths[span.start : span.stop].copy()
+        width = max(1, min(width, self.capacity - int(before.max())))
+        rows = self.rows[span.start : span.stop]
+        planned = [row.plan(width, int(length)) for row, length in zip(rows, before)]
         ids, positions, mask = _pad(planned)
         want_logits = any(p.logits for p in planned)
-        before = lengths[span.start : span.stop].copy()
         self.ctx.select(span.start, span.stop)
         started = self.clock()
         out = self.ctx.forward(ids, positions, mask, want_logits=want_logits)
-        seconds = self.clock() - started
+        seconds = self.clock() - started  # the one timing of the target's pass
         keeps, committed = [], 0
         for i, (row, plan) in enumerate(zip(rows, planned)):
             n = len(plan.tokens)
             try:
-                keep = row.settle(out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, int(before[i]), seconds,
-                                  ids.shape)
+                keep = row.settle(out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, int(before[i]),
+                                  seconds, ids.shape)
             except Exception as exc:  # a proposer or sampler failing ends its own row only
                 row.fail(exc)
                 keep = []
@@ -395,13 +444,39 @@ class BatchEngine:
             row.session_seconds += seconds / len(rows)
             if row.first_token_at is None and not row.prefilling:
                 row.first_token_at = self.clock()
+                row.progress.prefill_seconds = row.first_token_at - row.admitted_at
         self.ctx.commit_each(keeps)
         self.budget.observe(ids.shape, seconds)
         return PassRecord(kind, len(rows), ids.shape[1], committed, seconds)
 
 
+def run_alone(ctx: BackendContext, row: Row, prefill_chunk: int, budget: PassBudget | None = None,
+              clock: Callable[[], float] = time.perf_counter) -> Iterator[list[int]]:
+    """Run `row` alone on `ctx` (a one-row batch) in this thread: yield its committed tokens pass by pass
+    ([] after each prompt chunk but the last), so the caller can stop between passes. Closing the
+    iterator early ends the row (its proposer is closed); `ctx` stays its owner's."""
+    engine = Engine(ctx, prefill_chunk, budget, clock)
+    engine.submit(row)
+    try:
+        while True:
+            engine.step()
+            while not row.tokens.empty():
+                batch = row.tokens.get_nowait()
+                if batch is END:
+                    if row.error is not None:
+                        raise row.error
+                    return
+                yield batch
+    finally:
+        engine.cancel(row)
+        engine.close()
+
+
 def _pad(planned: list[Planned]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows padded to the widest: padding repeats the row's last token and position and attends to itself only."""
+    if len(planned) == 1:
+        p = planned[0]
+        return np.array([p.tokens], dtype=np.int64), p.positions[None], p.mask[None]
     k, width = len(planned), max(len(p.tokens) for p in planned)
     ids = np.empty((k, width), dtype=np.int64)
     positions = np.empty((k, width), dtype=np.int64)

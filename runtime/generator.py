@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import queue
 import time
 import typing
 from dataclasses import asdict, dataclass, replace
@@ -14,21 +16,20 @@ import numpy as np
 from .acceptance import AcceptanceTracker, PassCosts
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
 from .config import DEFAULTS, DecodingConfig, changed_fields
-from .decoding import Progress, decode
-from .engine import END, BatchEngine, Row
+from .engine import END, Engine, Row, run_alone
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
+from .params import STRATEGIES, GenerationParams, Overrides
 from .sampling import Sampler, SamplingParams, TokenLogprob, draw_seed
 from .proposers import ArmHistory, AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer, UnionProposer
 from .scheduler import PassBudget
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
-STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
 MAX_WINDOW = 64
-DEFAULT_BATCH_CONTEXT = 2048  # a batch engine's slot context on a graph whose attention reads the whole capacity
+DEFAULT_BATCH_CONTEXT = 2048  # an engine's slot context on a graph whose attention reads the whole capacity
+DEFAULT_SLOTS = 16  # the server's slots at most, unless asked: 16 rows of one token cost ~2.8 one-row passes on a CPU
 DEFAULT_JACOBI_TAIL = DEFAULTS.jacobi_tail
-Overrides = DecodingConfig | Mapping[str, Any] | None  # a request's decoding config: a whole one, or some fields
 
 
 @dataclass
@@ -134,7 +135,7 @@ class Generator:
         self.prefill_chunk = self.config.prefill_chunk or PREFILL_CHUNK
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
         self.arm_history = ArmHistory(self.config.auto_max_sit_out)  # `auto` remembers across calls which arms lost
-        self.engine: BatchEngine | None = None  # continuous batching (start_engine): every call shares its passes
+        self.engine: Engine | None = None  # start_engine(): every call shares its passes
         if not backend.rows.exact_windows:
             logging.getLogger("jacobi_rt").warning("%s (%s)", backend.rows.line(), self.manifest.source.get("name", "artifact"))
 
@@ -200,113 +201,64 @@ class Generator:
         """The chat template rendered for `messages`, ending with the assistant's turn."""
         return self.tokenizer.render_chat(messages, add_generation_prompt=True)
 
-    def generate(
-        self,
-        prompt: str | Sequence[int] | None = None,
-        max_new_tokens: int = 128,
-        strategy: str = "auto",
-        window: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        messages: list[dict] | None = None,
-        chat: bool = False,
-        jacobi_tail: bool | None = None,
-        config: Overrides = None,
-        **sampling,
-    ) -> GenerationResult:
+    def generate(self, prompt: str | Sequence[int] | None = None, max_new_tokens: int | None = None, *,
+                 params: GenerationParams | None = None, messages: list[dict] | None = None, chat: bool = False,
+                 **options) -> GenerationResult:
         """Generate up to max_new_tokens after `prompt` (text or token ids), or after chat `messages`.
 
-        chat=True wraps a text prompt as one user message. Strategies: "greedy"; "jacobi" (with
-        window=None it adapts each pass's window between 1 and 8 to the measured speed); "lookahead"
-        (prompt lookup, an n-gram pool and the Jacobi trajectory, each guess sent only when its
-        measured acceptance pays for the wider pass); "speculative" (the draft model); "auto" (the
-        default: lookahead, plus the draft when one is loaded). `window` caps the widest pass.
-        jacobi_tail (speculative, and auto's draft arm): the target's predictions past the first
-        rejected guess seed the draft's next window (speculative Jacobi decoding); None: the
-        default, DEFAULT_JACOBI_TAIL. The tokens are those of strategy="greedy" (one token a pass)
-        with the same sampling arguments, whatever the strategy and options.
+        params: the request (runtime.params.GenerationParams); `max_new_tokens` and `options` change its
+        fields: strategy, window, stop, jacobi_tail, config, and SamplingParams' fields (temperature, top_k,
+        top_p, min_p, seed, penalties, logprobs=N). chat=True wraps a text prompt as one user message.
 
-        config: this call's decoding tuning (runtime.config.DecodingConfig): a whole config, or a mapping
-        of the fields to change from the generator's (`window` and `jacobi_tail` are fields too; the
-        arguments of those names win). Fields only a generator sets (ENGINE_FIELDS) are refused here.
-
-        sampling: SamplingParams' fields (runtime.sampling): temperature (0, the default, is greedy),
-        top_k, top_p, min_p, seed (drawn when left out: Stats.seed), repetition_penalty,
-        frequency_penalty, presence_penalty, logprobs=N (the result's `logprobs`: each token's and
-        the N most likely). For a seed, every strategy and window gives the same tokens.
+        Strategies: "greedy"; "jacobi" (with no window it adapts each pass's window between 1 and 8 to the
+        measured speed); "lookahead" (prompt lookup, an n-gram pool and the Jacobi trajectory, each guess
+        sent only when its measured acceptance pays for the wider pass); "speculative" (the draft model);
+        "auto" (the default: lookahead, plus the draft when one is loaded). `window` caps the widest pass;
+        jacobi_tail (speculative, auto's draft arm): the target's predictions past the first rejected guess
+        seed the draft's next window. config: the call's decoding tuning (runtime.config.DecodingConfig, or a
+        mapping of the fields to change; ENGINE_FIELDS are refused here). The tokens are those of
+        strategy="greedy" (one token a pass) with the same sampling, whatever the strategy and options;
+        temperature > 0 samples (seed drawn when left out: Stats.seed).
         """
-        pieces = self._run(self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling, config))
-        while True:
-            try:
-                next(pieces)
-            except StopIteration as done:
-                return done.value
+        return _drain(self._run(self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))))
 
-    def stream(
-        self,
-        prompt: str | Sequence[int] | None = None,
-        max_new_tokens: int = 128,
-        strategy: str = "auto",
-        window: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        messages: list[dict] | None = None,
-        chat: bool = False,
-        jacobi_tail: bool | None = None,
-        config: Overrides = None,
-        **sampling,
-    ) -> Iterator[str]:
+    def stream(self, prompt: str | Sequence[int] | None = None, max_new_tokens: int | None = None, *,
+               params: GenerationParams | None = None, messages: list[dict] | None = None, chat: bool = False,
+               **options) -> Iterator[str]:
         """Like generate(), yielding text pieces as tokens are committed; they join to generate()'s text."""
-        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling, config)
+        request = self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))
         return (piece for piece in self._run(request) if piece)
 
-    def start(
-        self,
-        prompt: str | Sequence[int] | None = None,
-        max_new_tokens: int = 128,
-        strategy: str = "auto",
-        window: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        messages: list[dict] | None = None,
-        chat: bool = False,
-        jacobi_tail: bool | None = None,
-        config: Overrides = None,
-        **sampling,
-    ) -> "TextStream":
+    def start(self, prompt: str | Sequence[int] | None = None, max_new_tokens: int | None = None, *,
+              params: GenerationParams | None = None, messages: list[dict] | None = None, chat: bool = False,
+              **options) -> "TextStream":
         """Like stream(), but the returned TextStream also holds the GenerationResult (`.result`) once
-        exhausted, and `close()` ends the generation early, freeing its KV buffers. The request is
-        checked (and the prompt tokenized) now; nothing runs until the first piece is asked for."""
-        request = self._request(prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling, config)
+        exhausted, and `close()` ends the generation early, freeing its slot. The request is checked (and
+        the prompt tokenized) now; nothing runs until the first piece is asked for."""
+        request = self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))
         return TextStream(self._run(request), len(request.prompt_ids))
 
-    def generate_batch(self, prompts: Sequence[str | Sequence[int]], **options) -> list[GenerationResult | InputError]:
-        """generate() for many prompts at once, sharing every pass (continuous batching; on the engine of
-        start_engine(), else on one opened for this call with a slot per prompt, at most 16; one after
-        another on a backend without the in-place graph).
-
-        options: generate()'s keywords, the same for every prompt. Each prompt is checked alone: one
-        that is invalid (e.g. over the context) gets its InputError in its place; the others complete.
-        """
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int | None = None, *,
+                       params: GenerationParams | None = None, chat: bool = False,
+                       **options) -> list[GenerationResult | InputError]:
+        """generate() for many prompts at once, sharing every pass (on the engine of start_engine(), else on
+        one opened for this call with a slot per prompt, at most 16; one slot where the backend's contexts
+        hold one row). Each prompt is checked alone: one that is invalid (e.g. over the context) gets its
+        InputError in its place; the others complete."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise InputError("generate_batch() takes a list of prompts (texts or token id lists); use generate() for one")
-        fields = ("max_new_tokens", "strategy", "window", "stop", "chat", "jacobi_tail", "config")
-        base = {"max_new_tokens": 128, "strategy": "auto", "window": None, "stop": None, "chat": False, "jacobi_tail": None,
-                "config": None}
-        base.update({k: v for k, v in options.items() if k in fields})
-        sampling = {k: v for k, v in options.items() if k not in fields}
+        params = GenerationParams.of(params, max_new_tokens=max_new_tokens, **options)
         requests: list[Request | InputError] = []
         for prompt in prompts:
             try:
-                requests.append(self._request(prompt, None, base["chat"], base["max_new_tokens"], base["strategy"],
-                                              base["window"], base["stop"], base["jacobi_tail"], dict(sampling),
-                                              base["config"]))
+                requests.append(self._request(prompt, None, chat, params))
             except InputError as exc:
                 requests.append(exc)
         valid = [r for r in requests if isinstance(r, Request)]
-        if self.engine is None and not self.backend_batches:  # the portable graph: one after another
-            done = iter([_drain(self._run(r)) for r in valid])
-            return [next(done) if isinstance(r, Request) else r for r in requests]
-        engine = self.engine or self._engine(max(1, min(len(valid), 16)))
+        slots = max(1, min(len(valid), 16)) if self.backend.batched else 1
+        engine = self.engine or self._engine(slots)
         try:
-            runs = [self._submit(engine, r) for r in valid]
+            runs = [self._on_engine(engine, r) for r in valid]
             if engine is not self.engine:
                 while any(not row.finished for row, _ in runs):
                     engine.step()
@@ -316,32 +268,37 @@ class Generator:
                 engine.close()
         return [next(results) if isinstance(r, Request) else r for r in requests]
 
-    @property
-    def backend_batches(self) -> bool:
-        """Whether the backend can run the batch engine (rows of their own lengths: the in-place graph)."""
-        return getattr(self.backend, "graph", None) == "inplace"
-
-    def start_engine(self, slots: int, capacity: int | None = None) -> BatchEngine:
-        """From now on, run every generation on one batch engine of `slots` rows (continuous batching: a
-        background thread runs passes shared by all running generations). Needs the in-place graph.
+    def start_engine(self, slots: int | None = None, capacity: int | None = None) -> Engine:
+        """From now on, run every generation on one engine of `slots` rows (continuous batching: a background
+        thread runs passes shared by all running generations). slots: default `default_slots()`; more than
+        one needs the in-place graph (rows of their own lengths).
 
         capacity: each row's context (prompt + output); while the engine runs, `limits.max_context` is
         this capacity. Default: the artifact's, except that the in-place graph's `scatter` attention
         (the default export) reads the whole capacity every pass (16 rows of one token, SmolLM2: 148 ms
         at capacity 256, 237 at 2048, 495 at 8192), so it is capped at DEFAULT_BATCH_CONTEXT there."""
         if self.engine is not None:
-            raise InputError("this Generator already runs a batch engine; stop_engine() first")
-        if capacity is None:
-            scatter = self.manifest.check.get("inplace", {}).get("attention") == "scatter"
-            capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT) if scatter else None
-        self.engine = self._engine(slots, capacity).start()
+            raise InputError("this Generator already runs an engine; stop_engine() first")
+        if capacity is None and self.manifest.inplace_attention == "scatter" and self.backend.batched:
+            capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT)
+        self.engine = self._engine(self.default_slots() if slots is None else slots, capacity).start()
         return self.engine
 
-    def _engine(self, slots: int, capacity: int | None = None) -> BatchEngine:
-        """A batch engine on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
+    def default_slots(self, memory_share: float = 0.25) -> int:
+        """The engine's slots when none are asked for: 1 where a context holds one row; else as many rows as
+        fill `memory_share` of the available memory with their KV caches at the batch context, between 1 and
+        DEFAULT_SLOTS (a CPU pass of more rows costs more than they gain: tools/load_bench.py)."""
+        if not self.backend.batched:
+            return 1
+        arch = self.manifest.architecture
+        capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT)
+        row_bytes = 2 * arch.num_layers * arch.kv_heads * arch.head_dim * capacity * (4 if self.manifest.dtype == "float32" else 2)
+        return max(1, min(DEFAULT_SLOTS, int(available_memory() * memory_share // row_bytes)))
+
+    def _engine(self, slots: int, capacity: int | None = None) -> Engine:
+        """An engine of `slots` rows on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
         chunk = self.limits.prefill_chunk
-        return BatchEngine(self.backend, slots, capacity, prefill_chunk=chunk,
-                           budget=PassBudget.from_config(self.config, chunk))
+        return Engine.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.from_config(self.config, chunk))
 
     def stop_engine(self) -> None:
         engine, self.engine = self.engine, None
@@ -350,30 +307,30 @@ class Generator:
 
     # -- request checking -------------------------------------------------------------------
 
-    def _request(self, prompt, messages, chat, max_new_tokens, strategy, window, stop, jacobi_tail, sampling,
-                 config: Overrides = None) -> Request:
-        if strategy not in STRATEGIES:
-            raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
-        if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise InputError(f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
-        overrides = self._overrides(config)
-        window = overrides.pop("window", None) if window is None else window
-        jacobi_tail = overrides.pop("jacobi_tail", None) if jacobi_tail is None else jacobi_tail
+    def _request(self, prompt, messages, chat: bool, params: GenerationParams) -> Request:
+        """The request resolved against this generator: the prompt's ids, the window, the config."""
+        overrides = self._overrides(params.config)
+        window = overrides.pop("window", None) if params.window is None else params.window
+        jacobi_tail = overrides.pop("jacobi_tail", None) if params.jacobi_tail is None else params.jacobi_tail
         decoding = self.config.with_overrides(overrides, per_request=True)
+        strategy = params.strategy
         if not self.backend.rows.exact_windows:  # no window is exact on this CPU (exact_rows.py): decode greedily
             strategy, window, jacobi_tail = "greedy", None, None
         adaptive = strategy == "jacobi" and window is None and decoding.window is None
         window = self._window(strategy, window, decoding)
         tail = self._jacobi_tail(strategy, jacobi_tail, decoding)
+        sampling = params.sampling
+        if sampling.sampled and sampling.seed is None:
+            sampling = sampling.with_seed(draw_seed())
         return Request(
             prompt_ids=self._prompt_ids(prompt, messages, chat),
-            max_new_tokens=int(max_new_tokens),
+            max_new_tokens=params.max_new_tokens,
             strategy=strategy,
             window=window,
             adaptive=adaptive,
-            stop=_stop_strings(stop),
+            stop=list(params.stop),
             jacobi_tail=tail,
-            sampling=_sampling_params(sampling),
+            sampling=sampling,
             config=replace(decoding, window=window, jacobi_tail=tail),
             exactness=self.backend.rows.mode,
         )
@@ -384,9 +341,7 @@ class Generator:
             return {}
         if isinstance(config, DecodingConfig):
             return changed_fields(self.config, config)
-        if isinstance(config, Mapping):
-            return dict(config)
-        raise InputError(f"config must be a DecodingConfig or a mapping of its fields, not {config!r}")
+        return dict(config)
 
     def _jacobi_tail(self, strategy: str, jacobi_tail, decoding: DecodingConfig) -> bool:
         """The request's jacobi_tail (checked: it belongs to the draft's chain), else the config's."""
@@ -447,71 +402,65 @@ class Generator:
     # -- the run ----------------------------------------------------------------------------
 
     def _run(self, request: Request) -> Iterator[str]:
-        """Yield text pieces; return the GenerationResult (StopIteration.value)."""
+        """Yield text pieces; return the GenerationResult (StopIteration.value). A lone call (no engine
+        started) is a one-row batch run in this thread on a context sized to it."""
         if self.engine is not None:
-            _, pieces = self._submit(self.engine, request)
+            _, pieces = self._on_engine(self.engine, request)
             return (yield from pieces)
         started = time.perf_counter()
-        progress = Progress()
-        prompt = request.prompt_ids
-        limits = self.limits
-        capacity = min(limits.max_context, len(prompt) + request.max_new_tokens)
-        eos = set(self.manifest.tokens.eos_ids)
-        ids: list[int] = []
-        text = _StopText(request.stop)
-        detok = Detokenizer(self.tokenizer)
-        sampler = Sampler(request.sampling, len(prompt))
-        # The target's context first: a proposer's own cache (a draft's) is opened only once it exists,
-        # and closed by the `with` if anything after it fails.
-        with self.backend.context(capacity) as ctx, self._proposer(request, capacity) as proposer:
-            policy = _policy(request)
-            tokens = decode(ctx, prompt, proposer, policy, request.max_new_tokens,
-                            limits.max_context, eos, limits.prefill_chunk, progress, sampler)
-            for batch in tokens:  # a prefill chunk is an empty batch: the caller gets control between passes
-                yield from _pass_texts(batch, ids, eos, text, detok)
-                if text.stopped:
-                    tokens.close()
-                    break
-            yield from _closing_texts(text, detok)
-            session = ctx.session_seconds
-        return _result(request, progress, ids, started, session, proposer.stats, sampler, text)
+        capacity = min(self.limits.max_context, len(request.prompt_ids) + request.max_new_tokens)
+        # The target's context first: a proposer's own cache (a draft's) is opened only once it exists.
+        with self.backend.context(capacity) as ctx:
+            row = self._row(request, capacity, self.limits.max_context)
+            chunk = self.limits.prefill_chunk
+            batches = run_alone(ctx, row, chunk, PassBudget.from_config(request.config, chunk))
+            return (yield from self._pieces(row, request, batches, started))
 
-    def _submit(self, engine: BatchEngine, request: Request) -> tuple[Row, Iterator[str]]:
-        """Queue `request` on the engine now; the pieces come from the returned generator."""
+    def _on_engine(self, engine: Engine, request: Request) -> tuple[Row, Iterator[str]]:
+        """Queue `request` on the engine now; the pieces come from the returned generator ("" every 50 ms
+        while it waits, so a caller can stop it); closing that generator cancels the row."""
         started = time.perf_counter()
-        prompt = request.prompt_ids
         max_context = min(self.limits.max_context, engine.capacity)
-        capacity = min(max_context, len(prompt) + request.max_new_tokens)
-        policy = _policy(request)
-        sampler = Sampler(request.sampling, len(prompt))
-        proposer = self._proposer(request, capacity)
-        row = Row(prompt, request.max_new_tokens, proposer, sampler, policy, set(self.manifest.tokens.eos_ids), max_context)
-        engine.submit(row)
-        return row, self._pieces(engine, row, request, sampler, started)
+        capacity = min(max_context, len(request.prompt_ids) + request.max_new_tokens)
+        row = engine.submit(self._row(request, capacity, max_context))
 
-    def _pieces(self, engine: BatchEngine, row: Row, request: Request, sampler: Sampler, started: float) -> Iterator[str]:
-        """The engine row's text pieces ("" after each pass without text, and every 50 ms while it waits, so a
-        caller can stop between them); closing this generator cancels the row."""
-        import queue as queues
+        def batches() -> Iterator[list[int]]:
+            try:
+                while True:
+                    try:
+                        batch = row.tokens.get(timeout=0.05)
+                    except queue.Empty:
+                        yield []
+                        continue
+                    if batch is END:
+                        break
+                    yield batch
+            finally:
+                engine.cancel(row)  # a no-op for a finished row; frees the slot of one stopped early
+            if row.error is not None:
+                raise row.error
 
+        return row, self._pieces(row, request, batches(), started)
+
+    def _row(self, request: Request, capacity: int, max_context: int) -> Row:
+        sampler = Sampler(request.sampling, len(request.prompt_ids))
+        return Row(request.prompt_ids, request.max_new_tokens, self._proposer(request, capacity), sampler,
+                   _policy(request), set(self.manifest.tokens.eos_ids), max_context)
+
+    def _pieces(self, row: Row, request: Request, batches: Iterator[list[int]], started: float) -> Iterator[str]:
+        """The row's text pieces ("" for a pass without text, so a caller can stop between passes); ends at
+        EOS, the row's end or a stop string; returns the GenerationResult."""
         eos, ids = row.eos_ids, []
         text, detok = _StopText(request.stop), Detokenizer(self.tokenizer)
         try:
-            while not text.stopped:
-                try:
-                    batch = row.tokens.get(timeout=0.05)
-                except queues.Empty:
-                    yield ""
-                    continue
-                if batch is END:
-                    break
+            for batch in batches:
                 yield from _pass_texts(batch, ids, eos, text, detok)
+                if text.stopped:
+                    break
         finally:
-            engine.cancel(row)  # a no-op for a finished row; frees the slot of one stopped early
-        if row.error is not None:
-            raise row.error
+            batches.close()  # ends the row at once when the caller or a stop string stops early
         yield from _closing_texts(text, detok)
-        return _result(request, row.progress, ids, started, row.session_seconds, row.proposer.stats, sampler, text)
+        return _result(request, row, ids, started, text)
 
     def _proposer(self, request: Request, capacity: int) -> Proposer:
         """The strategy's proposer, tuned by the request's config; where the backend's windows may not
@@ -548,6 +497,17 @@ class Generator:
         return AutoProposer({"lookahead": lookahead(), "draft": drafting}, **auto)
 
 
+def available_memory() -> int:
+    """Bytes of memory available to new allocations (MemAvailable), or the physical memory where unknown."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _policy(request: Request) -> AdaptiveWindow | FixedWindow:
     """Each pass's window: adaptive between 1 and the window for plain Jacobi without a window, else fixed."""
     return AdaptiveWindow.from_config(request.config, request.window) if request.adaptive else FixedWindow(request.window)
@@ -582,18 +542,19 @@ def _closing_texts(text: "_StopText", detok: Detokenizer) -> Iterator[str]:
     yield text.finish()
 
 
-def _result(request: Request, progress: Progress, ids: list[int], started: float, session: float, proposer: dict,
-            sampler: Sampler, text: "_StopText") -> GenerationResult:
-    stats = _stats(request, progress, len(ids), started, session, proposer)
+def _result(request: Request, row: Row, ids: list[int], started: float, text: "_StopText") -> GenerationResult:
+    stats = _stats(request, row, len(ids), started)
     if text.stopped:
         stats.finish_reason = "stop"
+    sampler = row.sampler
     stats.seed = sampler.params.seed if sampler.params.sampled else None
     logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
     return GenerationResult(ids, text.text, stats, logprobs)
 
 
-def _stats(request: Request, progress: Progress, new_tokens: int, started: float, session: float, proposer: dict) -> Stats:
+def _stats(request: Request, row: Row, new_tokens: int, started: float) -> Stats:
     wall = time.perf_counter() - started
+    progress, session = row.progress, row.session_seconds
     decode_seconds = max(wall - progress.prefill_seconds, 1e-9)
     return Stats(
         strategy=request.strategy,
@@ -610,18 +571,9 @@ def _stats(request: Request, progress: Progress, new_tokens: int, started: float
         session_seconds=round(session, 4),
         overhead_share=round(max(wall - session, 0.0) / wall, 4) if wall > 0 else 0.0,
         decode_tokens_per_second=round(max(new_tokens - 1, 0) / decode_seconds, 2),
-        proposer=dict(proposer),
+        proposer=dict(row.proposer.stats),
         exactness=request.exactness,
     )
-
-
-def _sampling_params(sampling: dict) -> SamplingParams:
-    fields = SamplingParams.__dataclass_fields__
-    unknown = sorted(set(sampling) - set(fields))
-    if unknown:
-        raise InputError(f"unknown argument(s) {', '.join(unknown)}; the sampling arguments are {', '.join(fields)}")
-    params = SamplingParams(**sampling)
-    return params.with_seed(draw_seed()) if params.sampled and params.seed is None else params
 
 
 def _check_ids(prompt, vocab: int) -> list[int]:
@@ -639,15 +591,6 @@ def _check_ids(prompt, vocab: int) -> list[int]:
         raise InputError(f"token id {bad[0]} is outside this model's vocabulary (0..{vocab - 1}); "
                          "encode the text with this artifact's tokenizer")
     return array.tolist()
-
-
-def _stop_strings(stop) -> list[str]:
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    if not all(isinstance(s, str) and s for s in stops):
-        raise InputError(f"stop must be a non-empty string or a list of non-empty strings, not {stop!r}")
-    return stops
 
 
 class _StopText:

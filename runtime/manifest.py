@@ -75,6 +75,30 @@ class Manifest:
     engines: list[EngineRecord] = field(default_factory=list)  # TensorRT engines, added by `jacobi-rt build`
     created: dict = field(default_factory=dict)  # tool version, date, export seconds
 
+    # What the runtime reads of the export's check report, typed and in one place:
+
+    @property
+    def accuracy_level(self) -> int | None:
+        """MatMulNBits' accuracy level of quantized weights (4: int8 activations); None when not quantized."""
+        if not self.quantization:
+            return None
+        return int((self.check.get("weights") or {}).get("accuracy_level", 4))
+
+    @property
+    def attention_extra_row(self) -> bool:
+        """The in-place graph's attention runs one extra query row (exporter/gqa_rows.py)."""
+        return bool((self.check.get("weights") or {}).get("attention_extra_row"))
+
+    @property
+    def inplace_attention(self) -> str | None:
+        """How the in-place graph writes the cache: "scatter" (reads the whole capacity) or "gqa"; None without one."""
+        return (self.check.get("inplace") or {}).get("attention")
+
+    @property
+    def inplace_skipped(self) -> str | None:
+        """Why the export has no in-place graph, when it says."""
+        return (self.check.get("inplace") or {}).get("skipped")
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
 

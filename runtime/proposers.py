@@ -502,13 +502,6 @@ def own_cost(proposer: Proposer) -> PassCosts:
     return curves[0] if curves else _DEFAULT_COSTS
 
 
-def send(proposer: Proposer, limit: int, cost: PassCosts | None = None) -> list[list[int]]:
-    """What a pass with room for `limit` guessed tokens sends: `proposer`'s offer, cut by the allocator
-    (cost: the curve to weigh it against; default the proposer's own), taken."""
-    allocation = allocate(proposer.offer(limit), limit, cost or own_cost(proposer))
-    return proposer.take(allocation, limit)
-
-
 def observe_costs(proposer: Proposer, result: PassResult) -> None:
     """Teach each distinct cost curve `proposer` reads the pass's measured seconds, once."""
     seen: set[int] = set()

@@ -39,7 +39,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from jacobi_rt.runtime.engine import BatchEngine
+from jacobi_rt.runtime.engine import Engine
+from jacobi_rt.runtime.params import GenerationParams
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.generator import Generator
 
@@ -64,16 +65,16 @@ class ClientGone(Exception):
 
 @dataclass
 class Load:
-    """What runs and waits now: the worker pool's jobs, or with the batch engine, its rows."""
+    """What runs and waits now: the engine's rows, and its queue plus the pool's."""
 
     pool: WorkerPool
-    engine: BatchEngine | None
+    engine: Engine
 
     def running(self) -> int:
-        return self.pool.running if self.engine is None else self.engine.running
+        return self.engine.running
 
     def waiting(self) -> int:
-        return self.pool.queued + (0 if self.engine is None else self.engine.queued)
+        return self.pool.queued + self.engine.queued
 
 
 @dataclass
@@ -98,11 +99,9 @@ class Server:
         context = self.generator.limits.max_context  # the backend's: an engine may hold less than the manifest
         default = context if call.messages is not None else self.settings.completion_max_tokens
         try:
-            stream = Choices([self.generator.start(call.prompt, max_new_tokens=call.max_tokens or default,
-                                                   strategy=call.strategy or self.settings.default_strategy, window=call.window,
-                                                   stop=call.stop or None, messages=call.messages, jacobi_tail=call.jacobi_tail,
-                                                   config=call.config or None,
-                                                   seed=seed, logprobs=call.logprobs, **call.sampling)
+            params = GenerationParams.of(call.params, max_new_tokens=call.max_tokens or default,
+                                         strategy=call.strategy or self.settings.default_strategy)
+            stream = Choices([self.generator.start(call.prompt, messages=call.messages, params=params, seed=seed)
                               for seed in call.seeds])
         except InputError as exc:
             raise from_input_error(exc, call.prompt_param) from None
@@ -179,25 +178,21 @@ class Run:
 
 def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
     """The ASGI app serving `generator` as the model `settings.model_id`."""
-    # With max_batch, each worker thread only relays its generation's pieces: the engine's loop runs the passes.
-    pool = WorkerPool(settings.running_at_once, settings.queue_size)
-    engine = None
-    if settings.max_batch is not None:
-        engine = generator.engine or generator.start_engine(settings.max_batch, settings.batch_context)
+    # Every generation is a row of the one engine; a worker thread per slot only relays its row's pieces.
+    engine = generator.engine or generator.start_engine(settings.max_batch, settings.batch_context)
+    pool = WorkerPool(engine.slots, settings.queue_size)
     load = Load(pool, engine)
-    metrics = Metrics(settings.model_id, load.running, load.waiting, pool.workers, pool.queue_size,
-                      batching=engine is not None)
-    if engine is not None:
-        engine.stats.observers.append(metrics.observe_pass)
+    metrics = Metrics(settings.model_id, load.running, load.waiting, pool.workers, pool.queue_size)
+    engine.stats.observers.append(metrics.observe_pass)
     server = Server(generator, settings, pool, load, metrics, int(time.time()),
-                    ThreadPoolExecutor(min(settings.running_at_once, 4), thread_name_prefix="jacobi-rt-prepare"))
+                    ThreadPoolExecutor(min(engine.slots, 4), thread_name_prefix="jacobi-rt-prepare"))
 
     @asynccontextmanager
     async def lifespan(app):
         yield
         await asyncio.to_thread(server.pool.shutdown)  # after uvicorn's grace period: cancel what is left
         server.preparing.shutdown(cancel_futures=True)
-        if engine is not None and generator.engine is engine:
+        if generator.engine is engine:
             await asyncio.to_thread(generator.stop_engine)
 
     docs = dict(docs_url="/docs", redoc_url=None) if settings.docs else dict(docs_url=None, redoc_url=None, openapi_url=None)

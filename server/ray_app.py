@@ -9,14 +9,14 @@ Each replica is the very app of `jacobi-rt serve` (create_app) over the same Gen
 
 What Ray adds, and how it maps onto the single server:
 - A replica reserves `threads` CPUs and runs onnxruntime on that many threads. Ray sends it at most
-  its places (workers or max_batch slots, + queue) + HEADROOM requests (`max_ongoing_requests`):
+  its places (its engine's slots, + queue) + HEADROOM requests (`max_ongoing_requests`):
   a generation beyond its places gets the app's own 429 (OpenAI error, Retry-After), while /health
   and /metrics still get through. Requests Ray cannot place wait at the proxy, `queue` of them per
   proxy (`max_queued_requests`); beyond that Ray's back-pressure answers 429 with Retry-After too
   (its default would be 503 without one), with a plain-text body. So one client rule covers both
   and the single server: on 429 (or 503), wait Retry-After seconds and retry.
 - With `max_replicas` the deployment autoscales between `replicas` and `max_replicas`, aiming at
-  as many requests per replica as it runs at once (workers, or max_batch slots; more wait in its queue).
+  as many requests per replica as it runs at once (its engine's slots; more wait in its queue).
 - Every replica checks its copy of the artifact: the manifest's sha256 must be the one the
   deployment was made from (and, unless verify is off, every file's sha256 the manifest's); a
   replica on a node with another copy refuses to start, naming the node.
@@ -136,7 +136,7 @@ class RayPlan:
 
 
 def max_ongoing_requests(settings: ServerSettings) -> int:
-    """What Ray sends one replica at once: its running generations (workers, or the batch engine's
+    """What Ray sends one replica at once: its running generations (the engine's
     slots) plus its own queue (the single server's places), plus HEADROOM: a full replica still
     answers /health and /metrics, and answers a generation beyond its places with its own 429."""
     return settings.running_at_once + settings.queue_size + HEADROOM
@@ -277,9 +277,8 @@ BUILD_ARGS = {
     "replicas": "replicas (the minimum when autoscaling)",
     "max_replicas": "autoscale up to this many replicas",
     "threads": "CPUs per replica, and its onnxruntime threads",
-    "workers": "generations running at once per replica",
-    "max_batch": "continuous batching: generations sharing each pass, per replica (replaces workers)",
-    "batch_context": "with max_batch: each slot's context (prompt + output)",
+    "max_batch": "generations sharing each pass, per replica (default: sized from the artifact and memory)",
+    "batch_context": "each slot's context (prompt + output)",
     "queue": "requests waiting per replica (and per proxy)",
     "strategy": "default decoding strategy",
     "timeout": "seconds per request",
@@ -300,7 +299,6 @@ def build(args: Mapping[str, str]):
     artifact = PinnedArtifact.of(args["artifact"])
     settings = ServerSettings(
         model_id=args.get("model_name") or Path(artifact.path).name,
-        workers=int(args.get("workers", 1)),
         max_batch=int(args["max_batch"]) if args.get("max_batch") else None,
         batch_context=int(args["batch_context"]) if args.get("batch_context") else None,
         queue_size=int(args.get("queue", 32)),

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from jacobi_rt.runtime.config import DEFAULTS, ENGINE_FIELDS, FIELDS
 from jacobi_rt.runtime.errors import InputError
-from jacobi_rt.runtime.generator import STRATEGIES
+from jacobi_rt.runtime.params import STRATEGIES, GenerationParams
 from jacobi_rt.runtime.sampling import SamplingParams, draw_seed
 
 from .errors import APIError
@@ -141,17 +141,12 @@ class GenerationCall:
     prompt: str | list[int] | None  # None for chat
     messages: list[dict] | None  # None for completions
     max_tokens: int | None  # None: the endpoint's default
-    stop: list[str] = field(default_factory=list)
+    params: GenerationParams  # the request's decoding (strategy filled in by the server when None below)
     strategy: str | None = None  # None: the server's default
-    window: int | None = None
-    jacobi_tail: bool | None = None  # None: the runtime's default
-    config: dict = field(default_factory=dict)  # DecodingConfig fields the request changes (checked)
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
-    sampling: dict = field(default_factory=dict)  # Generator's sampling arguments, seed excluded
     seeds: list[int | None] = field(default_factory=lambda: [None])  # one per choice (n); None: greedy
-    logprobs: int | None = None  # top logprobs per token (0: the chosen token's only); None: no logprobs
 
     @property
     def prompt_param(self) -> str:
@@ -272,20 +267,20 @@ def _call(request: CommonRequest, prompt, messages, max_tokens, logprobs: int | 
                        "stream_options", "invalid_value")
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     options = request.jacobi or JacobiOptions()
+    sampling, seeds = _sampling(request, logprobs)
+    params = GenerationParams(window=options.window, stop=tuple(_checked_stops(stops)), jacobi_tail=options.jacobi_tail,
+                              config=decoding_overrides(options) or None, sampling=sampling)
     return GenerationCall(
         model=request.model,
         prompt=prompt,
         messages=messages,
         max_tokens=max_tokens,
-        stop=_checked_stops(stops),
+        params=params,
         strategy=options.strategy,
-        window=options.window,
-        jacobi_tail=options.jacobi_tail,
-        config=decoding_overrides(options),
         stream=request.stream,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         user=request.user,
-        **_sampling(request, logprobs),
+        seeds=seeds,
     )
 
 
@@ -300,8 +295,8 @@ def _bounded(name: str, value: int | None, limit: int) -> int | None:
     return value
 
 
-def _sampling(request: CommonRequest, logprobs: int | None) -> dict:
-    """The sampling arguments, checked by the runtime's own SamplingParams; n choices get seeds seed, seed + 1, ..."""
+def _sampling(request: CommonRequest, logprobs: int | None) -> tuple[SamplingParams, list[int | None]]:
+    """The sampling, checked by the runtime's own SamplingParams, and a seed per choice (seed, seed + 1, ...)."""
     n = 1 if request.n is None else request.n
     if not 1 <= n <= MAX_N:
         raise APIError(400, f"n must be an integer from 1 to {MAX_N}, not {n}", "n", "invalid_value")
@@ -319,7 +314,7 @@ def _sampling(request: CommonRequest, logprobs: int | None) -> dict:
     else:
         first = draw_seed() if params.seed is None else params.seed
         seeds = [(first + i) % 2**64 for i in range(n)]
-    return dict(sampling=sampling, seeds=seeds, logprobs=logprobs)
+    return params, seeds
 
 
 def _checked_stops(stops: Sequence[str]) -> list[str]:

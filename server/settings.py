@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jacobi_rt.runtime.errors import InputError
-from jacobi_rt.runtime.generator import STRATEGIES
+from jacobi_rt.runtime.generator import DEFAULT_SLOTS
+from jacobi_rt.runtime.params import STRATEGIES
 
 SERVE_HINT = 'pip install ".[serve]" from the jacobi-rt checkout'
 
@@ -13,7 +14,6 @@ SERVE_HINT = 'pip install ".[serve]" from the jacobi-rt checkout'
 @dataclass
 class ServerSettings:
     model_id: str  # the name clients pass as "model" (and /v1/models lists)
-    workers: int = 1  # generations running at once, each on its own thread and KV buffers (CPU: one uses every core)
     queue_size: int = 32  # requests waiting for a worker; beyond workers + queue_size: 429
     request_timeout: float = 300.0  # seconds from arrival (queue wait included) to the last token
     max_body_bytes: int = 1 << 20  # larger bodies get 413
@@ -24,25 +24,25 @@ class ServerSettings:
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish on shutdown before they are cancelled
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides the address connected to ("*": any; see hosts.py)
     docs: bool = False  # serve the interactive API docs at /docs (and /openapi.json)
-    max_batch: int | None = None  # continuous batching: generations sharing each pass (engine slots); None: one per worker
-    batch_context: int | None = None  # with max_batch: each slot's context (prompt + output); None: the artifact's
+    max_batch: int | None = None  # generations sharing each pass (the engine's slots); None: Generator.default_slots()
+    batch_context: int | None = None  # each slot's context (prompt + output); None: the artifact's (capped for scatter attention)
 
     @property
     def running_at_once(self) -> int:
-        """Generations that run at once: the engine's slots, or the workers."""
-        return self.max_batch or self.workers
+        """Generations that run at once before the engine is open: max_batch, else at most DEFAULT_SLOTS."""
+        return self.max_batch or DEFAULT_SLOTS
 
     def __post_init__(self) -> None:
         if not self.model_id:
             raise InputError("the served model needs a name (model_id)")
-        for name in ("workers", "max_body_bytes", "completion_max_tokens", "retry_after_seconds"):
+        for name in ("max_body_bytes", "completion_max_tokens", "retry_after_seconds"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.max_batch is not None and (isinstance(self.max_batch, bool) or self.max_batch < 1):
             raise InputError(f"max_batch must be at least 1 (the generations that share each pass), not {self.max_batch}; "
-                             "leave it out to run one generation per worker")
-        if self.batch_context is not None and (self.max_batch is None or self.batch_context < 2):
-            raise InputError(f"batch_context (a slot's context, here {self.batch_context}) needs max_batch and at least 2 tokens")
+                             "leave it out to size it from the artifact and memory")
+        if self.batch_context is not None and self.batch_context < 2:
+            raise InputError(f"batch_context (a slot's context) must be at least 2 tokens, not {self.batch_context}")
         if self.queue_size < 0:
             raise InputError(f"queue_size must be 0 or more, not {self.queue_size}")
         if self.request_timeout <= 0 or self.shutdown_grace < 0:

@@ -35,10 +35,10 @@ def top2_gap(generator, ids: list[int]) -> float:
 
 def divergences(generator, prompts: list[list[int]], solo: list[list[int]], batch: int, max_tokens: int,
                 strategy: str) -> list[dict]:
-    from jacobi_rt.runtime.engine import BatchEngine
+    from jacobi_rt.runtime.engine import Engine
 
     found = []
-    engine = BatchEngine(generator.backend, batch, prefill_chunk=generator.limits.prefill_chunk).start()
+    engine = Engine.open(generator.backend, batch, prefill_chunk=generator.limits.prefill_chunk).start()
     generator.engine = engine  # all prompts at once: `batch` share each pass, the rest wait for a slot
     try:
         results = generator.generate_batch(prompts, max_new_tokens=max_tokens, strategy=strategy)

@@ -193,15 +193,11 @@ class _RecordingContext:
     def __init__(self, inner, log: list[int]):
         self._inner, self._log = inner, log
 
-    def commit(self, n: int) -> None:
-        self._log.append(n)
-        self._inner.commit(n)
+    def commit_each(self, keeps: list[list[int]]) -> None:  # the engine's one commit a pass (one row here)
+        self._log.append(len(keeps[0]))
+        self._inner.commit_each(keeps)
 
-    def commit_rows(self, rows: list[int]) -> None:
-        self._log.append(len(rows))
-        self._inner.commit_rows(rows)
-
-    def __getattr__(self, name):  # forward, trim, length, session_seconds, ...
+    def __getattr__(self, name):  # forward, select, lengths, trim_row, ...
         return getattr(self._inner, name)
 
     def __enter__(self):

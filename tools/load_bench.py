@@ -4,12 +4,12 @@ tokens/s per stream for each decoding strategy.
     python -m jacobi_rt.tools.load_bench build/smollm2-135m --clients 1,4,16 --strategies greedy,jacobi,lookahead
     python -m jacobi_rt.tools.load_bench --url http://127.0.0.1:8000 --clients 4   # a server already running
 
-Continuous batching (issue 11), side by side in one run: the server on the batch engine
-(--max-batch), the classic one-generation-per-worker server (--baseline), and onnxruntime-genai
-generating the same prompts as one static batch offline (--ortgenai FOLDER), with prompts of
-exactly N tokens (--prompt-tokens):
+The server batches by default (its slots sized from the artifact and memory; --max-batch sets
+them). Side by side in one run: that server, one of a single slot, one request at a time
+(--baseline, what `serve` did before it batched), and onnxruntime-genai generating the same prompts
+as one static batch offline (--ortgenai FOLDER), with prompts of exactly N tokens (--prompt-tokens):
 
-    python -m jacobi_rt.tools.load_bench build/smollm2-135m --max-batch 16 --baseline --clients 1,16 \
+    python -m jacobi_rt.tools.load_bench build/smollm2-135m --baseline --clients 1,16 \
         --requests 2 --strategy greedy --strategies greedy --prompt-tokens 128 --max-tokens 64 \
         --ortgenai build/ortgenai-fp32 --out build/load_batch.json
 
@@ -176,7 +176,7 @@ def run_level(url: str, level: Level, prompts: list[dict], requests: int, second
 # -- the server -------------------------------------------------------------------------------
 
 @contextmanager
-def local_server(artifact: str, workers: int, queue: int, threads: int | None, api_key: str | None,
+def local_server(artifact: str, queue: int, threads: int | None, api_key: str | None,
                  max_batch: int | None = None, ray_replicas: int | None = None,
                  batch_context: int | None = None) -> Iterator[str]:
     """`jacobi-rt serve ARTIFACT` in a child process on a free loopback port; yields its URL.
@@ -185,7 +185,7 @@ def local_server(artifact: str, workers: int, queue: int, threads: int | None, a
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-c", "from jacobi_rt.tools.cli.main import cli; cli()", "serve", artifact,
-               "--port", str(port), "--workers", str(workers), "--queue", str(queue), "--log-level", "warning"]
+               "--port", str(port), "--queue", str(queue), "--log-level", "warning"]
     if threads:
         command += ["--threads", str(threads)]
     if max_batch:
@@ -274,11 +274,10 @@ def _names(text: str) -> list[str]:
               help="Per-stream comparison: strategies run one client at a time ('' to skip).")
 @click.option("--stream-requests", type=click.IntRange(1), default=3, show_default=True, help="Requests per strategy in the comparison.")
 @click.option("--stream-max-tokens", type=click.IntRange(1), default=64, show_default=True, help="max_tokens in the comparison.")
-@click.option("--workers", type=click.IntRange(1), default=1, show_default=True, help="The started server's --workers.")
-@click.option("--max-batch", type=click.IntRange(1), default=None, help="The started server's --max-batch (continuous batching).")
+@click.option("--max-batch", type=click.IntRange(1), default=None, help="The started server's --max-batch (default: its own sizing).")
 @click.option("--batch-context", type=click.IntRange(2), default=None, help="The started server's --batch-context.")
-@click.option("--baseline", is_flag=True, help="With --max-batch: also run every level on a server without it "
-              "(one generation per worker), side by side.")
+@click.option("--baseline", is_flag=True, help="Also run every level on a server of one slot (--max-batch 1: one "
+              "request at a time), side by side.")
 @click.option("--prompt-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="Send token-id prompts of exactly N tokens (the bundled prompts' text run together; needs ARTIFACT "
                    "for its tokenizer); 0: the bundled prompts as they are.")
@@ -292,7 +291,7 @@ def _names(text: str) -> list[str]:
 @click.option("--api-key", envvar="JACOBI_RT_API_KEY", default=None, help="Sent as a bearer token (and required by a started server).")
 @click.option("--out", type=click.Path(dir_okay=False), default="build/load_bench.json", show_default=True, help="JSON results.")
 def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, strategies, stream_requests, stream_max_tokens,
-         workers, max_batch, batch_context, baseline, prompt_tokens, ortgenai, ray_replicas, queue, threads, api_key, out):
+         max_batch, batch_context, baseline, prompt_tokens, ortgenai, ray_replicas, queue, threads, api_key, out):
     """Load-test an OpenAI-compatible jacobi-rt server on loopback (ARTIFACT: start one; or --url)."""
     from tqdm import tqdm
 
@@ -305,14 +304,14 @@ def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, stra
         prompts = token_prompts(artifact, prompts, prompt_tokens)
     counts = [int(c) for c in _names(clients)]
     compare = _names(strategies)
-    servers = [("batch" if max_batch else "", max_batch)] + ([("classic", None)] if baseline and max_batch else [])
+    servers = [("batch" if baseline else "", max_batch)] + ([("one-slot", 1)] if baseline else [])
     levels, summaries = [], []
     for label, batch in servers:
         tag = f"{label} " if label else ""
         mine = [Level(f"{tag}load x{c}", c, strategy, max_tokens) for c in counts]
         mine += [Level(f"{tag}stream {s}", 1, s, stream_max_tokens) for s in compare]
         budgets = [c * per_client for c in counts] + [stream_requests] * len(compare)
-        server = local_server(artifact, workers, queue, threads, api_key, batch, ray_replicas, batch_context) if url is None else _existing(url)
+        server = local_server(artifact, queue, threads, api_key, batch, ray_replicas, batch_context) if url is None else _existing(url)
         with server as base:
             warm = Level("warm-up", 1, strategy, 4)
             run_level(base, warm, prompts, 1, seconds, api_key, _NoBar())
@@ -325,7 +324,7 @@ def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, stra
     if ortgenai:
         summaries.append(ortgenai_static_batch(ortgenai, prompts[: max(counts)], max_tokens, threads))
     click.echo(table(summaries))
-    report = {"artifact": artifact, "url": url, "workers": workers if url is None else None, "queue": queue if url is None else None,
+    report = {"artifact": artifact, "url": url, "queue": queue if url is None else None,
               "max_batch": max_batch, "ray_replicas": ray_replicas, "threads": threads, "prompt_tokens": prompt_tokens, "cpu_count": os.cpu_count(), "summaries": summaries,
               "samples": {level.name: [asdict(s) for s in level.samples] for level in levels}}
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -2,12 +2,18 @@
 
 A `Backend` holds what is loaded once (an onnxruntime session, a TensorRT engine). A
 `BackendContext` is one sequence's state on the device: KV buffers allocated once at `capacity`
-entries, and the bindings. The decoding loop drives a context with four calls:
+entries, and the bindings. A sequence of one row drives a context with four calls:
 
     out = ctx.forward(window_ids)   # one pass over `length` cached entries + the window
     ctx.commit(n)                   # keep the KV of the window's first n entries, drop the rest
     ctx.commit_rows([0, 2, 5])      # or keep these window entries (an accepted branch of a tree window)
     ctx.trim(length)                # rewind to `length` entries (e.g. a draft model after a rejection)
+
+and the engine (runtime/engine.py) drives every context through the row contract: `lengths` (each
+row's committed entries), `select(start, stop)` (the rows of the next pass), `commit_each(keeps)`
+(each row keeps its own entries), `move_row` and `trim_row`. A context of one row (the portable
+graph, TensorRT) gets it here; the in-place graph's context holds rows of their own lengths
+(`Backend.batched`), so many generations share its passes.
 
 Only ids, positions and masks go to the device; only greedy ids (and logits when asked) come back.
 `Backend.limits` says what one context can take (a TensorRT engine's optimization profiles may
@@ -58,7 +64,6 @@ class BackendContext(ABC):
     length: int  # committed KV entries
     pending: int  # window entries of the last forward, not yet committed
     padding: int = 0  # entries the last forward wrote past its window (a pad row: exact_rows.py), never committed
-    session_seconds: float  # time spent inside the device runs
 
     @abstractmethod
     def forward(
@@ -88,6 +93,35 @@ class BackendContext(ABC):
     @abstractmethod
     def trim(self, length: int) -> None:
         """Rewind the committed cache to its first `length` entries."""
+
+    # -- the row contract (runtime/engine.py): a context of one row; OrtInplaceContext holds many ------
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Each row's committed entries (a copy here; rows of one context share one length)."""
+        return np.full(self.batch, self.length, dtype=np.int64)
+
+    def select(self, start: int, stop: int) -> None:
+        """Run the next passes on rows [start, stop) only: every row here."""
+        if (start, stop) != (0, self.batch):
+            raise BackendError(f"{type(self).__name__} runs all its {self.batch} rows together, not rows {start}..{stop - 1}")
+
+    def commit_each(self, keeps: list[list[int]]) -> None:
+        """Keep, for each selected row, its own window entries (ascending, distinct)."""
+        if self.batch != 1 and any(list(k) != list(keeps[0]) for k in keeps):
+            raise BackendError(f"{type(self).__name__}'s rows share one length: they keep the same entries")
+        keep = list(keeps[0])
+        self.commit(len(keep)) if keep == list(range(len(keep))) else self.commit_rows(keep)
+
+    def move_row(self, source: int, target: int) -> None:
+        """Copy row `source`'s cache and length into row `target` (a free slot)."""
+        raise BackendError(f"{type(self).__name__}'s rows share one length: a row cannot move")
+
+    def trim_row(self, row: int, length: int) -> None:
+        """Rewind row `row` to its first `length` entries."""
+        if self.batch != 1:
+            raise BackendError(f"{type(self).__name__}'s rows share one length: trim() them together")
+        self.trim(length)
 
     def close(self) -> None:
         """Release the buffers; the context is unusable afterwards."""
@@ -120,6 +154,7 @@ class Backend(ABC):
     rows: RowsCheck = RowsCheck(UNCHECKED)  # how this CPU keeps windows exact (exact_rows.py)
     pad_rows: bool = False  # whether passes that would leave a one-row MatMulNBits tile get a pad row
     spare_entries: int = 0  # cache entries past a context's capacity that a pass may write
+    batched: bool = False  # contexts hold rows of their own lengths (an engine's slots); else one row a context
 
     @property
     def limits(self) -> BackendLimits:

@@ -22,7 +22,6 @@ bound again.
 from __future__ import annotations
 
 import mmap
-import time
 
 import numpy as np
 
@@ -64,9 +63,8 @@ class OrtInplaceContext(BackendContext):
         arch = backend.manifest.architecture
         self.backend = backend
         self.batch, self.capacity = batch, capacity
-        self.lengths = np.zeros(batch, dtype=np.int64)  # bound as `cache_lengths`: updated in place
+        self._row_lengths = np.zeros(batch, dtype=np.int64)  # bound as `cache_lengths`: updated in place
         self.pending = 0
-        self.session_seconds = 0.0
         self.vocab = arch.vocab_size
         dtype = DTYPES[backend.manifest.dtype]
         # Zeroed, not np.empty: the graph may read the whole capacity (masked), and garbage could be NaN.
@@ -107,6 +105,11 @@ class OrtInplaceContext(BackendContext):
             self._bind_fixed()
 
     @property
+    def lengths(self) -> np.ndarray:
+        """Each row's committed entries: the array bound as `cache_lengths` (update it in place)."""
+        return self._row_lengths
+
+    @property
     def _lengths(self) -> np.ndarray:
         """The selected rows' lengths: a view, so updating it updates the bound `cache_lengths`."""
         return self._selected
@@ -141,15 +144,12 @@ class OrtInplaceContext(BackendContext):
         bind("window_mask", window_mask.dtype, [batch, width, width], window_mask.ctypes.data)
         bind("attention_mask", self._ones.dtype, [batch, total], self._ones.ctypes.data)
         logits = self._bind_outputs(greedy, want_logits)
-        started = time.perf_counter()
         try:
             self.backend.session.run_with_iobinding(self.binding)
         except Exception as exc:  # onnxruntime's own exception types
             raise BackendError(
                 f"onnxruntime failed on a window of {window} after {self.lengths.tolist()} cached entries ({type(exc).__name__}: {exc})"
             ) from exc
-        finally:
-            self.session_seconds += time.perf_counter() - started
         self.pending = window
         if self.padding:
             return StepOutput(greedy[:, :window].copy(), None if logits is None else logits[:, :window])
@@ -257,6 +257,13 @@ class OrtInplaceContext(BackendContext):
         if (wanted < 0).any() or (wanted > lengths).any():
             raise BackendError(f"trim({np.asarray(length).tolist()}) is outside the committed cache of {lengths.tolist()} entries")
         lengths[:] = wanted
+
+    def trim_row(self, row: int, length: int) -> None:
+        if self.pending:
+            raise BackendError("trim_row() while a window is pending; commit it first")
+        if not 0 <= length <= self.lengths[row]:
+            raise BackendError(f"trim_row({row}, {length}) is outside the row's {int(self.lengths[row])} entries")
+        self.lengths[row] = length
 
     def kv(self, layer: int, kind: str = "key", row: int = 0) -> np.ndarray:
         """The committed cache of one layer and batch row, [1, H, length, D] (a view, for tests and tools)."""

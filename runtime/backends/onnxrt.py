@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,6 +92,11 @@ class OrtBackend(Backend):
         return check(self)
 
     @property
+    def batched(self) -> bool:
+        """The in-place graph's contexts hold rows of their own lengths (the engine's slots)."""
+        return self.graph == INPLACE
+
+    @property
     def spare_entries(self) -> int:
         """Cache entries past the capacity that a pass may write: the in-place graph's extra attention row,
         a pad row."""
@@ -141,16 +145,14 @@ def int8_activations(manifest: Manifest) -> bool:
     bitwise those of one-token passes at every window, and so are the in-place graph's when its attention
     never takes the one-row path (`attention_extra_row`). So `auto` runs such artifacts on the in-place
     graph only when it has the extra row (else on the portable one), and their windows one chain: exact first."""
-    if not manifest.quantization:
-        return False
-    return int((manifest.check.get("weights") or {}).get("accuracy_level", 4)) == 4
+    return manifest.accuracy_level == 4
 
 
 def attention_extra_row(manifest: Manifest) -> bool:
     """The in-place graph's GroupQueryAttention runs one extra query row (exporter/gqa_rows.py), so its
     windows are bitwise one-token passes at level 4 too; its cache needs one spare entry, which the
     extra row's key and value are written into when a window ends at the capacity."""
-    return bool((manifest.check.get("weights") or {}).get("attention_extra_row"))
+    return manifest.attention_extra_row
 
 
 def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
@@ -166,7 +168,7 @@ def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
         exact = not int8_activations(manifest) or attention_extra_row(manifest)
         return INPLACE if has_inplace and device == "cpu" and exact else PORTABLE
     if graph == INPLACE and not has_inplace:
-        skipped = (manifest.check.get(INPLACE) or {}).get("skipped")
+        skipped = manifest.inplace_skipped
         why = f" ({skipped})" if skipped else "; re-export it with this jacobi-rt to add it"
         raise BackendError(f"this artifact has no in-place graph{why}; use the portable graph")
     if graph == INPLACE and device != "cpu":
@@ -214,7 +216,6 @@ class OrtContext(BackendContext):
         self.backend = backend
         self.batch, self.capacity = batch, capacity
         self.length = self.pending = 0
-        self.session_seconds = 0.0
         self.heads, self.head_dim = arch.kv_heads, arch.head_dim
         self.dtype = DTYPES[backend.manifest.dtype]
         self.past_names = [t.name for t in kv_inputs(arch.num_layers)]
@@ -265,13 +266,10 @@ class OrtContext(BackendContext):
         if want_logits:
             logits = np.empty((batch, width, self.backend.manifest.architecture.vocab_size), dtype=np.float32)
             self._host_out("logits", logits)
-        started = time.perf_counter()
         try:
             self.backend.session.run_with_iobinding(self.binding)
         except Exception as exc:  # onnxruntime's own exception types
             raise BackendError(f"onnxruntime failed on a window of {window} after {past} cached entries ({type(exc).__name__}: {exc})") from exc
-        finally:
-            self.session_seconds += time.perf_counter() - started
         self._current ^= 1
         self.length, self.pending = past, window
         return StepOutput(greedy[:, :window].copy(), None if logits is None else logits[:, :window])

@@ -20,7 +20,6 @@ fixed-capacity past (a format change); see docs/architecture.md.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -148,7 +147,6 @@ class TrtContext(DeviceKVContext):
         self.backend, self.cuda = backend, backend.cuda
         self.batch, self.capacity = batch, capacity
         self.length = self.pending = 0
-        self.session_seconds = 0.0
         self.heads, self.head_dim, self.vocab = arch.kv_heads, arch.head_dim, arch.vocab_size
         self.past_names = [t.name for t in kv_inputs(arch.num_layers)]
         self.present_names = [t.name for t in kv_outputs(arch.num_layers)]
@@ -212,7 +210,6 @@ class TrtContext(DeviceKVContext):
         self._bind_kv(past, total)
         greedy_bytes = batch * window * self._greedy_host.itemsize
         logits = np.empty((batch, window, self.vocab), dtype=np.float32) if want_logits else None
-        started = time.perf_counter()
         self.cuda.copy_async(self._inputs, self._staging_ptr, nbytes, HOST_TO_DEVICE, self.stream)
         if not self.context.execute_async_v3(self.stream):
             raise BackendError(f"TensorRT failed on a window of {window} after {past} cached entries (see its log above)")
@@ -220,7 +217,6 @@ class TrtContext(DeviceKVContext):
         if logits is not None:
             self.cuda.copy_async(logits.ctypes.data, self._logits, logits.nbytes, DEVICE_TO_HOST, self.stream)
         self.cuda.stream_synchronize(self.stream)
-        self.session_seconds += time.perf_counter() - started
         self._current ^= 1
         self.length, self.pending = past, window
         greedy = self._greedy_host[: batch * window].astype(np.int64).reshape(batch, window)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from alone import tokens
 from jacobi_rt.runtime.allocator import Guess, Offer
-from jacobi_rt.runtime.decoding import Progress, decode
 from jacobi_rt.runtime.proposers import NoProposer, Proposer
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Numbers 0 1 2 3 4 5 6 7", "The quick brown fox jumps over the lazy dog. The quick brown fox"]
@@ -91,7 +91,7 @@ def assert_side_branches_stay_greedy(backend, new: int = 40) -> None:
 
     def run(proposer, window):
         with backend.context(64) as ctx:
-            return [t for batch in decode(ctx, prompt, proposer, window, new, 64, set(), 256, Progress()) for t in batch]
+            return tokens(ctx, prompt, proposer, window, new)
 
     truth = run(NoProposer(), 1)
     oracle = BranchOracle(truth, backend.manifest.architecture.vocab_size)

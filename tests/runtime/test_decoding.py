@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from alone import decode, send, tokens
 from text_helpers import clean_substring
 
 from jacobi_rt.runtime.allocator import Guess, Offer
 from jacobi_rt.runtime.passes import pass_result
-from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer, send
+from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer
 from jacobi_rt.runtime.tree import build_tree
 from make_artifacts import FAMILIES
 
@@ -201,7 +202,6 @@ class BranchOracle(Proposer):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, family, graph):
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
-    from jacobi_rt.runtime.decoding import Progress, decode
     from jacobi_rt.runtime.manifest import load_manifest
 
     path = artifact(family)
@@ -210,7 +210,7 @@ def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, f
     with OrtBackend(path, manifest, "cpu", 1, graph=graph) as backend:
         def run(proposer, window):
             with backend.context(64) as ctx:
-                return [t for batch in decode(ctx, prompt, proposer, window, 40, 64, set(), 256, Progress()) for t in batch]
+                return tokens(ctx, prompt, proposer, window, 40)
 
         truth = run(NoProposer(), 1)
         oracle = BranchOracle(truth)
@@ -251,7 +251,6 @@ def test_auto_with_a_draft_and_lookahead_in_one_arm_equals_greedy_on_every_famil
 def test_tokens_after_an_eos_are_not_counted_as_accepted(artifact):
     """A pass that commits past an EOS keeps only the tokens up to it; tokens_per_pass counts what was kept."""
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
-    from jacobi_rt.runtime.decoding import Progress, decode
     from jacobi_rt.runtime.draft import DraftProposer
     from jacobi_rt.runtime.manifest import load_manifest
 
@@ -259,22 +258,21 @@ def test_tokens_after_an_eos_are_not_counted_as_accepted(artifact):
     backend = OrtBackend(folder, load_manifest(folder), "cpu", threads=1)
     prompt = [5, 17, 33]
     with backend.context(64) as ctx:
-        free = [t for piece in decode(ctx, prompt, NoProposer(), 1, 40, 64, set(), 16, Progress()) for t in piece]
+        free = tokens(ctx, prompt, NoProposer(), 1, 40, chunk=16)
     # an EOS in the middle of the first 9-token pass (the target drafts for itself: every guess is right)
     cut = next(i for i in range(2, 8) if free.index(free[i]) == i)
-    progress = Progress()
     with backend.context(64) as ctx, DraftProposer(backend, 64, k=8) as proposer:
-        ids = [t for piece in decode(ctx, prompt, proposer, 9, 40, 64, {free[cut]}, 16, progress) for t in piece]
+        row, batches = decode(ctx, prompt, proposer, 9, 40, eos={free[cut]}, chunk=16)
+    ids, progress = [t for b in batches for t in b], row.progress
     assert ids == free[: cut + 1] and progress.finish_reason == "eos"
     assert progress.target_passes == 1
     assert progress.accepted == len(ids) - 1  # not the 9 tokens the pass committed
 
 
 def test_a_chunked_prefill_hands_back_control_after_every_pass(artifact, graph):
-    """decode() yields [] after each prefill chunk but the last, so a caller (the server's worker) can
+    """run_alone() yields [] after each prefill chunk but the last, so a caller (the server's worker) can
     stop a long prefill within one pass; the tokens are the same as with a one-chunk prefill."""
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
-    from jacobi_rt.runtime.decoding import Progress, decode
     from jacobi_rt.runtime.manifest import load_manifest
 
     path = artifact("llama")
@@ -282,7 +280,7 @@ def test_a_chunked_prefill_hands_back_control_after_every_pass(artifact, graph):
     with OrtBackend(path, load_manifest(path), "cpu", 1, graph=graph) as backend:
         def batches(chunk):
             with backend.context(64) as ctx:
-                return list(decode(ctx, prompt, NoProposer(), 1, 5, 64, set(), chunk, Progress()))
+                return decode(ctx, prompt, NoProposer(), 1, 5, chunk=chunk)[1]
 
         chunked, whole = batches(4), batches(256)
     assert chunked[:2] == [[], []] and all(chunked[2:]) and all(whole)

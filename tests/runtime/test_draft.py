@@ -19,28 +19,18 @@ import pytest
 
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.acceptance import pass_cost
-from jacobi_rt.runtime.decoding import Progress, decode, prefill_passes, step
+from alone import decode, passes, send
 from jacobi_rt.runtime.draft import DraftLength, DraftProposer, check_draft
 from jacobi_rt.runtime.errors import ArtifactError, InputError
 from jacobi_rt.runtime.manifest import load_manifest
 from jacobi_rt.runtime.allocator import allocate
-from jacobi_rt.runtime.proposers import NoProposer, send
+from jacobi_rt.runtime.proposers import NoProposer
 from make_artifacts import FAMILIES
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / "build" / "test-artifacts"
 TORCH_FREE = os.environ.get("JACOBI_RT_TORCH_FREE") == "1"
 PROMPTS = [[5, 17, 33, 80, 2], [101, 102, 103], list(range(40, 72)), [7]]
-
-
-def prefill(ctx, prompt: list[int], chunk: int) -> int:
-    """The prompt through `ctx` in chunks (decoding.prefill_passes run to its end): the first new token."""
-    passes = prefill_passes(ctx, prompt, chunk)
-    while True:
-        try:
-            next(passes)
-        except StopIteration as done:
-            return done.value
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -139,16 +129,23 @@ def _drafts(family: str) -> dict[str, str]:
 # -- driving the loop ----------------------------------------------------------------------------
 
 
-def generate(target: OrtBackend, prompt: list[int], new: int, proposer, window: int) -> tuple[list[int], Progress]:
-    progress = Progress()
-    limit = target.manifest.max_context
+def generate(target: OrtBackend, prompt: list[int], new: int, proposer, window: int):
+    """(the new tokens, the row's Progress)."""
     with target.context(len(prompt) + new) as ctx:
-        tokens = [t for piece in decode(ctx, prompt, proposer, window, new, limit, set(), 16, progress) for t in piece]
-    return tokens, progress
+        row, batches = decode(ctx, prompt, proposer, window, new, max_context=target.manifest.max_context, chunk=16)
+    return [t for piece in batches for t in piece], row.progress
 
 
 def greedy(target: OrtBackend, prompt: list[int], new: int) -> list[int]:
     return generate(target, prompt, new, NoProposer(), 1)[0]
+
+
+def feed(ctx, tokens: list[int], chunk: int) -> None:
+    """Write the KV of `tokens` into `ctx`, `chunk` tokens a pass."""
+    for start in range(0, len(tokens), chunk):
+        piece = tokens[start : start + chunk]
+        ctx.forward(np.array([piece], dtype=np.int64))
+        ctx.commit(len(piece))
 
 
 def assert_draft_cache_follows(proposer: DraftProposer, draft: OrtBackend) -> None:
@@ -158,7 +155,7 @@ def assert_draft_cache_follows(proposer: DraftProposer, draft: OrtBackend) -> No
     assert ctx.pending == 0 and ctx.length <= len(tokens) - 1
     with draft.context(len(tokens)) as fresh:
         if ctx.length:
-            prefill(fresh, tokens[: ctx.length], chunk=7)
+            feed(fresh, tokens[: ctx.length], chunk=7)
         for layer in range(draft.manifest.architecture.num_layers):
             for kind in ("key", "value"):
                 np.testing.assert_allclose(ctx.kv(layer, kind), fresh.kv(layer, kind), rtol=1e-4, atol=1e-4)
@@ -208,6 +205,21 @@ def test_budget_caps_the_chain(backend):
 # -- the draft's cache through rollbacks ---------------------------------------------------------
 
 
+class RandomBudget:
+    """A window policy that gives each pass a random room for guesses (0: the draft sits out and catches up
+    later) and the draft a random K."""
+
+    def __init__(self, rng: random.Random, proposer: DraftProposer):
+        self.rng, self.proposer = rng, proposer
+
+    def next(self) -> int:
+        self.proposer.k = self.rng.choice([0, 1, 2, 5, 8])
+        return 1 + self.rng.choice([0, 1, 3, 8])
+
+    def observe(self, result) -> None:
+        pass
+
+
 @pytest.mark.parametrize("kind", ["1-layer", "self", "other", "noisy"])
 @pytest.mark.parametrize("jacobi", [False, True])
 def test_draft_cache_equals_the_committed_sequence_after_every_pass(backend, kind, jacobi):
@@ -217,17 +229,16 @@ def test_draft_cache_equals_the_committed_sequence_after_every_pass(backend, kin
     for prompt in PROMPTS[:3]:
         expected = greedy(target, prompt, 60)
         with target.context(len(prompt) + 80) as ctx, DraftProposer(draft, len(prompt) + 80, k=8, jacobi=jacobi) as proposer:
-            last = prefill(ctx, prompt, 16)
-            proposer.start(prompt, last)
-            out = [last]
-            while len(out) < 60:
-                proposer.k = rng.choice([0, 1, 2, 5, 8])
-                new = step(ctx, last, proposer, rng.choice([0, 1, 3, 8])).committed
+            out = []
+            row, batches = passes(ctx, prompt, proposer, RandomBudget(rng, proposer), 60, chunk=16)
+            for new in batches:
                 out += new
-                last = new[-1]
+                if row.prefilling:  # a prompt chunk: nothing to check yet
+                    continue
                 assert proposer.tokens == [*prompt, *out]
-                assert_draft_cache_follows(proposer, target if kind == "noisy" else draft)
-        assert out[:60] == expected
+                if not row.finished:  # a finished row's proposer is closed with it
+                    assert_draft_cache_follows(proposer, target if kind == "noisy" else draft)
+        assert out == expected
         if kind == "noisy":
             assert 0 < proposer.stats["accepted"] < proposer.stats["proposed"]
 
@@ -256,9 +267,11 @@ def test_k_zero_is_greedy_with_no_draft_pass(backend):
 
 
 def choose(length: DraftLength, limit: int) -> int:
-    """K for one pass: the draft's offer cut by the allocator, then its probe rule."""
+    """K for one pass: the draft's offer (a probe after probe_every - 1 passes without it) cut by the allocator."""
     picks = allocate(length.offer(limit), limit, length.costs).picks
-    return length.settle(picks[0][1] if picks else 0, limit)
+    k = picks[0][1] if picks else 0
+    length.sent(k)
+    return k
 
 
 def test_length_grows_with_acceptance_and_cheap_drafts():

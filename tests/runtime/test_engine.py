@@ -1,4 +1,4 @@
-"""BatchEngine: rows join, leave and decode in shared passes; each row's output equals its solo run."""
+"""Engine: rows join, leave and decode in shared passes; each row's output equals its solo run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jacobi_rt.runtime import Generator
-from jacobi_rt.runtime.engine import END, BatchEngine, Row
+from jacobi_rt.runtime.engine import END, Engine, Row
 from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
 from jacobi_rt.runtime.acceptance import PassCosts
 from jacobi_rt.runtime.proposers import JacobiProposer, LookaheadProposer, NoProposer
@@ -38,7 +38,7 @@ def engine(gen, slots, chunk=256, wide=False):
     """wide: a flat cost curve (wide passes free, as on a GPU), so every row gets the window it asks for."""
     flat = {1: 1.0, 4096: 1.0}
     budget = PassBudget(costs=PassCosts(flat, learn=False, batch_table=flat)) if wide else None
-    return BatchEngine(gen.backend, slots, prefill_chunk=chunk, budget=budget, clock=clock())
+    return Engine.open(gen.backend, slots, prefill_chunk=chunk, budget=budget, clock=clock())
 
 
 def row(gen, prompt, max_new=16, strategy="greedy", sampling=None):
@@ -194,10 +194,10 @@ def test_the_started_engine_runs_generate_stream_and_start_with_their_own_stop_s
 
 def test_bad_engine_requests_are_clear_errors(gen, artifact):
     with pytest.raises(InputError, match="at least 1 slot"):
-        BatchEngine(gen.backend, 0)
+        Engine.open(gen.backend, 0)
     portable = Generator.load(artifact("llama"), graph="portable", threads=1)
     with pytest.raises(BackendError, match="in-place graph"):
-        BatchEngine(portable.backend, 2)
+        Engine.open(portable.backend, 2)
     one_by_one = portable.generate_batch([PROMPTS[0], PROMPTS[2]], max_new_tokens=6, strategy="jacobi")
     assert [r.ids for r in one_by_one] == [solo(gen, PROMPTS[0], 6), solo(gen, PROMPTS[2], 6)]
     with pytest.raises(InputError, match="list of prompts"):

@@ -129,7 +129,9 @@ def test_a_backend_without_branches_gets_one_chain_proposers(artifact, monkeypat
 
     monkeypatch.setattr(OrtBackend, "limits", property(lambda self: dataclasses.replace(Backend.limits.fget(self), branches=False)))
     generator = Generator.load(artifact("llama"), draft=artifact("llama-draft1"))
-    request = generator._request("the fox", None, False, 8, "lookahead", None, None, None, {})
+    from jacobi_rt.runtime.params import GenerationParams
+
+    request = generator._request("the fox", None, False, GenerationParams(8, "lookahead"))
     with generator._proposer(request, 64) as lookahead:
         assert lookahead.branches == 1
     with generator._proposer(dataclasses.replace(request, strategy="auto"), 64) as auto:

@@ -8,11 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, best_length, matched_prefix, pass_cost
+from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, matched_prefix, pass_cost
+from jacobi_rt.runtime.allocator import cut
 from jacobi_rt.runtime.ngram import Candidate, NgramPool, PromptLookup
 from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.allocator import Guess, Offer, allocate
-from jacobi_rt.runtime.proposers import LookaheadProposer, send
+from alone import send
+from jacobi_rt.runtime.proposers import LookaheadProposer
 from jacobi_rt.runtime.tree import accept_branch, ancestor_mask, build_tree, leaf_paths
 
 
@@ -257,11 +259,11 @@ def test_tracker_keys_by_source_and_capped_match_length():
 
 def test_the_one_length_rule_weighs_a_guess_producers_own_cost():
     flat = lambda window: 1.0  # wide passes free
-    assert best_length(0.9, 8, flat) == (8, pytest.approx(sum(0.9**i for i in range(9))))
-    assert best_length(0.9, 0, flat) == (0, 1.0)
-    free, drafted = best_length(0.7, 8, pass_cost)[0], best_length(0.7, 8, pass_cost, per_token=0.5)[0]
+    assert cut((0.9,) * 8, 8, flat) == (8, pytest.approx(sum(0.9**i for i in range(9))))
+    assert cut((0.9,) * 8, 0, flat) == (0, 1.0)
+    free, drafted = cut((0.7,) * 8, 8, pass_cost)[0], cut((0.7,) * 8, 8, pass_cost, per_token=0.5)[0]
     assert 1 <= drafted < free  # guesses that cost a draft pass each: fewer of them pay
-    assert best_length(0.1, 8, pass_cost, per_token=1.0)[1] < 1.0  # the gain says greedy is better; callers decide
+    assert cut((0.1,) * 8, 8, pass_cost, per_token=1.0)[1] < 1.0  # the gain says greedy is better; callers decide
 
 
 def tracked_length(tracker: AcceptanceTracker, p: float, available: int) -> int:

@@ -7,11 +7,11 @@ import itertools
 import pytest
 
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
-from jacobi_rt.runtime.decoding import Progress, decode
 from jacobi_rt.runtime.manifest import load_manifest
 from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.tree import build_tree
 
+from alone import decode
 from recording import Recording, RecordingWindow
 
 
@@ -29,7 +29,7 @@ def test_the_loop_times_only_the_forward_and_gives_the_proposer_and_the_policy_t
     clock = lambda: next(ticks) * 0.01  # every reading 10 ms later: a forward bracketed once reads 10 ms
     proposer, policy = Recording(), RecordingWindow(4)
     with OrtBackend(path, load_manifest(path), "cpu", 1) as backend, backend.context(64) as ctx:
-        passes = list(decode(ctx, [5, 17, 42, 8], proposer, policy, 20, 64, set(), 16, Progress(), clock=clock))
+        _, passes = decode(ctx, [5, 17, 42, 8], proposer, policy, 20, chunk=16, clock=clock)
     new = [t for batch in passes[1:] for t in batch]
     assert proposer.results and proposer.results == policy.results  # one result per pass, to both
     assert [r.seconds for r in proposer.results] == pytest.approx([0.01] * len(proposer.results))  # a reading before and after the forward, nothing else
@@ -46,7 +46,7 @@ def test_the_loop_teaches_each_distinct_cost_curve_once_per_pass(artifact):
                            "c": LookaheadProposer(1, AcceptanceTracker(own))})
     path = artifact("llama")
     ticks = itertools.count()
-    progress = Progress()
     with OrtBackend(path, load_manifest(path), "cpu", 1) as backend, backend.context(64) as ctx:
-        list(decode(ctx, [5, 17, 42, 8, 5, 17, 42], union, 4, 20, 64, set(), 16, progress, clock=lambda: next(ticks) * 0.01))
+        row, _ = decode(ctx, [5, 17, 42, 8, 5, 17, 42], union, 4, 20, chunk=16, clock=lambda: next(ticks) * 0.01)
+    progress = row.progress
     assert sum(shared.samples.values()) == sum(own.samples.values()) == progress.target_passes  # not twice for a shared one

@@ -10,7 +10,8 @@ import pytest
 
 from jacobi_rt.runtime.allocator import Allocation, Guess, Offer
 from jacobi_rt.runtime.passes import pass_result
-from jacobi_rt.runtime.proposers import ArmHistory, AutoProposer, Proposer, UnionProposer, send
+from alone import send
+from jacobi_rt.runtime.proposers import ArmHistory, AutoProposer, Proposer, UnionProposer
 from jacobi_rt.runtime.tree import build_tree
 
 UNIT = 0.011  # seconds of a W=1 pass

@@ -119,7 +119,7 @@ def test_the_equality_needs_noise_keyed_by_position(artifact):
     """The strategy test can fail: with noise keyed by draw instead of by position, Jacobi's text
     differs from one-token sampling's, though each draw is still a fair sample."""
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
-    from jacobi_rt.runtime.decoding import Progress, decode
+    from alone import tokens
     from jacobi_rt.runtime.manifest import load_manifest
     from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer
 
@@ -129,8 +129,7 @@ def test_the_equality_needs_noise_keyed_by_position(artifact):
     with OrtBackend(path, load_manifest(path), "cpu", 1) as backend:
         def run(proposer, window, sampler_class):
             with backend.context(64) as ctx:
-                tokens = decode(ctx, prompt, proposer, window, 40, 64, set(), 256, Progress(), sampler_class(params, len(prompt)))
-                return [t for batch in tokens for t in batch]
+                return tokens(ctx, prompt, proposer, window, 40, sampler=sampler_class(params, len(prompt)))
 
         assert run(JacobiProposer(), 6, Sampler) == run(NoProposer(), 1, Sampler)
         assert run(JacobiProposer(), 6, NoiseByCall) != run(NoProposer(), 1, NoiseByCall)

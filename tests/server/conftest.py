@@ -38,7 +38,7 @@ def start_server(generator):
 @pytest.fixture(scope="module")
 def llama_server(generator):
     """One shared server over the tiny llama artifact (model id "llama")."""
-    with BackgroundServer(generator("llama"), ServerSettings(model_id="llama", workers=4, queue_size=32)) as server:
+    with BackgroundServer(generator("llama"), ServerSettings(model_id="llama", queue_size=32)) as server:
         yield server
 
 

@@ -45,7 +45,7 @@ def ask(url: str, i: int, prompt: str, barrier: threading.Barrier) -> str:
 
 def test_sixteen_clients_at_once_are_all_answered_and_not_mixed_up(start_server, generator):
     gen = generator("llama")
-    server = start_server(workers=4, queue_size=CLIENTS)
+    server = start_server(queue_size=CLIENTS)  # the default: slots sized by the server (1 on the portable graph)
     prompts = [f"Client {i} asks about {word}" for i, word in enumerate("apples rivers stars tables clouds music "
                                                                        "trains paper glass wolves maps salt "
                                                                        "bells roads ice honey".split())]
@@ -88,7 +88,7 @@ def test_timeout_in_a_stream_is_an_error_event_then_done(start_server):
 def test_full_queue_429_and_a_disconnect_frees_the_slot(start_server, generator):
     """SmolLM2 (slow enough to hold a slot): one running stream, one queued request, the next gets 429;
     when the streaming client disconnects, its generation stops and the queued request runs."""
-    server = start_server("smollm2-135m", workers=1, queue_size=1)
+    server = start_server("smollm2-135m", max_batch=1, queue_size=1)
     question = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 4}
     expected = generator("smollm2-135m").generate(messages=question["messages"], max_new_tokens=4).text
     counting = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 500, "stream": True, "jacobi": {"strategy": "greedy"}}
@@ -116,7 +116,7 @@ def test_full_queue_429_and_a_disconnect_frees_the_slot(start_server, generator)
 
 @pytest.mark.slow
 def test_a_non_streamed_request_whose_client_leaves_is_cancelled(start_server):
-    server = start_server("smollm2-135m", workers=1, queue_size=0)
+    server = start_server("smollm2-135m", max_batch=1, queue_size=0)
     counting = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 500, "jacobi": {"strategy": "greedy"}}
     body = json.dumps(counting).encode()
     with httpx.Client(base_url=server.url, timeout=120) as c:
@@ -139,7 +139,7 @@ def test_a_generation_whose_text_is_all_held_back_is_cancelled_within_a_pass(sta
     from jacobi_rt.server import schemas
 
     monkeypatch.setattr(schemas, "MAX_STOP_CHARS", 10**6, raising=False)  # raising=False: also runs where no cap exists
-    server = start_server("smollm2-135m", workers=1, queue_size=0)
+    server = start_server("smollm2-135m", max_batch=1, queue_size=0)
     hello = {"messages": [{"role": "user", "content": "Write the word hello 3000 times, separated by spaces."}],
              "max_tokens": 1500, "stop": ["x" * 200_000], "jacobi": {"strategy": "greedy"}}
     with httpx.Client(base_url=server.url, timeout=120) as c:
@@ -154,7 +154,7 @@ def test_a_generation_whose_text_is_all_held_back_is_cancelled_within_a_pass(sta
 def test_a_full_server_refuses_before_reading_the_request(start_server):
     """429 comes before the body is parsed, the template rendered or the prompt tokenized: even a
     body that is not JSON gets 429 while the only place is taken (before: 400, after parsing it)."""
-    server = start_server("smollm2-135m", workers=1, queue_size=0)
+    server = start_server("smollm2-135m", max_batch=1, queue_size=0)
     counting = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 500, "stream": True, "jacobi": {"strategy": "greedy"}}
     with httpx.Client(base_url=server.url, timeout=120) as c:
         with c.stream("POST", "/v1/completions", json=counting) as running:

@@ -219,11 +219,11 @@ def test_an_internal_error_sends_only_a_request_id_and_logs_the_details(artifact
 
     generator = Generator.load(artifact("llama"))
 
-    def failing_context(capacity):
+    def failing_forward(*args, **kwargs):
         raise BackendError("node /model/layers.0/attn/MatMul failed reading /srv/secret/model.onnx")
 
-    generator.backend.context = failing_context  # a backend that fails mid-request, as a broken GPU would
     with BackgroundServer(generator, ServerSettings(model_id="llama")) as server, caplog.at_level("ERROR"):
+        generator.engine.ctx.forward = failing_forward  # a backend that fails mid-request, as a broken GPU would
         whole = httpx.post(server.url + COMPLETIONS, json={"prompt": "hi", "max_tokens": 2})
         with httpx.stream("POST", server.url + COMPLETIONS, json={"prompt": "hi", "stream": True}) as response:
             events, done = read_events(response)
@@ -296,7 +296,7 @@ def test_a_stalled_client_does_not_stall_others(llama_server, client):
 
 def test_a_stalled_client_holds_no_place_in_the_pool(start_server):
     """A place is taken once the body has arrived: slow senders cannot fill the pool (then 429 for everyone)."""
-    server = start_server(workers=1, queue_size=0)
+    server = start_server(max_batch=1, queue_size=0)
     with socket.create_connection((server.host, server.port)) as stalled, httpx.Client(base_url=server.url) as c:
         stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                         b"Content-Length: 1000\r\n\r\n{")

@@ -42,7 +42,7 @@ def ray_url(artifact):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = _free_port()
-        spec = ReplicaSpec(PinnedArtifact.of(artifact(MODEL)), ServerSettings(model_id=MODEL, queue_size=16), threads=1)
+        spec = ReplicaSpec(PinnedArtifact.of(artifact(MODEL)), ServerSettings(model_id=MODEL, max_batch=1, queue_size=16), threads=1)
         run(spec, RayPlan(replicas=2), host="127.0.0.1", port=port)
         yield f"http://127.0.0.1:{port}"
     finally:

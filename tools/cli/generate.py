@@ -62,6 +62,8 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
       jacobi-rt generate build/smollm2-135m --chat "Name a color" --temperature 0.7 --top-p 0.9 --seed 1
     """
     from jacobi_rt.runtime import Generator, InputError
+    from jacobi_rt.runtime.params import GenerationParams
+    from jacobi_rt.runtime.sampling import SamplingParams
 
     if (prompt is None) == (chat is None):
         raise InputError("pass exactly one of --prompt TEXT (or --prompt - for stdin) and --chat MESSAGE")
@@ -78,9 +80,10 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
         click.echo(f"loaded {artifact}: {loaded.name}, {getattr(loaded, 'graph', 'engine')} graph, "
                    f"{getattr(loaded, 'threads', '-')} threads", err=True)
         click.echo(loaded.rows.line(), err=True)
-    options = dict(max_new_tokens=max_new_tokens, strategy=strategy, window=window, stop=list(stop) or None, chat=chat is not None,
-                   jacobi_tail=jacobi_tail, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                   repetition_penalty=repetition_penalty)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                              repetition_penalty=repetition_penalty)
+    params = GenerationParams(max_new_tokens, strategy, window, tuple(stop), jacobi_tail, sampling)
+    options = dict(params=params, chat=chat is not None)
     if stream:
         for piece in generator.stream(text, **options):
             click.echo(piece, nl=False)

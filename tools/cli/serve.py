@@ -32,20 +32,19 @@ from .decoding import decoding_config, decoding_option
               help="Decoding strategy when a request names none (its \"jacobi\": {\"strategy\": ...} field). "
                    "Every strategy gives the same tokens (greedy's, or for a seed the same sample); they differ only "
                    "in speed.")
-@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Generations running at once (each on its own thread and KV buffers). On a CPU one generation "
-                   "already uses every core; more workers share them (see --threads): more tokens/s in total, "
-                   "slower streams.")
-@click.option("--max-batch", type=int, default=None,
-              help="Continuous batching: up to N generations share every pass of the model (one engine, N slots; "
-                   "needs the in-place graph); replaces --workers. On 2 CPU cores, 16 streams served about 5x the "
-                   "tokens/s of one (docs/bench/2026-12-01-continuous-batching.md).")
-@click.option("--batch-context", type=int, default=None,
-              help="With --max-batch: each slot's context, prompt + output. Default: the artifact's, or at most 2048 "
-                   "when its in-place graph has the default (scatter) attention, which reads a slot's whole context "
-                   "every pass: size it to what you serve.")
+@click.option("--max-batch", type=click.IntRange(1), default=None,
+              help="Generations sharing every pass of the model (the engine's slots; more need the in-place graph). "
+                   "Default: sized from the artifact and the free memory, at most 16; 1 where the backend's contexts "
+                   "hold one row. On 2 CPU cores 16 streams served about 5x the tokens/s of one "
+                   "(docs/bench/2026-12-01-continuous-batching.md).")
+@click.option("--batch-context", type=click.IntRange(2), default=None,
+              help="Each slot's context, prompt + output. Default: the artifact's, or at most 2048 when its in-place "
+                   "graph has the default (scatter) attention, which reads a slot's whole context every pass: size it "
+                   "to what you serve.")
+@click.option("--workers", type=int, default=None, hidden=True,
+              help="Gone: the server batches every request on one engine. Use --max-batch.")
 @click.option("--queue", "queue_size", type=click.IntRange(0), default=32, show_default=True,
-              help="Requests that may wait for a worker; beyond that the server answers 429 with Retry-After.")
+              help="Requests that may wait for a slot; beyond that the server answers 429 with Retry-After.")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
               help="Seconds a request may take, queueing included; then 504 (a stream gets an error event).")
 @click.option("--max-body", "max_body_bytes", type=click.IntRange(1), default=1 << 20, show_default=True,
@@ -56,9 +55,7 @@ from .decoding import decoding_config, decoding_option
               help="auto: onnxruntime on CUDA when onnxruntime-gpu and a GPU are present, else CPU. "
                    "tensorrt: the artifact's engine from `jacobi-rt build`.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="onnxruntime CPU threads per generation. Default: the physical cores shared among the workers "
-                   "(more oversubscribes the CPU: on 2 cores at 4 clients, 2 workers x 2 threads served 39 tokens/s, "
-                   "x 1 thread 49, 1 worker x 2 threads 44).")
+              help="onnxruntime CPU threads of the engine's passes (one pass runs at a time). Default: the physical cores.")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
 @click.option("--ray", "on_ray", is_flag=True,
@@ -71,8 +68,8 @@ from .decoding import decoding_config, decoding_option
               help="With --ray: a running Ray cluster to deploy on ('auto': the one `ray start` made on this node). "
                    "Default: a local Ray instance. Every node needs the artifact at the same path.")
 @decoding_option
-def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, workers, max_batch,
-                  batch_context, queue_size, request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address,
+def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, max_batch,
+                  batch_context, workers, queue_size, request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address,
                   decoding):
     """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
 
@@ -111,9 +108,12 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     from jacobi_rt.server.settings import ServerSettings
 
     config = decoding_config(decoding)
+    if workers is not None:  # removed in 0.x: one release of a clear message
+        click.echo(f"--workers is gone: the server batches every request on one engine of slots (--max-batch, default "
+                   f"sized from the artifact and memory); running with --max-batch {max_batch or workers}", err=True)
+        max_batch = max_batch or max(1, workers)
     settings = ServerSettings(
         model_id=model_name or Path(artifact).resolve().name,
-        workers=workers,
         queue_size=queue_size,
         request_timeout=request_timeout,
         max_body_bytes=max_body_bytes,
@@ -128,14 +128,13 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     if on_ray:
         return _serve_on_ray(artifact, draft, settings, backend, threads or 1, not no_verify, replicas, max_replicas,
                              address, host, port, config)
-    if threads is None and backend not in ("cuda", "tensorrt"):
-        from jacobi_rt.runtime.backends.onnxrt import physical_cores
-
-        threads = max(1, physical_cores() // (1 if max_batch else workers))  # the engine runs one pass at a time
     generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify, config=config)
-    running = f"batch engine of {max_batch} slots" if max_batch else f"{workers} workers"
-    click.echo(f"serving {artifact} as model {settings.model_id!r} on http://{host}:{port}/v1 "
-               f"({running} x {threads or 'default'} threads, queue {queue_size}{', API key required' if api_key else ''})", err=True)
+    slots = max_batch or generator.default_slots()
+    settings.max_batch = slots
+    sized = "" if max_batch else ", sized from the artifact and memory; --max-batch changes it"
+    click.echo(f"serving {artifact} as model {settings.model_id!r} on http://{host}:{port}/v1 ({slots} slots{sized}, "
+               f"{getattr(generator.backend, 'threads', 'default')} threads, queue {queue_size}"
+               f"{', API key required' if api_key else ''})", err=True)
     click.echo(generator.backend.rows.line(), err=True)
     serve(generator, settings, host=host, port=port, log_level=log_level)
 

@@ -1,0 +1,34 @@
+"""One row run alone on a backend context through the engine's loop (runtime.engine.run_alone), as tests drive it."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from jacobi_rt.runtime.allocator import allocate
+from jacobi_rt.runtime.engine import Row, run_alone
+from jacobi_rt.runtime.proposers import own_cost
+
+
+def passes(ctx, prompt, proposer, window, max_new: int, max_context: int | None = None, eos=(), chunk: int = 256,
+           sampler=None, clock=time.perf_counter) -> tuple[Row, Iterator[list[int]]]:
+    """(the row, its committed tokens pass by pass as they come: [] after each prompt chunk but the last)."""
+    row = Row(list(prompt), max_new, proposer, sampler, window, set(eos), max_context or ctx.capacity)
+    return row, run_alone(ctx, row, chunk, clock=clock)
+
+
+def decode(ctx, prompt, proposer, window, max_new: int, **kw) -> tuple[Row, list[list[int]]]:
+    """passes() run to the end."""
+    row, batches = passes(ctx, prompt, proposer, window, max_new, **kw)
+    return row, list(batches)
+
+
+def tokens(ctx, prompt, proposer, window, max_new: int, **kw) -> list[int]:
+    return [t for batch in decode(ctx, prompt, proposer, window, max_new, **kw)[1] for t in batch]
+
+
+def send(proposer, limit: int, cost=None) -> list[list[int]]:
+    """What one pass with room for `limit` guessed tokens sends, as a row alone plans it: the proposer's
+    offer, cut by the allocator (against `cost`, default its own curve), taken."""
+    allocation = allocate(proposer.offer(limit), limit, cost or own_cost(proposer))
+    return proposer.take(allocation, limit)
