@@ -420,10 +420,10 @@ class Engine:
         return "decode", span, width
 
     def _run(self, kind: str, span: range, width: int) -> PassRecord:
-        before = self.ctx.lengths[span.start : span.stop].copy()
-        width = max(1, min(width, self.capacity - int(before.max())))
+        before = self.ctx.lengths[span.start : span.stop].tolist()  # Python ints: numpy is slow on tiny arrays
+        width = max(1, min(width, self.capacity - max(before)))
         rows = self.rows[span.start : span.stop]
-        planned = [row.plan(width, int(length)) for row, length in zip(rows, before)]
+        planned = [row.plan(width, length) for row, length in zip(rows, before)]
         ids, positions, mask = _pad(planned)
         want_logits = any(p.logits for p in planned)
         self.ctx.select(span.start, span.stop)
@@ -434,7 +434,7 @@ class Engine:
         for i, (row, plan) in enumerate(zip(rows, planned)):
             n = len(plan.tokens)
             try:
-                keep = row.settle(out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, int(before[i]),
+                keep = row.settle(out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, before[i],
                                   seconds, ids.shape)
             except Exception as exc:  # a proposer or sampler failing ends its own row only
                 row.fail(exc)

@@ -214,11 +214,14 @@ class OrtInplaceContext(BackendContext):
         if len(keeps) != stop - start:
             raise BackendError(f"commit_each() needs one list of entries per selected row ({stop - start}), got {len(keeps)}")
         for b, rows in zip(range(start, stop), keeps):
-            if any(not 0 <= r < window for r in rows) or any(a >= c for a, c in zip(rows, rows[1:])):
-                raise BackendError(f"commit_each(): row {b} keeps {list(rows)}, not ascending distinct entries of the last window of {window}")
-            if list(rows) != list(range(len(rows))):
+            rows = list(rows)
+            if rows != list(range(len(rows))):  # not a prefix: a side branch, gathered into place
+                if any(not 0 <= r < window for r in rows) or any(a >= c for a, c in zip(rows, rows[1:])):
+                    raise BackendError(f"commit_each(): row {b} keeps {rows}, not ascending distinct entries of the last window of {window}")
                 self._gather(b, np.asarray(rows, dtype=np.int64))
-            self.lengths[b] += len(rows)
+            elif len(rows) > window:
+                raise BackendError(f"commit_each(): row {b} keeps {len(rows)} entries of the last window of {window}")
+            self._row_lengths[b] += len(rows)
         self.pending = 0
 
     def _gather(self, b: int, keep: np.ndarray) -> None:
