@@ -97,6 +97,15 @@ class DecodingConfig:
     batch_prefill_tokens: int | None = _field(None, "tokens of one batched prefill pass, all rows together, so a "
                                                     "burst of long prompts never stalls decoding rows; None: "
                                                     "max(prefill_chunk, 16)", 1, engine=True)
+    # -- the prefix cache ---------------------------------------------------------------------
+    prefix_cache_min_tokens: int = _field(16, "a kept prefix is reused when the prompt shares at least this many "
+                                              "tokens with it: below that, moving a slot costs more than it saves",
+                                          1, engine=True)
+    prefix_cache_guesses: bool = _field(True, "a kept prefix keeps its proposer's state too (lookahead's n-gram pool, a "
+                                              "draft's cache), so the next turn's guesses start warm", engine=True)
+    prefix_cache_contexts: int = _field(4, "lone calls (no engine started) keep this many finished contexts for "
+                                           "the next turn of a conversation (memory: one request's cache each)",
+                                        0, engine=True)
     batch_pass_costs: Costs = _field(tuple(BATCH_PASS_COSTS.items()), "prior cost of a batched pass (more than one "
                                                                       "row) by its total tokens (rows x width), as "
                                                                       "(tokens, cost) pairs; measured costs, keyed "

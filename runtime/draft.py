@@ -29,7 +29,7 @@ from .config import DEFAULTS, DecodingConfig
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
 from .passes import PassResult
-from .proposers import Proposer
+from .proposers import Proposer, close_state
 from .tree import Tree
 
 CATCHUP = 8  # more pending tokens than this are fed as a catch-up before the proposal's own pass
@@ -171,6 +171,7 @@ class DraftProposer(Proposer):
         self.max_window = max_window  # the draft backend's widest pass (Backend.limits); None: any
         self.length = length or DraftLength(self.k_max)
         self.ctx = backend.context(capacity)
+        self.kept: list[int] = []  # an adopted cache's tokens (the conversation's previous turn)
         self.tokens: list[int] = []  # the committed sequence: prompt, then every committed token
         self.chain: list[int] = []  # the guesses sent in the pass being verified
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
@@ -192,7 +193,8 @@ class DraftProposer(Proposer):
         self.stats = {**_zero_stats(), "jacobi_tail": self.jacobi}
         self.catchup_seconds = 0.0  # counted in stats["draft_seconds"] too: own_seconds takes it out
         self.tokens, self.chain, self.jacobi_guesses = [*prompt, first], [], []
-        self.ctx.trim(0)
+        self.ctx.trim(min(matched_prefix(self.kept, prompt), self.ctx.length))  # 0 unless a cache was adopted
+        self.stats["cached"], self.kept = self.ctx.length, []
         self.usable = len(prompt) + 1 < self.ctx.capacity
         # No prefill here: the first proposal feeds the prompt (in chunks), so a draft that is
         # never asked (K = 0 throughout, or a losing arm of `auto`) costs nothing.
@@ -236,8 +238,27 @@ class DraftProposer(Proposer):
         self.tokens.extend(committed)
         self.chain = []
 
+    def handover(self) -> dict:
+        """The draft's cache and the tokens it holds, for the conversation's next turn."""
+        kept, self.ctx = DraftCache(self.ctx, self.tokens[: self.ctx.length]), None
+        return {"cache": kept}
+
+    def adopt(self, state: dict) -> None:
+        kept = state.pop("cache", None)
+        close_state(state)
+        if kept is None:
+            return
+        if kept.ctx.capacity >= self.ctx.capacity:
+            self.ctx.close()
+            self.ctx, self.kept = kept.ctx, kept.tokens
+            return
+        if self.ctx.load_prefix(kept.ctx, len(kept.tokens)):  # the conversation outgrew it: copy the prefix over
+            self.kept = kept.tokens
+        kept.close()
+
     def close(self) -> None:
-        self.ctx.close()
+        if self.ctx is not None:
+            self.ctx.close()
 
     # -- the draft's passes ---------------------------------------------------------------------
 
@@ -302,6 +323,17 @@ class DraftProposer(Proposer):
     def _count(self, passes: int, seconds: float) -> None:
         self.stats["draft_passes"] += passes
         self.stats["draft_seconds"] += seconds
+
+
+@dataclass
+class DraftCache:
+    """A draft's context handed over with the tokens whose KV it holds."""
+
+    ctx: object
+    tokens: list[int]
+
+    def close(self) -> None:
+        self.ctx.close()
 
 
 def _zero_stats() -> dict:

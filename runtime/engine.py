@@ -3,8 +3,9 @@
 One backend context holds S slots (rows of the cache, each with its own length; a context of the
 portable graph or TensorRT holds one). Each `step()` is one target pass:
 
-    1. drop finished and cancelled rows, admit waiting ones into free slots, keep the active rows
-       packed in the lowest slots (the last one moves into a freed slot), so a pass runs rows [0, k);
+    1. drop finished and cancelled rows (their slots keep what they cached: runtime.prefix_cache),
+       admit waiting ones, each seated on the idle slot holding the longest prefix of its prompt, and
+       keep the active rows packed in the lowest slots, so a pass runs rows [0, k);
     2. choose the pass: a prefill pass (rows still reading their prompt, chunks split by the budget)
        alternates with a decoding pass while both kinds of rows wait; the budget (runtime.scheduler)
        picks the decoding pass's width from the measured cost curve and the rows' offers;
@@ -44,7 +45,8 @@ from .allocator import Offer, allocate
 from .backends.base import Backend, BackendContext
 from .errors import BackendError, InputError
 from .passes import pass_result
-from .proposers import Proposer, observe_costs, own_cost
+from .prefix_cache import PrefixCache
+from .proposers import Proposer, close_state, observe_costs, own_cost
 from .sampling import Sampler, SamplingParams
 from .scheduler import Bid, PassBudget
 from .tree import Tree, build_tree
@@ -95,6 +97,8 @@ class Row:
         self.fed = 0  # prompt tokens in the cache
         self.last: int | None = None  # the last committed token (its KV not written yet); None while prefilling
         self.produced = 0
+        self.generated: list[int] = []  # the committed new tokens (an EOS's followers dropped)
+        self.cached = 0  # prompt tokens whose KV the prefix cache gave (not prefilled)
         self.history: list[int] | None = None  # when sampling: prompt + every new token
         self.session_seconds = 0.0  # this row's share of the forwards it took part in
         self.error: BaseException | None = None
@@ -192,9 +196,11 @@ class Row:
         cut = next((i for i, t in enumerate(new) if t in self.eos_ids), None)
         if cut is not None:
             self.progress.accepted -= len(new) - cut - 1
+            self.generated += new[: cut + 1]
             self.tokens.put(new[: cut + 1])
             self.progress.finish_reason = "eos"
         else:
+            self.generated += new
             self.tokens.put(new)
             if self.produced >= self.max_new_tokens:
                 self.progress.finish_reason = "length"
@@ -246,8 +252,10 @@ class Engine:
     """S slots over one backend context; `submit()` from any thread, `step()` from one (or `start()` a thread)."""
 
     def __init__(self, ctx: BackendContext, prefill_chunk: int, budget: PassBudget | None = None,
-                 clock: Callable[[], float] = time.perf_counter, owns_context: bool = False):
+                 clock: Callable[[], float] = time.perf_counter, owns_context: bool = False,
+                 cache: PrefixCache | None = None):
         self.ctx = ctx
+        self.cache = cache or PrefixCache(enabled=False)  # what finished rows leave in idle slots
         self.slots = ctx.batch
         self.capacity = ctx.capacity
         self.prefill_chunk = prefill_chunk
@@ -264,7 +272,8 @@ class Engine:
 
     @classmethod
     def open(cls, backend: Backend, slots: int, capacity: int | None = None, prefill_chunk: int | None = None,
-             budget: PassBudget | None = None, clock: Callable[[], float] = time.perf_counter) -> "Engine":
+             budget: PassBudget | None = None, clock: Callable[[], float] = time.perf_counter,
+             cache: PrefixCache | None = None) -> "Engine":
         """An engine of `slots` rows of `capacity` entries each (default the backend's context) on a context of its own."""
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise InputError(f"the engine needs at least 1 slot (max batch), not {slots!r}")
@@ -276,7 +285,7 @@ class Engine:
         limits = backend.limits
         capacity = min(capacity or limits.max_context, limits.max_context)
         return cls(backend.context(capacity, batch=slots), prefill_chunk or limits.prefill_chunk, budget, clock,
-                   owns_context=True)
+                   owns_context=True, cache=cache)
 
     # -- any thread -------------------------------------------------------------------------------
 
@@ -315,12 +324,15 @@ class Engine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
+        self._drop_finished()  # a row stopped early (a stop string, a closed stream) still leaves its prefix
         for row in [*self.rows, *self.waiting]:
             if not row.finished and not row.cancelled.is_set():
                 row.fail(BackendError("the engine was closed before this generation ended"))
             self._release(row)
         self.rows, self.waiting = [], deque()
         if self._owns_context:
+            for kept in self.cache.clear():
+                close_state(kept.proposer)
             self.ctx.close()
 
     # -- the loop's thread ------------------------------------------------------------------------
@@ -363,26 +375,50 @@ class Engine:
                 if row.cancelled.is_set():
                     self._release(row)
                     continue
-                row.slot, row.admitted_at = len(self.rows), self.clock()
-                self.ctx.trim_row(row.slot, 0)
+                self._seat(row, len(self.rows))
                 self.rows.append(row)
             for row in [r for r in self.waiting if r.cancelled.is_set()]:
                 self.waiting.remove(row)
                 self._release(row)
 
+    def _seat(self, row: Row, slot: int) -> None:
+        """Put `row` in `slot` (the first idle one), starting from the kept prefix its prompt shares, if any."""
+        choice = self.cache.choose(row.prompt, range(slot, self.slots))
+        if choice.slot != slot:
+            self.ctx.swap_rows(choice.slot, slot)
+            self.cache.swap(choice.slot, slot)
+        self.ctx.trim_row(slot, choice.reuse)
+        if choice.kept is not None:
+            if choice.reuse:
+                row.proposer.adopt(choice.kept.proposer or {})  # the guesses travel with the prefix
+            else:
+                close_state(choice.kept.proposer)  # evicted
+        row.fed = row.cached = choice.reuse
+        row.slot, row.admitted_at = slot, self.clock()
+
     def _drop_finished(self) -> None:
-        """Free the slots of finished and cancelled rows; pack the rest into the lowest slots."""
+        """Free the slots of finished and cancelled rows, keeping what they cached (the prefix cache);
+        pack the rest into the lowest slots."""
         for row in [r for r in self.rows if r.finished or r.cancelled.is_set()]:
             slot, last = row.slot, len(self.rows) - 1
+            keep = self.cache.enabled and row.error is None
             if slot != last:
                 mover = self.rows[last]
-                self.ctx.move_row(last, slot)
+                if keep:
+                    self.ctx.swap_rows(last, slot)  # the finished row's cache goes to `last`, idle from now on
+                else:
+                    self.ctx.move_row(last, slot)
                 mover.slot = slot
                 self.rows[slot] = mover
-            else:
-                self.ctx.trim_row(slot, 0)
             self.rows.pop()
             row.slot = -1
+            if keep:
+                sequence = row.prompt[: row.fed] if row.prefilling else [*row.prompt, *row.generated]
+                length = min(int(self.ctx.lengths[last]), len(sequence))  # past an EOS: entries no token names
+                self.ctx.trim_row(last, length)
+                self.cache.keep(last, sequence[:length], row.proposer.handover())
+            else:
+                self.ctx.trim_row(last, 0)
             self._release(row)
 
     def _release(self, row: Row) -> None:
@@ -451,11 +487,12 @@ class Engine:
 
 
 def run_alone(ctx: BackendContext, row: Row, prefill_chunk: int, budget: PassBudget | None = None,
-              clock: Callable[[], float] = time.perf_counter) -> Iterator[list[int]]:
+              clock: Callable[[], float] = time.perf_counter, cache: PrefixCache | None = None) -> Iterator[list[int]]:
     """Run `row` alone on `ctx` (a one-row batch) in this thread: yield its committed tokens pass by pass
     ([] after each prompt chunk but the last), so the caller can stop between passes. Closing the
-    iterator early ends the row (its proposer is closed); `ctx` stays its owner's."""
-    engine = Engine(ctx, prefill_chunk, budget, clock)
+    iterator early ends the row (its proposer is closed); `ctx` stays its owner's. cache: what `ctx`'s
+    row holds from an earlier call (the prefix cache); the row leaves its own in it."""
+    engine = Engine(ctx, prefill_chunk, budget, clock, cache=cache)
     engine.submit(row)
     try:
         while True:

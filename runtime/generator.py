@@ -20,6 +20,7 @@ from .engine import END, Engine, Row, run_alone
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
 from .params import STRATEGIES, GenerationParams, Overrides
+from .prefix_cache import KeptContexts, PrefixCache
 from .sampling import Sampler, SamplingParams, TokenLogprob, draw_seed
 from .proposers import ArmHistory, AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer, UnionProposer
 from .scheduler import PassBudget
@@ -51,6 +52,7 @@ class Stats:
     proposer: dict  # the proposer's counters: guesses proposed and accepted (by source), draft passes and time
     seed: int | None = None  # the sampling seed (drawn when none was given); None when decoding greedily
     exactness: str = ""  # how this CPU keeps windows exact (runtime/backends/exact_rows.py): native, padded, greedy, ...
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held (not prefilled)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,7 +128,7 @@ class Generator:
     each call opens its own backend context (KV buffers and bindings)."""
 
     def __init__(self, backend: Backend, tokenizer: Tokenizer, prefill_chunk: int | None = None, draft: Backend | None = None,
-                 config: DecodingConfig | Mapping[str, Any] | None = None):
+                 config: DecodingConfig | Mapping[str, Any] | None = None, prefix_cache: bool = True):
         self.backend = backend
         self.manifest: Manifest = backend.manifest
         self.tokenizer = tokenizer
@@ -136,6 +138,12 @@ class Generator:
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
         self.arm_history = ArmHistory(self.config.auto_max_sit_out)  # `auto` remembers across calls which arms lost
         self.engine: Engine | None = None  # start_engine(): every call shares its passes
+        # The prefix cache (runtime/prefix_cache.py): an engine's idle slots keep what finished rows wrote,
+        # and lone calls keep their contexts, so the next turn of a conversation prefills only what is new.
+        self.prefix_cache = prefix_cache
+        config = self.config
+        self.kept = KeptContexts(config.prefix_cache_contexts if prefix_cache else 0, config.prefix_cache_min_tokens,
+                                 config.prefix_cache_guesses)
         if not backend.rows.exact_windows:
             logging.getLogger("jacobi_rt").warning("%s (%s)", backend.rows.line(), self.manifest.source.get("name", "artifact"))
 
@@ -158,6 +166,7 @@ class Generator:
         prefill_chunk: int | None = None,
         graph: str = "auto",
         config: DecodingConfig | Mapping[str, Any] | None = None,
+        prefix_cache: bool = True,
     ) -> "Generator":
         """Validate the artifact at `path` (manifest, every file's sha256) and load it.
 
@@ -170,6 +179,9 @@ class Generator:
         it), "inplace" or "portable" (the target and the draft alike).
         config: the generator's DecodingConfig (runtime.config), or a mapping of the fields to change;
         prefill_chunk is its field of that name.
+        prefix_cache: keep what finished generations computed (their KV, n-gram pool and draft cache) for
+        the next request that shares its prompt's prefix (runtime/prefix_cache.py); False: prefill every
+        prompt whole.
         """
         from .backends.onnxrt import OrtBackend
 
@@ -195,7 +207,7 @@ class Generator:
             draft_manifest = load_manifest(draft, verify=verify)
             check_draft(manifest, draft_manifest, path, draft)
             draft_backend = open_backend(draft, draft_manifest)
-        return cls(open_backend(path, manifest), tokenizer, prefill_chunk, draft_backend, decoding)
+        return cls(open_backend(path, manifest), tokenizer, prefill_chunk, draft_backend, decoding, prefix_cache)
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The chat template rendered for `messages`, ending with the assistant's turn."""
@@ -298,12 +310,20 @@ class Generator:
     def _engine(self, slots: int, capacity: int | None = None) -> Engine:
         """An engine of `slots` rows on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
         chunk = self.limits.prefill_chunk
-        return Engine.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.from_config(self.config, chunk))
+        cache = PrefixCache(self.prefix_cache, self.config.prefix_cache_min_tokens, self.config.prefix_cache_guesses)
+        return Engine.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.from_config(self.config, chunk),
+                           cache=cache)
 
     def stop_engine(self) -> None:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.close()
+
+    def close(self) -> None:
+        """Stop the engine and release what the prefix cache keeps (lone calls' contexts, drafts' caches);
+        the Generator stays usable."""
+        self.stop_engine()
+        self.kept.close()
 
     # -- request checking -------------------------------------------------------------------
 
@@ -409,12 +429,16 @@ class Generator:
             return (yield from pieces)
         started = time.perf_counter()
         capacity = min(self.limits.max_context, len(request.prompt_ids) + request.max_new_tokens)
-        # The target's context first: a proposer's own cache (a draft's) is opened only once it exists.
-        with self.backend.context(capacity) as ctx:
+        # The target's context first (a kept one when the prompt continues a kept conversation): a
+        # proposer's own cache (a draft's) is opened only once it exists.
+        ctx, cache = self.kept.take(request.prompt_ids, capacity, self.backend.context)
+        try:
             row = self._row(request, capacity, self.limits.max_context)
             chunk = self.limits.prefill_chunk
-            batches = run_alone(ctx, row, chunk, PassBudget.from_config(request.config, chunk))
+            batches = run_alone(ctx, row, chunk, PassBudget.from_config(request.config, chunk), cache=cache)
             return (yield from self._pieces(row, request, batches, started))
+        finally:
+            self.kept.put(ctx, cache)  # kept for the next turn, or closed
 
     def _on_engine(self, engine: Engine, request: Request) -> tuple[Row, Iterator[str]]:
         """Queue `request` on the engine now; the pieces come from the returned generator ("" every 50 ms
@@ -573,6 +597,7 @@ def _stats(request: Request, row: Row, new_tokens: int, started: float) -> Stats
         decode_tokens_per_second=round(max(new_tokens - 1, 0) / decode_seconds, 2),
         proposer=dict(row.proposer.stats),
         exactness=request.exactness,
+        cached_tokens=row.cached,
     )
 
 

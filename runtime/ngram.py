@@ -127,6 +127,10 @@ class NgramPool:
     def reset(self) -> None:
         self.table, self.tokens, self._next, self.work = {}, [], 1, 0
 
+    def restart(self) -> None:
+        """A new sequence with the n-grams seen so far kept (the next turn of a conversation)."""
+        self.tokens, self._next = [], 1
+
     def add(self, before: Sequence[int], continuation: Sequence[int]) -> None:
         """Record that `continuation` followed `before` (its last 1 and 2 tokens become the keys)."""
         continuation = list(continuation[: self.span])

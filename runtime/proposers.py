@@ -67,6 +67,15 @@ class Proposer(ABC):
         """How the target chooses tokens (runtime.sampling.Sampler; None: greedy). Called before start();
         a proposer that runs a model (a draft) samples its guesses the same way."""
 
+    def handover(self) -> dict:
+        """What the next turn of this conversation may start from (the prefix cache keeps it with the slot):
+        an n-gram pool, a draft's cache. Called before close(); what it hands over, close() keeps open."""
+        return {}
+
+    def adopt(self, state: dict) -> None:
+        """Start from what a finished row with a shared prefix handed over (before start())."""
+        close_state(state)
+
     def close(self) -> None:
         """Release what the proposer holds (a draft model's KV cache)."""
 
@@ -158,14 +167,26 @@ class LookaheadProposer(Proposer):
         self.trajectory: list[int] = []
         self.pending: list[Candidate] = []  # this pass's candidates, scored in update
         self.sent: list[tuple[str, list[int]]] = []  # (source, tokens) of the branches in this pass
+        self.warm: NgramPool | None = None  # a pool handed over by the conversation's previous turn
         self.stats = {"proposed": 0, "accepted": 0, "accepted_by_source": {}}
 
     def cost_curves(self) -> list[PassCosts]:
         return [self.tracker.costs]
 
+    def handover(self) -> dict:
+        return {"pool": self.pool}
+
+    def adopt(self, state: dict) -> None:
+        self.warm = state.get("pool")
+
     def start(self, prompt: list[int], first: int) -> None:
         self.lookup.reset()
-        self.pool.reset()
+        if self.warm is not None:  # the previous turn's n-grams, the trajectories' included
+            self.pool, self.warm = self.warm, None
+            self.pool.restart()
+            self.stats["warm_pool"] = True
+        else:
+            self.pool.reset()
         self.lookup.extend([*prompt, first])
         self.pool.extend([*prompt, first])
         self.trajectory, self.pending = [], []
@@ -257,6 +278,14 @@ class UnionProposer(Proposer):
     def use_sampler(self, sampler) -> None:
         for part in self.parts.values():
             part.use_sampler(sampler)
+
+    def handover(self) -> dict:
+        return {name: part.handover() for name, part in self.parts.items()}
+
+    def adopt(self, state: dict) -> None:
+        for name, part in self.parts.items():
+            part.adopt(state.pop(name, {}))
+        close_state(state)
 
     def start(self, prompt: list[int], first: int) -> None:
         for part in self.parts.values():
@@ -395,6 +424,14 @@ class AutoProposer(Proposer):
         for arm in self.all_arms.values():
             arm.use_sampler(sampler)
 
+    def handover(self) -> dict:
+        return {name: arm.handover() for name, arm in self.all_arms.items()}
+
+    def adopt(self, state: dict) -> None:
+        for name, arm in self.all_arms.items():
+            arm.adopt(state.pop(name, {}))
+        close_state(state)
+
     def cost_curves(self) -> list[PassCosts]:
         return [curve for arm in self.all_arms.values() for curve in arm.cost_curves()]
 
@@ -500,6 +537,15 @@ def own_cost(proposer: Proposer) -> PassCosts:
     """The one-row cost curve `proposer`'s guesses are weighed against (the request's one curve)."""
     curves = proposer.cost_curves()
     return curves[0] if curves else _DEFAULT_COSTS
+
+
+def close_state(state) -> None:
+    """Release what a handed-over state holds (a draft's cache), parts included."""
+    for value in (state or {}).values():
+        if isinstance(value, dict):
+            close_state(value)
+        elif hasattr(value, "close"):
+            value.close()
 
 
 def observe_costs(proposer: Proposer, result: PassResult) -> None:

@@ -60,6 +60,10 @@ class Metrics:
                                         buckets=TOKEN_BUCKETS, **model)
         self.request_generation = Histogram("vllm:request_generation_tokens", "Generated tokens per finished request",
                                             buckets=TOKEN_BUCKETS, **model)
+        self.cache_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                     **model)
+        self.cache_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens the prefix cache held (not prefilled)",
+                                  **model)
         for reason in sorted(set(FINISH_REASONS.values())):
             self.success.labels(model_name, reason)
 
@@ -102,6 +106,8 @@ class Metrics:
         if latency is not None:
             self.e2e.labels(model).observe(latency)
         for choice in stats:
+            self.cache_queries.labels(model).inc(choice.prompt_tokens)
+            self.cache_hits.labels(model).inc(choice.cached_tokens)
             self.prompt_tokens.labels(model).inc(choice.prompt_tokens)
             self.generation_tokens.labels(model).inc(choice.new_tokens)
             self.request_prompt.labels(model).observe(choice.prompt_tokens)

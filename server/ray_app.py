@@ -104,6 +104,7 @@ class ReplicaSpec:
     backend: str = "cpu"
     verify: bool = True
     config: DecodingConfig | None = None  # the generator's decoding config (serve --decoding)
+    prefix_cache: bool = True  # serve --no-prefix-cache: False
 
     def load(self, node: str) -> Generator:
         try:
@@ -111,7 +112,7 @@ class ReplicaSpec:
                 if pinned is not None:
                     pinned.check_on(node)
             return Generator.load(self.artifact.path, draft=self.draft and self.draft.path, backend=self.backend,
-                                  threads=self.threads, verify=self.verify, config=self.config)
+                                  threads=self.threads, verify=self.verify, config=self.config, prefix_cache=self.prefix_cache)
         except JacobiError as exc:
             if str(exc).startswith(f"node {node}"):
                 raise

@@ -27,8 +27,10 @@ def sse(data: dict) -> bytes:
 
 
 def usage(results: list[GenerationResult]) -> dict:
+    """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache held (the first choice's)."""
     prompt, completion = results[0].stats.prompt_tokens, sum(r.stats.new_tokens for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": results[0].stats.cached_tokens}}
 
 
 def jacobi_stats(result: GenerationResult, seeds: list[int | None] | None = None) -> dict:

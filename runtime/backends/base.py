@@ -11,7 +11,7 @@ entries, and the bindings. A sequence of one row drives a context with four call
 
 and the engine (runtime/engine.py) drives every context through the row contract: `lengths` (each
 row's committed entries), `select(start, stop)` (the rows of the next pass), `commit_each(keeps)`
-(each row keeps its own entries), `move_row` and `trim_row`. A context of one row (the portable
+(each row keeps its own entries), `move_row`, `swap_rows` and `trim_row`. A context of one row (the portable
 graph, TensorRT) gets it here; the in-place graph's context holds rows of their own lengths
 (`Backend.batched`), so many generations share its passes.
 
@@ -116,6 +116,16 @@ class BackendContext(ABC):
     def move_row(self, source: int, target: int) -> None:
         """Copy row `source`'s cache and length into row `target` (a free slot)."""
         raise BackendError(f"{type(self).__name__}'s rows share one length: a row cannot move")
+
+    def load_prefix(self, source: "BackendContext", length: int) -> bool:
+        """Copy the first `length` cache entries of `source`'s row 0 into row 0 of this (new) context, if this
+        kind of context can; returns whether it did."""
+        return False
+
+    def swap_rows(self, a: int, b: int) -> None:
+        """Rows a and b trade their caches and lengths."""
+        if a != b:
+            raise BackendError(f"{type(self).__name__}'s rows share one length: rows cannot trade places")
 
     def trim_row(self, row: int, length: int) -> None:
         """Rewind row `row` to its first `length` entries."""

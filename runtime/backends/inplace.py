@@ -261,6 +261,25 @@ class OrtInplaceContext(BackendContext):
             raise BackendError(f"trim({np.asarray(length).tolist()}) is outside the committed cache of {lengths.tolist()} entries")
         lengths[:] = wanted
 
+    def load_prefix(self, source, length: int) -> bool:
+        if not isinstance(source, OrtInplaceContext) or self.pending or length > self.capacity:
+            return False
+        self._kv[:, 0, :, :length] = source._kv[:, 0, :, :length]
+        self.lengths[0] = length
+        return True
+
+    def swap_rows(self, a: int, b: int) -> None:
+        """Rows a and b trade their committed caches and lengths (a kept prefix moves where the rows are packed)."""
+        if self.pending:
+            raise BackendError("swap_rows() while a window is pending; commit it first")
+        if a == b:
+            return
+        la, lb = int(self.lengths[a]), int(self.lengths[b])
+        saved = self._kv[:, a, :, :la].copy()
+        self._kv[:, a, :, :lb] = self._kv[:, b, :, :lb]
+        self._kv[:, b, :, :la] = saved
+        self.lengths[a], self.lengths[b] = lb, la
+
     def trim_row(self, row: int, length: int) -> None:
         if self.pending:
             raise BackendError("trim_row() while a window is pending; commit it first")

@@ -140,3 +140,29 @@ def test_the_slot_context_bounds_requests(batched):
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 8
     with pytest.raises(InputError, match="at least 2 tokens"):
         ServerSettings(model_id="m", batch_context=1)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_the_next_chat_turn_reuses_the_conversation_and_the_usage_and_metrics_say_so(artifact, cache):
+    """The official client, two turns of one chat: the second prefills only what is new (OpenAI's
+    usage.prompt_tokens_details.cached_tokens, vLLM's prefix cache counters); the replies equal a cold server's."""
+    from openai import OpenAI
+
+    gen = Generator.load(artifact("llama"), graph="inplace", threads=1, prefix_cache=cache)
+    with BackgroundServer(gen, ServerSettings(model_id="llama")) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="-")
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there."}]
+        usages, texts = [], []
+        for turn in range(2):
+            reply = client.chat.completions.create(model="llama", messages=messages, max_tokens=8)
+            usages.append(reply.usage)
+            texts.append(reply.choices[0].message.content)
+            messages += [{"role": "assistant", "content": texts[-1]}, {"role": "user", "content": "And?"}]
+        with httpx.Client(base_url=server.url) as c:
+            queries = metric(c, 'vllm:prefix_cache_queries_total{model_name="llama"}')
+            hits = metric(c, 'vllm:prefix_cache_hits_total{model_name="llama"}')
+    cached = [u.prompt_tokens_details.cached_tokens for u in usages]
+    assert cached[0] == 0 and queries == usages[0].prompt_tokens + usages[1].prompt_tokens and hits == sum(cached)
+    assert (cached[1] >= usages[0].prompt_tokens - 3) if cache else cached[1] == 0
+    fresh = Generator.load(artifact("llama"), graph="inplace", threads=1, prefix_cache=False)
+    assert texts[1] == fresh.generate(messages=messages[:-2], max_new_tokens=8).text

@@ -16,7 +16,9 @@ def gen(generator):
 
 def check_usage(body: dict, result) -> None:
     assert body["usage"] == {"prompt_tokens": result.stats.prompt_tokens, "completion_tokens": len(result.ids),
-                             "total_tokens": result.stats.prompt_tokens + len(result.ids)}
+                             "total_tokens": result.stats.prompt_tokens + len(result.ids),
+                             "prompt_tokens_details": {"cached_tokens": body["usage"]["prompt_tokens_details"]["cached_tokens"]}}
+    assert 0 <= body["usage"]["prompt_tokens_details"]["cached_tokens"] < result.stats.prompt_tokens
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -41,6 +41,10 @@ from .decoding import decoding_config, decoding_option
               help="Each slot's context, prompt + output. Default: the artifact's, or at most 2048 when its in-place "
                    "graph has the default (scatter) attention, which reads a slot's whole context every pass: size it "
                    "to what you serve.")
+@click.option("--no-prefix-cache", is_flag=True,
+              help="Prefill every prompt whole. By default a finished request's slot keeps its KV (and its n-gram pool "
+                   "and draft cache) until the slot is needed, and a request whose prompt shares its prefix (the next "
+                   "turn of a chat) prefills only the rest.")
 @click.option("--workers", type=int, default=None, hidden=True,
               help="Gone: the server batches every request on one engine. Use --max-batch.")
 @click.option("--queue", "queue_size", type=click.IntRange(0), default=32, show_default=True,
@@ -69,7 +73,7 @@ from .decoding import decoding_config, decoding_option
                    "Default: a local Ray instance. Every node needs the artifact at the same path.")
 @decoding_option
 def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, api_key, strategy, max_batch,
-                  batch_context, workers, queue_size, request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address,
+                  batch_context, no_prefix_cache, workers, queue_size, request_timeout, max_body_bytes, shutdown_grace, backend, threads, no_verify, log_level, on_ray, replicas, max_replicas, address,
                   decoding):
     """Serve the artifact folder ARTIFACT over an OpenAI-compatible HTTP API.
 
@@ -127,8 +131,9 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     )
     if on_ray:
         return _serve_on_ray(artifact, draft, settings, backend, threads or 1, not no_verify, replicas, max_replicas,
-                             address, host, port, config)
-    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify, config=config)
+                             address, host, port, config, not no_prefix_cache)
+    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify, config=config,
+                               prefix_cache=not no_prefix_cache)
     slots = max_batch or generator.default_slots()
     settings.max_batch = slots
     sized = "" if max_batch else ", sized from the artifact and memory; --max-batch changes it"
@@ -139,7 +144,8 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
     serve(generator, settings, host=host, port=port, log_level=log_level)
 
 
-def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas, max_replicas, address, host, port, config=None):
+def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas, max_replicas, address, host, port, config=None,
+                  prefix_cache=True):
     """Deploy on Ray Serve (server/ray_app.py) and wait for Ctrl-C; then remove the application."""
     from jacobi_rt.runtime.errors import require
 
@@ -149,7 +155,8 @@ def _serve_on_ray(artifact, draft, settings, backend, threads, verify, replicas,
     from jacobi_rt.server.ray_app import APP_NAME, PinnedArtifact, RayPlan, ReplicaSpec, run
 
     spec = ReplicaSpec(PinnedArtifact.of(artifact), settings, threads=threads,
-                       draft=PinnedArtifact.of(draft) if draft else None, backend=backend, verify=verify, config=config)
+                       draft=PinnedArtifact.of(draft) if draft else None, backend=backend, verify=verify, config=config,
+                       prefix_cache=prefix_cache)
     plan = RayPlan(replicas, max_replicas)
     run(spec, plan, host=host, port=port, address=address)
     for stop in (signal.SIGINT, signal.SIGTERM):  # both as Ctrl-C (after ray.init, which sets its own), even where SIGINT came ignored
