@@ -32,7 +32,10 @@ def worker(artifact: str, draft: str | None, threads: int) -> None:
     """Serve requests from stdin (one JSON line each) with one loaded Generator; answer one JSON line each."""
     from jacobi_rt.runtime import Generator
 
-    gen = Generator.load(artifact, draft=draft, threads=threads, verify=False)
+    try:  # the same prompts come back: a prefix cache (since issue 27) would skip their prefill on one side only
+        gen = Generator.load(artifact, draft=draft, threads=threads, verify=False, prefix_cache=False)
+    except TypeError:
+        gen = Generator.load(artifact, draft=draft, threads=threads, verify=False)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         ask = json.loads(line)

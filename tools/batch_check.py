@@ -68,7 +68,7 @@ def main(artifact, batches, max_tokens, count, strategy, threads, out):
     """Compare ARTIFACT's greedy output alone and on the batch engine; list every divergence."""
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(artifact, threads=threads, graph="inplace")
+    generator = Generator.load(artifact, threads=threads, graph="inplace", prefix_cache=False)
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()][:count]
     prompts = [generator.tokenizer.encode(generator.chat_prompt([{"role": "user", "content": r["prompt"]}]),
                                           add_special_tokens=False) if r.get("chat") else generator.tokenizer.encode(r["prompt"])

@@ -266,7 +266,7 @@ def load_generator(artifact: str | Path, draft: str | Path | None = None, thread
     """Generator.load (config: its DecodingConfig) with the recording backend in place."""
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(artifact, draft=draft, threads=threads, config=config)
+    generator = Generator.load(artifact, draft=draft, threads=threads, config=config, prefix_cache=False)  # every configuration prefills alike
     generator.backend = RecordingBackend(generator.backend)
     return generator
 

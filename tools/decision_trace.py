@@ -40,7 +40,7 @@ def main() -> None:
         return tree
 
     decoding.build_tree = recorded  # the loop's own module global: every pass goes through it
-    gen = Generator.load(args.artifact, draft=args.draft, threads=args.threads, verify=False)
+    gen = Generator.load(args.artifact, draft=args.draft, threads=args.threads, verify=False, prefix_cache=False)
     for prompt in bench.load_prompts(None, args.limit):
         widths.clear()
         result = gen.generate(bench.prompt_ids(gen, prompt), max_new_tokens=args.max_new_tokens, strategy=args.strategy)

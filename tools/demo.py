@@ -64,7 +64,7 @@ def main(artifact, draft, strategies, max_new_tokens, window, repeats, threads):
     """Greedy vs Jacobi, lookahead and speculative decoding on ARTIFACT, side by side, with the speed ratio."""
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(artifact, draft=draft, threads=threads)
+    generator = Generator.load(artifact, draft=draft, threads=threads, prefix_cache=False)  # each strategy prefills its prompt
     names = ["greedy"] + [s for s in strategies.split(",") if s and s != "greedy" and (draft or s != "speculative")]
     table = summarise(run(generator, names, max_new_tokens, window, repeats))
     click.echo(f"\n{len(PROMPTS)} chat prompts x {repeats}, {max_new_tokens} new tokens, medians:")

@@ -35,7 +35,7 @@ def main(artifact, limit, new_tokens, threads, strategy):
     from jacobi_rt.runtime import Generator
     from jacobi_rt.tools.bench import load_prompts
 
-    gens = {g: Generator.load(artifact, threads=threads, graph=g) for g in ("portable", "inplace")}
+    gens = {g: Generator.load(artifact, threads=threads, graph=g, prefix_cache=False) for g in ("portable", "inplace")}
     rates: dict[str, list[float]] = {g: [] for g in gens}
     identical = 0
     prompts = load_prompts(limit=limit)

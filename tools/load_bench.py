@@ -178,9 +178,9 @@ def run_level(url: str, level: Level, prompts: list[dict], requests: int, second
 @contextmanager
 def local_server(artifact: str, queue: int, threads: int | None, api_key: str | None,
                  max_batch: int | None = None, ray_replicas: int | None = None,
-                 batch_context: int | None = None) -> Iterator[str]:
+                 batch_context: int | None = None, extra: list[str] = ()) -> Iterator[str]:
     """`jacobi-rt serve ARTIFACT` in a child process on a free loopback port; yields its URL.
-    ray_replicas: `--ray --replicas N` (a local Ray instance, stopped with the server)."""
+    ray_replicas: `--ray --replicas N` (a local Ray instance, stopped with the server); extra: more options."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -192,6 +192,7 @@ def local_server(artifact: str, queue: int, threads: int | None, api_key: str | 
         command += ["--max-batch", str(max_batch)] + (["--batch-context", str(batch_context)] if batch_context else [])
     if ray_replicas:
         command += ["--ray", "--replicas", str(ray_replicas)]
+    command += list(extra)
     env = {**os.environ, **({"JACOBI_RT_API_KEY": api_key} if api_key else {})}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -286,12 +287,15 @@ def _names(text: str) -> list[str]:
                    "offline (its best case), greedy, --max-tokens each.")
 @click.option("--ray", "ray_replicas", type=click.IntRange(1), default=None,
               help="Start the server on Ray Serve with this many replicas (`--ray --replicas N`, each --threads CPUs).")
+@click.option("--prefix-cache/--no-prefix-cache", default=False, show_default=True,
+              help="The started server's prefix cache. Off by default: the bench sends the bundled prompts again and "
+                   "again, and a cached prompt would skip its prefill (tools/chat_bench.py measures the cache).")
 @click.option("--queue", type=click.IntRange(0), default=64, show_default=True, help="The started server's --queue.")
 @click.option("--threads", type=click.IntRange(1), default=None, help="The started server's --threads (default: its own).")
 @click.option("--api-key", envvar="JACOBI_RT_API_KEY", default=None, help="Sent as a bearer token (and required by a started server).")
 @click.option("--out", type=click.Path(dir_okay=False), default="build/load_bench.json", show_default=True, help="JSON results.")
 def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, strategies, stream_requests, stream_max_tokens,
-         max_batch, batch_context, baseline, prompt_tokens, ortgenai, ray_replicas, queue, threads, api_key, out):
+         max_batch, batch_context, baseline, prompt_tokens, ortgenai, ray_replicas, prefix_cache, queue, threads, api_key, out):
     """Load-test an OpenAI-compatible jacobi-rt server on loopback (ARTIFACT: start one; or --url)."""
     from tqdm import tqdm
 
@@ -311,7 +315,8 @@ def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, stra
         mine = [Level(f"{tag}load x{c}", c, strategy, max_tokens) for c in counts]
         mine += [Level(f"{tag}stream {s}", 1, s, stream_max_tokens) for s in compare]
         budgets = [c * per_client for c in counts] + [stream_requests] * len(compare)
-        server = local_server(artifact, queue, threads, api_key, batch, ray_replicas, batch_context) if url is None else _existing(url)
+        extra = [] if prefix_cache else ["--no-prefix-cache"]
+        server = local_server(artifact, queue, threads, api_key, batch, ray_replicas, batch_context, extra) if url is None else _existing(url)
         with server as base:
             warm = Level("warm-up", 1, strategy, 4)
             run_level(base, warm, prompts, 1, seconds, api_key, _NoBar())

@@ -30,8 +30,8 @@ def main(artifact, strategies, limit, new_tokens, threads):
     from jacobi_rt.runtime.backends.exact_rows import cpu
     from jacobi_rt.tools.bench import load_prompts, prompt_ids
 
-    modes = {"checked": Generator.load(artifact, threads=threads, verify=False),
-             "padded": Generator.load(artifact, threads=threads, verify=False)}
+    modes = {"checked": Generator.load(artifact, threads=threads, verify=False, prefix_cache=False),
+             "padded": Generator.load(artifact, threads=threads, verify=False, prefix_cache=False)}
     modes["padded"].backend.pad_rows = True
     names = ["greedy"] + [s.strip() for s in strategies.split(",") if s.strip() not in ("", "greedy")]  # greedy first
     rates = {(m, s): [] for m in modes for s in names}

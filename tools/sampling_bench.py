@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(args.artifact, threads=args.threads, verify=False)
+    generator = Generator.load(args.artifact, threads=args.threads, verify=False, prefix_cache=False)
     lines, logits = pass_costs(generator, args.past, [1, 8, 16], args.repeats)
     print(f"One pass after {args.past} cached tokens, median ms of {args.repeats}:\n")
     print("| window | greedy ids only | + logits to host | logits cost |\n|---|---|---|---|")

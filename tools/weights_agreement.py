@@ -53,8 +53,8 @@ def logits_of(sess, ids: list[int]) -> np.ndarray:
 def compare(reference: Path, candidate: Path, prompts: list[dict], new_tokens: int, threads: int) -> dict:
     from jacobi_rt.runtime import Generator
 
-    ref_gen = Generator.load(reference, threads=threads)
-    cand_gen = Generator.load(candidate, threads=threads)
+    ref_gen = Generator.load(reference, threads=threads, prefix_cache=False)
+    cand_gen = Generator.load(candidate, threads=threads, prefix_cache=False)
     ref_sess, cand_sess = session(reference, threads), session(candidate, threads)
     agree = total = identical = 0
     rows = []
