@@ -29,11 +29,12 @@ import math
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Sequence
 
 import numpy as np
 
+from .allocator import Guess, Offer
 from .errors import InputError, JacobiError, require
 
 LLGUIDANCE_HINT = 'pip install "jacobi-rt[structured]" (or: pip install llguidance)'
@@ -303,6 +304,30 @@ class Matcher:
         self._rollback(stop)
         return stop + 1 if complete else stop
 
+    def constrain(self, offer: Offer) -> Offer:
+        """A proposer's offer as a constrained row may send it (runtime/allocator.py decides how much).
+
+        The forced run comes first, as a guess right with chance 1; a guess whose tokens are known is
+        cut to what the grammar accepts, dropped if it leaves the forced run (the model took every
+        forced token in the extraction runs), and keeps its own acceptances past the run when it
+        follows it. A guess made later (tokens None: a draft's chain) passes as it is: `cut` it once
+        it exists."""
+        forced = tuple(self.forced())
+        guesses: list[Guess] = []
+        for guess in offer.guesses:
+            if guess.tokens is None:
+                guesses.append(guess)
+                continue
+            tokens = tuple(guess.tokens[: self.cut(guess.tokens)])
+            shared = _common(tokens, forced)
+            if not tokens or shared < min(len(tokens), len(forced)):
+                continue
+            guesses.append(replace(guess, tokens=tokens, accept=(1.0,) * shared + guess.accept[shared : len(tokens)]))
+        if forced and not any(g.tokens is not None and len(g.tokens) >= len(forced) for g in guesses):
+            # the known guesses left are prefixes of the run: it replaces them
+            guesses = [Guess(accept=(1.0,) * len(forced), tokens=forced, margin=0.0), *(g for g in guesses if g.tokens is None)]
+        return replace(offer, guesses=tuple(guesses))
+
     def mask(self) -> np.ndarray:
         """int32 [words]: the tokens allowed next (one row; for a one-token pass)."""
         return self.masks([0], [-1]).bits[0]
@@ -368,3 +393,10 @@ class Matcher:
     def _rollback(self, n: int) -> None:
         if n and not self._m.rollback(n):
             raise ConstraintError(f"llguidance could not roll back {n} tokens: {self._m.get_error()}")
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

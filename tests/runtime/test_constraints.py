@@ -139,3 +139,33 @@ def test_choice_and_regex_masks(smollm2_tokens):
     assert matcher.cost.windows == 0  # cut and forced compute no mask
     matcher.masks([0], [-1])
     assert matcher.cost.windows == 1 and matcher.cost.rows == 1 and matcher.cost.seconds > 0
+
+
+def test_an_offer_under_a_constraint(smollm2_tokens):
+    """The forced run is offered as a guess right with chance 1; known guesses are cut to the grammar,
+    those leaving the forced run are dropped, those following it keep their acceptances past it."""
+    from jacobi_rt.runtime.allocator import Guess, Offer, allocate
+
+    tokenizer, bridge = smollm2_tokens
+    matcher = bridge.matcher(Constraint.json_schema(SCHEMA))
+    forced = matcher.forced()
+    assert bridge.text(forced) == '{"name":'
+    follows = tokenizer.encode('{"name": "Rex", "age"', add_special_tokens=False)
+    assert follows[: len(forced)] == forced
+    # the same bytes in other tokens: grammatical, but not the run the grammar forces
+    leaves = tokenizer.encode("{", add_special_tokens=False) + tokenizer.encode('"name": "Rex"', add_special_tokens=False)
+    assert matcher.cut(leaves) == len(leaves) and leaves[0] != forced[0]
+    wrong = tokenizer.encode("hello", add_special_tokens=False)
+    draft = Guess(accept=(0.5, 0.5), tokens=None, cost=0.1)
+    offer = Offer((Guess((0.4,) * len(follows), tuple(follows)), Guess((0.9,) * len(leaves), tuple(leaves)),
+                   Guess((0.9,) * len(wrong), tuple(wrong)), draft), branches=2)
+    constrained = matcher.constrain(offer)
+    kept, made = constrained.guesses
+    assert kept.tokens == tuple(follows) and kept.accept == (1.0,) * len(forced) + (0.4,) * (len(follows) - len(forced))
+    assert made is draft
+    alone = matcher.constrain(Offer((Guess((0.9,), tuple(forced[:1])),)))
+    assert [g.tokens for g in alone.guesses] == [tuple(forced)] and alone.guesses[0].accept == (1.0,) * len(forced)
+    picks = allocate(alone, 15, lambda width: 1 + 0.08 * (width - 1)).picks
+    assert picks == [(0, len(forced))]  # sent whole: expected len + 1 tokens for about one pass
+    matcher.commit(follows[:-1])
+    assert matcher.constrain(Offer()).guesses == () or matcher.forced()
