@@ -88,3 +88,19 @@ def test_smollm2_extraction_outputs_validate(loaded):
             out = constrained_decode(backend, prompt, bridge.matcher(Constraint.json_schema(item.schema)), 320, sampling)
             assert out.finish_reason == "eos", (item.id, text_of(out, bridge))
             jsonschema.validate(json.loads(text_of(out, bridge)), item.schema)
+
+
+@pytest.mark.parametrize("sampling", [None, SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=0.7, top_k=20, seed=6)])
+def test_tree_windows_with_forced_guesses_equal_the_oracle(loaded, sampling):
+    """Phase 1's interface is enough for exact constrained tree decoding: forced runs and Jacobi
+    guesses in one window, each row under its own mask, give one-token decoding's tokens."""
+    from constrained import constrained_tree_decode
+
+    backend, tokenizer, bridge = loaded("llama")
+    prompt = tokenizer.encode("hello there", add_special_tokens=False)
+    for constraint in (Constraint.json_schema(SCHEMA), Constraint.regex(r"(ab|cd)[0-9]{2,6}-[a-z]{3,9}"),
+                       Constraint.choice(["north-north-west", "south", "north-east"])):
+        oracle = constrained_decode(backend, prompt, bridge.matcher(constraint), 120, sampling)
+        tree = constrained_tree_decode(backend, prompt, bridge.matcher(constraint), 120, sampling)
+        assert tree.ids == oracle.ids and tree.finish_reason == oracle.finish_reason, constraint.kind
+        assert tree.passes < len(tree.ids)
