@@ -34,7 +34,7 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from .allocator import Guess, Offer
+from .allocator import Allocation, Guess, Offer
 from .errors import InputError, JacobiError, require
 
 LLGUIDANCE_HINT = 'pip install "jacobi-rt[structured]" (or: pip install llguidance)'
@@ -253,6 +253,27 @@ class MaskCost:
         return 1e3 * self.seconds / self.rows if self.rows else math.nan
 
 
+@dataclass(frozen=True)
+class ConstrainedOffer:
+    """An offer under a constraint: what the allocator sees, and where each of its guesses came from."""
+
+    offer: Offer
+    origin: tuple[int | None, ...]  # per guess: its index in the proposer's offer; None: the forced run
+    forced: tuple[int, ...]  # the tokens the grammar forces next
+
+    def split(self, allocation: Allocation) -> tuple[list[int], Allocation]:
+        """(the forced tokens the pass sends, the rest as an allocation of the proposer's own offer,
+        for its `take`)."""
+        forced: list[int] = []
+        picks = []
+        for index, n in allocation.picks:
+            if self.origin[index] is None:
+                forced = list(self.forced[:n])
+            else:
+                picks.append((self.origin[index], n))
+        return forced, replace(allocation, picks=picks)
+
+
 class Matcher:
     """The grammar's state after a generation's committed tokens. Not thread-safe: one per row.
 
@@ -304,7 +325,7 @@ class Matcher:
         self._rollback(stop)
         return stop + 1 if complete else stop
 
-    def constrain(self, offer: Offer) -> Offer:
+    def constrain(self, offer: Offer) -> "ConstrainedOffer":
         """A proposer's offer as a constrained row may send it (runtime/allocator.py decides how much).
 
         The forced run comes first, as a guess right with chance 1; a guess whose tokens are known is
@@ -314,19 +335,22 @@ class Matcher:
         it exists."""
         forced = tuple(self.forced())
         guesses: list[Guess] = []
-        for guess in offer.guesses:
-            if guess.tokens is None:
-                guesses.append(guess)
-                continue
-            tokens = tuple(guess.tokens[: self.cut(guess.tokens)])
-            shared = _common(tokens, forced)
-            if not tokens or shared < min(len(tokens), len(forced)):
-                continue
-            guesses.append(replace(guess, tokens=tokens, accept=(1.0,) * shared + guess.accept[shared : len(tokens)]))
+        origin: list[int | None] = []
+        for index, guess in enumerate(offer.guesses):
+            if guess.tokens is not None:
+                tokens = tuple(guess.tokens[: self.cut(guess.tokens)])
+                shared = _common(tokens, forced)
+                if not tokens or shared < min(len(tokens), len(forced)):
+                    continue
+                guess = replace(guess, tokens=tokens, accept=(1.0,) * shared + guess.accept[shared : len(tokens)])
+            guesses.append(guess)
+            origin.append(index)
         if forced and not any(g.tokens is not None and len(g.tokens) >= len(forced) for g in guesses):
             # the known guesses left are prefixes of the run: it replaces them
-            guesses = [Guess(accept=(1.0,) * len(forced), tokens=forced, margin=0.0), *(g for g in guesses if g.tokens is None)]
-        return replace(offer, guesses=tuple(guesses))
+            kept = [i for i, g in enumerate(guesses) if g.tokens is None]
+            guesses = [Guess(accept=(1.0,) * len(forced), tokens=forced, margin=0.0), *(guesses[i] for i in kept)]
+            origin = [None, *(origin[i] for i in kept)]
+        return ConstrainedOffer(replace(offer, guesses=tuple(guesses)), tuple(origin), forced)
 
     def mask(self) -> np.ndarray:
         """int32 [words]: the tokens allowed next (one row; for a one-token pass)."""

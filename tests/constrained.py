@@ -26,6 +26,7 @@ class Constrained:
     forced_offers: int = 0  # positions where the grammar forced a token
     forced_runs: list[tuple[int, int]] = field(default_factory=list)  # (forced run's length, tokens of it picked)
     mask_seconds: list[float] = field(default_factory=list)  # one per pass
+    greedy_refused: int = 0  # passes whose unconstrained greedy id the grammar refused (the logits were needed)
 
 
 def constrained_decode(backend, prompt: list[int], matcher: Matcher, max_new_tokens: int,
@@ -43,6 +44,7 @@ def constrained_decode(backend, prompt: list[int], matcher: Matcher, max_new_tok
             masks = matcher.masks([prompt[-1] if not out.ids else out.ids[-1]], [-1])
             out.mask_seconds.append(masks.seconds)
             allowed = masks.allowed(0)
+            out.greedy_refused += not allowed[greedy]
             if sampler is None:
                 token = masked_greedy(logits, greedy, allowed)
             else:
@@ -114,7 +116,7 @@ def constrained_tree_decode(backend, prompt: list[int], matcher: Matcher, max_ne
                 return run
             forced = matcher.forced()
             offer = matcher.constrain(Offer((Guess((0.5,) * len(tail), tuple(tail)),) if tail else ()))
-            branches = [list(g.tokens) for g in offer.guesses]
+            branches = [list(g.tokens) for g in offer.offer.guesses]
             alone = tail[: matcher.cut(tail)]
             if forced and alone and alone[: len(forced)] != forced:
                 branches.append(alone)  # a second branch, so that trees are exercised too

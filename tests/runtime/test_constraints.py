@@ -160,12 +160,16 @@ def test_an_offer_under_a_constraint(smollm2_tokens):
     offer = Offer((Guess((0.4,) * len(follows), tuple(follows)), Guess((0.9,) * len(leaves), tuple(leaves)),
                    Guess((0.9,) * len(wrong), tuple(wrong)), draft), branches=2)
     constrained = matcher.constrain(offer)
-    kept, made = constrained.guesses
+    kept, made = constrained.offer.guesses
+    assert constrained.origin == (0, 3) and constrained.forced == tuple(forced)
     assert kept.tokens == tuple(follows) and kept.accept == (1.0,) * len(forced) + (0.4,) * (len(follows) - len(forced))
     assert made is draft
-    alone = matcher.constrain(Offer((Guess((0.9,), tuple(forced[:1])),)))
-    assert [g.tokens for g in alone.guesses] == [tuple(forced)] and alone.guesses[0].accept == (1.0,) * len(forced)
-    picks = allocate(alone, 15, lambda width: 1 + 0.08 * (width - 1)).picks
-    assert picks == [(0, len(forced))]  # sent whole: expected len + 1 tokens for about one pass
+    alone = matcher.constrain(Offer((Guess((0.9,), tuple(forced[:1])), draft), branches=2))
+    assert [g.tokens for g in alone.offer.guesses] == [tuple(forced), None] and alone.origin == (None, 1)
+    assert alone.offer.guesses[0].accept == (1.0,) * len(forced)
+    allocation = allocate(alone.offer, 15, lambda width: 1 + 0.08 * (width - 1))
+    assert allocation.picks[0] == (0, len(forced))  # sent whole: expected len + 1 tokens for about one pass
+    sent, own = alone.split(allocation)
+    assert sent == forced and [i for i, _ in own.picks] == [1][: len(own.picks)]  # the draft, by its own index
     matcher.commit(follows[:-1])
-    assert matcher.constrain(Offer()).guesses == () or matcher.forced()
+    assert matcher.constrain(Offer()).offer.guesses == () or matcher.forced()
