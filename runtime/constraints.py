@@ -97,6 +97,22 @@ class Constraint:
     def lark(cls, grammar: str, where: str = "grammar") -> "Constraint":
         return cls("grammar", grammar, where)
 
+    @classmethod
+    def from_response_format(cls, value: dict, where: str = "response_format") -> "Constraint | None":
+        """OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"}, or {"type": "json_schema",
+        "json_schema": {"name": ..., "schema": {...}}} (the server checks its other fields: server/structured.py)."""
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls.json_object(where)
+        if kind == "json_schema":
+            spec = value.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise InputError(f'{where}.json_schema: expected an object like {{"name": "answer", "schema": {{...}}}}')
+            return cls.json_schema(spec["schema"], f"{where}.json_schema.schema")
+        raise InputError(f'{where}: expected {{"type": "text" | "json_object" | "json_schema", ...}}, not {value!r}')
+
 
 def _checked_value(kind: str, value: Any, where: str) -> Any:
     """The value in its stored form (choice: a tuple), or an InputError saying what is wrong."""
@@ -247,6 +263,8 @@ class MaskCost:
     seconds: float = 0.0
     rows: int = 0  # mask rows computed (live nodes)
     windows: int = 0  # calls of masks()
+    forced_sent: int = 0  # forced tokens put in windows (the engine counts them)
+    forced_committed: int = 0  # of those, committed
 
     @property
     def per_row_ms(self) -> float:
