@@ -4,9 +4,9 @@ Nothing that would change the output is silently ignored: a declared field jacob
 yet (logit_bias, best_of, echo, suffix) is refused with a 400 that says so, and so is any field the
 models below do not declare (guided_json, grammar, functions ...), naming the field. The fields that
 constrain the output (response_format, structured_outputs, tools with tool_choice) are parsed into
-`GenerationCall.constraint` by server/structured.py, and refused unless the caller passes
-`allow_constraints=True` (the engine that honours them comes with issue 22's integration). Only the fields in IGNORED_FIELDS, which cannot change the output, are accepted
-and ignored. To support a field: declare it on a model, use it, and take it out of NOT_YET_SUPPORTED.
+`GenerationCall.params.constraint` (and `tools`, how a reply presents a tool call) by server/structured.py;
+the app parses with `allow_constraints=True` (False refuses them, as a server that cannot honour them
+must). Only the fields in IGNORED_FIELDS, which cannot change the output, are accepted and ignored. To support a field: declare it on a model, use it, and take it out of NOT_YET_SUPPORTED.
 Messages are checked as OpenAI checks them: a known role, and content that is a string or a
 non-empty list of text parts.
 """
@@ -164,6 +164,10 @@ class GenerationCall:
     user: str | None = None
     seeds: list[int | None] = field(default_factory=lambda: [None])  # one per choice (n); None: greedy
     tools: ToolCalls | None = None  # chat with tool_choice: how the reply presents the constrained output
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return self.params.constraint
 
     @property
     def prompt_param(self) -> str:
