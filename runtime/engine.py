@@ -206,7 +206,8 @@ class Row:
             return list(range(n))
         masks = None if self.matcher is None else self.matcher.masks([self.prompt[-1]], [-1])
         if self.sampling:
-            first = self.sampler.sample(logits[n - 1], self.prompt, len(self.prompt), None if masks is None else masks.allowed(0))
+            allowed = () if masks is None else (masks.allowed(0),)
+            first = self.sampler.sample(logits[n - 1], self.prompt, len(self.prompt), *allowed)
             self.sampler.record(logits[n - 1], first)
             self.history = [*self.prompt, first]
         elif masks is not None:
@@ -271,8 +272,10 @@ def sampled_predictions(sampler: Sampler, logits: np.ndarray, tokens: list[int],
         path = [] if parent < 0 else [*paths[parent], tokens[node]]
         paths.append(path)
         prefix = history + path
-        allowed = masks.allowed(node) if masks is not None and masks.live[node] else None
-        predictions.append(sampler.sample(logits[node], prefix, len(prefix), allowed))
+        if masks is not None and masks.live[node]:
+            predictions.append(sampler.sample(logits[node], prefix, len(prefix), masks.allowed(node)))
+        else:
+            predictions.append(sampler.sample(logits[node], prefix, len(prefix)))
     return predictions
 
 
