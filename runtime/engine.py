@@ -20,6 +20,11 @@ A lone `Generator.generate()` runs `run_alone` in the caller's thread; `Generato
 `Engine.start()`'s thread for every caller. Every committed token is the target's own prediction
 given its prefix, so each row equals its own one-token decoding (greedy, or seeded sampling).
 
+A constrained row (structured output, runtime/constraints.py) offers the tokens its grammar forces as a
+guess right with chance 1 (its proposer's guesses cut to the grammar, continuing the run when they
+follow it), masks each node's pick with the grammar's state after that node's prefix, and asks for
+logits; its pick at each node is one-token constrained decoding's, so it stays exact too.
+
 A pass, one row, lookahead (last committed token "a", a guess "b c d" and a side branch "b e"):
 
     window   a  b  c  d  e       positions  L  L+1 L+2 L+3 L+2     (L: the row's length)
@@ -43,11 +48,12 @@ import numpy as np
 
 from .allocator import Offer, allocate
 from .backends.base import Backend, BackendContext
+from .constraints import ConstrainedOffer, Masks, Matcher
 from .errors import BackendError, InputError
 from .passes import pass_result
 from .prefix_cache import PrefixCache
 from .proposers import Proposer, close_state, observe_costs, own_cost
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, masked_greedy
 from .scheduler import Bid, PassBudget
 from .tree import Tree, build_tree
 from .windows import AdaptiveWindow, FixedWindow
@@ -73,21 +79,25 @@ class Planned:
     tokens: list[int]
     positions: np.ndarray  # absolute positions [w]
     mask: np.ndarray  # bool [w, w]
-    logits: bool  # the row samples from this pass's logits
+    logits: bool  # the row samples (or picks under a constraint) from this pass's logits
     tree: Tree | None = None  # a decoding window (None: a prompt chunk)
 
 
 class Row:
     """One generation: its prompt, proposer, sampler, limits, slot, and committed tokens (`tokens`: a queue
-    of each pass's committed tokens, [] for a prompt chunk, then END)."""
+    of each pass's committed tokens, [] for a prompt chunk, then END). `matcher`: the grammar the output
+    must follow (runtime.constraints; None: free text)."""
 
     def __init__(self, prompt: list[int], max_new_tokens: int, proposer: Proposer, sampler: Sampler | None,
-                 window: int | FixedWindow | AdaptiveWindow, eos_ids: set[int], max_context: int):
+                 window: int | FixedWindow | AdaptiveWindow, eos_ids: set[int], max_context: int,
+                 matcher: Matcher | None = None):
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.proposer = proposer
         self.sampler = sampler or Sampler(SamplingParams(), len(prompt))
         self.sampling = not self.sampler.greedy  # logits reach the host and the sampler picks
+        self.matcher = matcher
+        self.wants_logits = self.sampling or matcher is not None  # a constrained pick may not be the in-graph one
         self.policy = FixedWindow(window) if isinstance(window, int) else window
         self.eos_ids = eos_ids
         self.max_context = max_context
@@ -106,7 +116,10 @@ class Row:
         self.cancelled = threading.Event()
         self.admitted_at = self.first_token_at = None  # engine clock
         self._want = 1
-        self._offer = Offer()  # the proposer's offer for the next pass
+        self._offer = Offer()  # the proposer's offer for the next pass (a constrained row's: with the forced run)
+        self._constrained: ConstrainedOffer | None = None  # where a constrained offer's guesses came from
+        self._masks: Masks | None = None  # a constrained row's masks for the planned window
+        self._forced_nodes = 0  # of the planned window: the forced run's nodes (1..F)
         self._planned: Planned | None = None
 
     @property
@@ -122,6 +135,9 @@ class Row:
         room = self.max_context - 1 - length
         self._want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
         self._offer = self.proposer.offer(self._want - 1)
+        if self.matcher is not None:  # the forced run as a sure guess; the proposer's guesses cut to the grammar
+            self._constrained = self.matcher.constrain(self._offer) if self._want > 1 else ConstrainedOffer(Offer(), (), ())
+            self._offer = self._constrained.offer
         return Bid(self._want, self._offer, own_cost(self.proposer))
 
     def plan(self, width: int, length: int) -> Planned:
@@ -130,13 +146,23 @@ class Row:
             piece = self.prompt[self.fed : self.fed + width]
             last_chunk = self.fed + len(piece) >= len(self.prompt)
             planned = Planned(piece, length + np.arange(len(piece), dtype=np.int64), _tril(len(piece)),
-                              last_chunk and self.sampling)
+                              last_chunk and self.wants_logits)
         else:
             w = min(self._want, width)
-            guesses = self.proposer.take(allocate(self._offer, w - 1, own_cost(self.proposer)), w - 1)
+            allocation = allocate(self._offer, w - 1, own_cost(self.proposer))
+            if self.matcher is None:
+                guesses = self.proposer.take(allocation, w - 1)
+            else:
+                forced, own = self._constrained.split(allocation)
+                taken = [g[: self.matcher.cut(g)] for g in self.proposer.take(own, w - 1)]  # a draft's chain is cut here
+                guesses = [g for g in [forced, *taken] if g]
             tree = build_tree(self.last, guesses, max_nodes=w)
+            if self.matcher is not None:
+                self._masks = self.matcher.masks(tree.tokens, tree.parents)
+                self._forced_nodes = min(len(forced), w - 1)  # nodes 1..F: the forced run, the tree's first chain
+                self.matcher.cost.forced_sent += self._forced_nodes
             planned = Planned(tree.tokens, length + np.asarray(tree.positions, dtype=np.int64), tree.window_mask,
-                              self.sampling, tree)
+                              self.wants_logits, tree)
         self._planned = planned
         return planned
 
@@ -149,9 +175,11 @@ class Row:
         planned, self._planned = self._planned, None
         if planned.tree is None:
             return self._settle_prefill(planned, greedy, logits)
-        tree = planned.tree
+        tree, masks, self._masks = planned.tree, self._masks, None
         if self.sampling:
-            predictions = sampled_predictions(self.sampler, logits, tree.tokens, tree.parents, self.history)
+            predictions = sampled_predictions(self.sampler, logits, tree.tokens, tree.parents, self.history, masks)
+        elif masks is not None:
+            predictions = [masked_pick(masks, i, logits[i], int(g)) for i, g in enumerate(greedy)]
         else:
             predictions = greedy.tolist()
         verdict = tree.accept(predictions)  # the walk down the target's own predictions
@@ -164,6 +192,8 @@ class Row:
         self.proposer.update(result)
         self.policy.observe(result)
         new = verdict.committed
+        if self.matcher is not None:
+            new = self._constrained_commit(new, verdict.path)
         self.last = new[-1]
         self.produced += len(new)
         self.progress.target_passes += 1
@@ -178,18 +208,41 @@ class Row:
         if self.fed < len(self.prompt):
             self.tokens.put([])  # the caller gets control between prefill passes
             return list(range(n))
+        masks = None if self.matcher is None else self.matcher.masks([self.prompt[-1]], [-1])
         if self.sampling:
-            first = self.sampler.sample(logits[n - 1], self.prompt, len(self.prompt))
+            allowed = () if masks is None else (masks.allowed(0),)
+            first = self.sampler.sample(logits[n - 1], self.prompt, len(self.prompt), *allowed)
             self.sampler.record(logits[n - 1], first)
             self.history = [*self.prompt, first]
+        elif masks is not None:
+            first = masked_pick(masks, 0, logits[n - 1], int(greedy[n - 1]))
         else:
             first = int(greedy[n - 1])
         self.proposer.use_sampler(self.sampler if self.sampling else None)
         self.proposer.start(self.prompt, first)
-        self.last = first
-        self.produced = 1
-        self._emit([first], len(self.prompt))
+        new = [first] if self.matcher is None else self._constrained_commit([first], [])
+        self.last = new[-1]
+        self.produced = len(new)
+        self._emit(new, len(self.prompt))
         return list(range(n))
+
+    def _constrained_commit(self, new: list[int], path: list[int]) -> list[int]:
+        """Advance the grammar past the committed tokens (through the first EOS). Where the grammar then
+        allows nothing but the one EOS, that EOS is committed now, without a pass (the pick a pass would
+        make; not when logprobs are recorded, which need its logits)."""
+        cut = next((i for i, t in enumerate(new) if t in self.eos_ids), len(new) - 1)
+        new = new[: cut + 1]
+        self.matcher.commit(new)
+        self.matcher.cost.forced_committed += sum(1 for node in path if node <= self._forced_nodes)
+        m = self.matcher
+        if (m.finished and not m.ended and len(self.eos_ids) == 1 and self.produced + len(new) < self.max_new_tokens
+                and self.sampler.params.logprobs is None):
+            eos = next(iter(self.eos_ids))
+            m.commit([eos])
+            new = [*new, eos]
+            if self.history is not None:
+                self.history.append(eos)
+        return new
 
     def _emit(self, new: list[int], length: int) -> None:
         """Send the pass's tokens; finish on EOS (tokens after it are dropped), max_new_tokens or the context."""
@@ -215,17 +268,29 @@ class Row:
 
 
 def sampled_predictions(sampler: Sampler, logits: np.ndarray, tokens: list[int], parents: list[int],
-                        history: list[int]) -> list[int]:
+                        history: list[int], masks: Masks | None = None) -> list[int]:
     """The token sampled at each window node: node i's prefix is the history and its ancestors' tokens
-    below the root plus its own, its position len(history) + depth (the root is history[-1])."""
+    below the root plus its own, its position len(history) + depth (the root is history[-1]). With
+    `masks` (a constrained row), each live node samples among the tokens its mask allows."""
     paths: list[list[int]] = []
     predictions = []
     for node, parent in enumerate(parents):
         path = [] if parent < 0 else [*paths[parent], tokens[node]]
         paths.append(path)
         prefix = history + path
-        predictions.append(sampler.sample(logits[node], prefix, len(prefix)))
+        if masks is not None and masks.live[node]:
+            predictions.append(sampler.sample(logits[node], prefix, len(prefix), masks.allowed(node)))
+        else:
+            predictions.append(sampler.sample(logits[node], prefix, len(prefix)))
     return predictions
+
+
+def masked_pick(masks: Masks, node: int, logits: np.ndarray, greedy_id: int) -> int:
+    """Constrained greedy's pick at `node`: the in-graph greedy id when the mask allows it (no unpacking),
+    else the most likely allowed token; a dead node's (never reached by the accept walk) is the greedy id."""
+    if not masks.live[node] or masks.allows(node, greedy_id):
+        return greedy_id
+    return masked_greedy(logits, greedy_id, masks.allowed(node))
 
 
 @dataclass

@@ -16,6 +16,7 @@ import numpy as np
 from .acceptance import AcceptanceTracker, PassCosts
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
 from .config import DEFAULTS, DecodingConfig, changed_fields
+from .constraints import GrammarTokenizer, Matcher, grammar_tokenizer
 from .engine import END, Engine, Row, run_alone
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
@@ -53,6 +54,7 @@ class Stats:
     seed: int | None = None  # the sampling seed (drawn when none was given); None when decoding greedily
     exactness: str = ""  # how this CPU keeps windows exact (runtime/backends/exact_rows.py): native, padded, greedy, ...
     cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held (not prefilled)
+    constraint: dict | None = None  # a constrained output's kind, mask seconds and rows, forced tokens sent and committed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,6 +86,7 @@ class Request:
     sampling: SamplingParams = SamplingParams()
     config: DecodingConfig = DEFAULTS  # the generator's, with the request's overrides
     exactness: str = ""  # the backend's exact_rows mode when the request was made
+    matcher: Matcher | None = None  # the grammar's state for this request's output (params.constraint)
 
 
 class TextStream:
@@ -228,7 +231,10 @@ class Generator:
         "auto" (the default: lookahead, plus the draft when one is loaded). `window` caps the widest pass;
         jacobi_tail (speculative, auto's draft arm): the target's predictions past the first rejected guess
         seed the draft's next window. config: the call's decoding tuning (runtime.config.DecodingConfig, or a
-        mapping of the fields to change; ENGINE_FIELDS are refused here). The tokens are those of
+        mapping of the fields to change; ENGINE_FIELDS are refused here). response_format (OpenAI's dict) or
+        constraint (runtime.constraints.Constraint): the output follows a JSON schema, a regex, a choice or a
+        grammar, the grammar's forced tokens sent as guesses; one that cannot finish within max_new_tokens
+        ends with finish_reason "length" (Stats.constraint["complete"] False). The tokens are those of
         strategy="greedy" (one token a pass) with the same sampling, whatever the strategy and options;
         temperature > 0 samples (seed drawn when left out: Stats.seed).
         """
@@ -353,7 +359,13 @@ class Generator:
             sampling=sampling,
             config=replace(decoding, window=window, jacobi_tail=tail),
             exactness=self.backend.rows.mode,
+            matcher=None if params.constraint is None else self.grammars().matcher(params.constraint),
         )
+
+    def grammars(self) -> GrammarTokenizer:
+        """llguidance's view of this artifact's vocabulary (runtime.constraints), built on first use
+        (~0.3 s for 49,152 tokens) and shared by every constrained request."""
+        return grammar_tokenizer(self.tokenizer, self.manifest.architecture.vocab_size, self.manifest.tokens.eos_ids)
 
     def _overrides(self, config: Overrides) -> dict[str, Any]:
         """A request's config as the fields it changes from this generator's."""
@@ -469,7 +481,7 @@ class Generator:
     def _row(self, request: Request, capacity: int, max_context: int) -> Row:
         sampler = Sampler(request.sampling, len(request.prompt_ids))
         return Row(request.prompt_ids, request.max_new_tokens, self._proposer(request, capacity), sampler,
-                   _policy(request), set(self.manifest.tokens.eos_ids), max_context)
+                   _policy(request), set(self.manifest.tokens.eos_ids), max_context, request.matcher)
 
     def _pieces(self, row: Row, request: Request, batches: Iterator[list[int]], started: float) -> Iterator[str]:
         """The row's text pieces ("" for a pass without text, so a caller can stop between passes); ends at
@@ -598,7 +610,14 @@ def _stats(request: Request, row: Row, new_tokens: int, started: float) -> Stats
         proposer=dict(row.proposer.stats),
         exactness=request.exactness,
         cached_tokens=row.cached,
+        constraint=None if row.matcher is None else _constraint_stats(row.matcher),
     )
+
+
+def _constraint_stats(matcher: Matcher) -> dict:
+    cost = matcher.cost
+    return {"mask_seconds": round(cost.seconds, 6), "mask_rows": cost.rows, "forced_sent": cost.forced_sent,
+            "forced_committed": cost.forced_committed, "complete": matcher.can_stop}
 
 
 def _check_ids(prompt, vocab: int) -> list[int]:

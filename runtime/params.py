@@ -2,11 +2,13 @@
 
 `Generator.generate`/`stream`/`start`/`generate_batch`, the CLI and the server all build one and hand
 it down whole: the length, the strategy and its window, stop strings, sampling (runtime.sampling),
-and the request's decoding tuning (runtime.config fields). Keywords build it too:
+what the output must match (runtime.constraints) and the request's decoding tuning (runtime.config
+fields). Keywords build it too:
 
     params = GenerationParams(max_new_tokens=64, strategy="lookahead", sampling=SamplingParams(temperature=0.7, seed=1))
     gen.generate("Hello", params=params)
     gen.generate("Hello", 64, strategy="lookahead", temperature=0.7, seed=1)   # the same request
+    gen.generate("Hello", response_format={"type": "json_object"})         # constraint=Constraint.json_object()
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .config import DecodingConfig
+from .constraints import Constraint
 from .errors import InputError
 from .sampling import SamplingParams
 
@@ -33,6 +36,7 @@ class GenerationParams:
     jacobi_tail: bool | None = None  # speculative: the target's predictions past a rejected guess seed the draft
     sampling: SamplingParams = field(default_factory=SamplingParams)
     config: Overrides = None  # DecodingConfig fields this request changes (runtime.config)
+    constraint: Constraint | None = None  # what the output must match (runtime.constraints); None: free text
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -47,6 +51,9 @@ class GenerationParams:
             raise InputError(f"jacobi_tail must be true or false, not {self.jacobi_tail!r}")
         if self.config is not None and not isinstance(self.config, (DecodingConfig, Mapping)):
             raise InputError(f"config must be a DecodingConfig or a mapping of its fields, not {self.config!r}")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise InputError(f"constraint must be a runtime.constraints.Constraint (or pass response_format=), "
+                             f"not {self.constraint!r}")
         if not isinstance(self.sampling, SamplingParams):
             raise InputError(f"sampling must be a SamplingParams, not {self.sampling!r}")
         object.__setattr__(self, "max_new_tokens", int(n))
@@ -55,8 +62,15 @@ class GenerationParams:
     @classmethod
     def of(cls, params: "GenerationParams | None" = None, **options) -> "GenerationParams":
         """`params` (default: all defaults) with `options` changed: this record's fields and SamplingParams'
-        (temperature, top_k, top_p, min_p, seed, penalties, logprobs ...); None leaves a field as it is."""
+        (temperature, top_k, top_p, min_p, seed, penalties, logprobs ...); None leaves a field as it is.
+        response_format: OpenAI's dict ({"type": "json_object"}, {"type": "json_schema", "json_schema":
+        {"schema": {...}}}), made into the constraint."""
         base = params or cls()
+        response_format = options.pop("response_format", None)
+        if response_format is not None:
+            if options.get("constraint") is not None:
+                raise InputError("pass either response_format or constraint, not both")
+            options["constraint"] = Constraint.from_response_format(response_format)
         if not isinstance(base, GenerationParams):
             raise InputError(f"params must be a GenerationParams, not {base!r}")
         own = [f.name for f in fields(cls) if f.name != "sampling"]

@@ -201,8 +201,13 @@ class Sampler:
             return self  # nothing is drawn: there is no noise to make independent
         return Sampler(self.params.with_seed((self.params.seed ^ 0x5DEECE66D) % 2**64), self.prompt_len)
 
-    def sample(self, logits: np.ndarray, prefix: Sequence[int], position: int) -> int:
-        """The token at absolute `position` after `prefix` (all tokens before it, prompt included)."""
+    def sample(self, logits: np.ndarray, prefix: Sequence[int], position: int, allowed: np.ndarray | None = None) -> int:
+        """The token at absolute `position` after `prefix` (all tokens before it, prompt included).
+
+        allowed: bool [vocab], the tokens a constraint allows there (runtime/constraints.Masks.allowed);
+        None: every token. The filters then see only the allowed tokens (top-p's mass is theirs)."""
+        if allowed is not None:
+            return self._sample_allowed(logits, prefix, position, allowed)
         p = self.params
         z = self.penalised(logits, prefix)
         if p.temperature == 0:
@@ -210,6 +215,20 @@ class Sampler:
         z /= p.temperature
         ids = survivors(z, p.top_k, p.top_p, p.min_p)
         return self._gumbel_max(z, ids, position)
+
+    def _sample_allowed(self, logits: np.ndarray, prefix: Sequence[int], position: int, allowed: np.ndarray) -> int:
+        # The same rule on the allowed tokens only: penalties, temperature, the filters over the allowed
+        # tokens' z, then argmax of z + g(s, t, i) with the unconstrained noise of each token id i.
+        p = self.params
+        ids = np.flatnonzero(allowed)
+        if not len(ids):
+            raise InputError("the constraint allows no token here")
+        z = self.penalised(logits, prefix)
+        if p.temperature == 0:
+            return int(ids[np.argmax(z[ids])])
+        z /= p.temperature
+        kept = survivors(z[ids], p.top_k, p.top_p, p.min_p)
+        return self._gumbel_max(z, ids if kept is None else ids[kept], position)
 
     def penalised(self, logits: np.ndarray, prefix: Sequence[int]) -> np.ndarray:
         """The logits as float64 after the penalties, which read only the tokens before the position."""
@@ -257,6 +276,18 @@ class Sampler:
         n = self.params.logprobs or 0
         best = _top_ids(logp, n) if n else np.empty(0, dtype=np.int64)
         return TokenLogprob(int(token), float(logp[token]), [(int(i), float(logp[i])) for i in best])
+
+
+def masked_greedy(logits: np.ndarray, greedy_id: int, allowed: np.ndarray) -> int:
+    """Greedy decoding under a constraint: the most likely allowed token (the first on ties, as ArgMax).
+
+    The in-graph greedy id is that token whenever it is allowed, so the logits are read only when it is not."""
+    if allowed[greedy_id]:
+        return int(greedy_id)
+    ids = np.flatnonzero(allowed)
+    if not len(ids):
+        raise InputError("the constraint allows no token here")
+    return int(ids[np.argmax(logits[ids])])
 
 
 def survivors(z: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray | None:

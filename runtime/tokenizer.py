@@ -25,6 +25,10 @@ class Tokenizer:
         template = info.get("chat_template")
         self.chat_template = (Path(folder) / template).read_text() if template else None
 
+    def json(self) -> str:
+        """The tokenizer as tokenizer.json's text (for libraries that build their own view of the vocabulary)."""
+        return self._tok.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 

@@ -3,7 +3,7 @@
 #  1. the export environment (torch, transformers, onnx, onnxruntime) exports the test artifacts
 #     and runs the exporter, tools and docs tests (the real SmolLM2-135M export included), plus
 #     the few runtime/server tests that need it (greedy vs transformers' generate; Ray Serve);
-#  2. a second, torch-free environment (`pip install ".[cpu,serve]"` only) runs the runtime,
+#  2. a second, torch-free environment (`pip install ".[cpu,serve,structured]"` only) runs the runtime,
 #     engine and server tests against those artifacts, proving they need no PyTorch. They run
 #     there only, not twice: a plain `pytest` in the export environment still runs everything.
 set -euo pipefail
@@ -30,5 +30,5 @@ echo "== runtime suite (torch-free environment)"
 lean="$here/.venv-runtime"
 python3 -m venv "$lean"
 "$lean/bin/python" -m pip install -q --upgrade pip
-"$lean/bin/python" -m pip install -q "$here[cpu,serve]" pytest httpx openai
+"$lean/bin/python" -m pip install -q "$here[cpu,serve,structured]" pytest httpx openai jsonschema
 JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime tests/engines tests/server "$@"

@@ -31,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -213,11 +214,11 @@ def _api_routes(server: Server) -> APIRouter:
 
     @router.post("/completions", summary="Continue a prompt (OpenAI completions)")
     async def completions(request: Request):
-        return await _generate(server, request, parse_completion, chat=False)
+        return await _generate(server, request, partial(parse_completion, allow_constraints=True), chat=False)
 
     @router.post("/chat/completions", summary="Answer chat messages (OpenAI chat completions)")
     async def chat_completions(request: Request):
-        return await _generate(server, request, parse_chat, chat=True)
+        return await _generate(server, request, partial(parse_chat, allow_constraints=True), chat=True)
 
     @router.get("/models", summary="The served model")
     async def models():
@@ -289,7 +290,8 @@ async def _generate(server: Server, request: Request, parse: Callable[[Any], Gen
     except BaseException:
         ticket.release()  # a no-op once the job holds it
         raise
-    reply = Reply(server.settings.model_id, chat, token_text=lambda token: server.generator.tokenizer.decode([token]))
+    reply = Reply(server.settings.model_id, chat, token_text=lambda token: server.generator.tokenizer.decode([token]),
+                  tools=call.tools)
     if call.stream:
         return StreamingResponse(_sse_events(run, reply, call.include_usage, len(call.seeds)), media_type="text/event-stream",
                                  headers=SSE_HEADERS)

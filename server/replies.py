@@ -5,6 +5,8 @@ A stream is: (chat only) a chunk with the assistant's role, one chunk per text p
 asked for, since pieces and tokens do not map one to one), a usage chunk (`choices: []`) when the request set
 `stream_options.include_usage`, then `data: [DONE]`. A stream that fails after it began (the
 request timed out, the runtime failed) sends `data: {"error": {...}}` and then `data: [DONE]`.
+A reply presented as tool calls (`ToolCalls`) sends empty deltas for its pieces and the calls whole in
+its closing chunk (finish_reason "tool_calls"), since a call exists only once its output parses.
 """
 
 from __future__ import annotations
@@ -19,6 +21,35 @@ from jacobi_rt.runtime.generator import GenerationResult
 
 # the runtime's finish reasons -> OpenAI's ("context": the model's context was full)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """How a chat reply constrained by tool_choice is presented: as OpenAI's `tool_calls`.
+
+    name: the named function (tool_choice {"type": "function", ...}): the output is its arguments
+    object. None (tool_choice "required"): the output is a JSON array of {"name", "arguments"}.
+    An output cut short (finish "length") is no call: it stays the message's content.
+    """
+
+    name: str | None
+
+    def calls(self, text: str) -> list[dict] | None:
+        """OpenAI's tool_calls for a finished output (None when it does not parse: cut short)."""
+        try:
+            if self.name is not None:
+                json.loads(text)
+                pairs = [(self.name, text)]
+            else:
+                pairs = [(call["name"], json.dumps(call["arguments"], ensure_ascii=False)) for call in json.loads(text)]
+        except (ValueError, TypeError, KeyError):
+            return None
+        return [{"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+                for name, arguments in pairs]
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
 DONE = b"data: [DONE]\n\n"
 
 
@@ -53,6 +84,7 @@ class Reply:
     model: str
     chat: bool
     token_text: Callable[[int], str] = str  # a token id's text, for logprobs
+    tools: ToolCalls | None = None  # chat with tool_choice: the output is presented as tool calls
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -63,13 +95,22 @@ class Reply:
         choices = []
         for index, result in enumerate(results):
             finish = FINISH_REASONS[result.stats.finish_reason]
-            if self.chat:
+            calls = self._calls(result)
+            if calls:
+                finish = "tool_calls"
+                choice = {"index": index, "message": {"role": "assistant", "content": None, "tool_calls": calls}}
+            elif self.chat:
                 choice = {"index": index, "message": {"role": "assistant", "content": result.text}}
             else:
                 choice = {"index": index, "text": result.text}
             choices.append({**choice, "logprobs": self.logprobs(result), "finish_reason": finish})
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": choices,
                 "usage": usage(results), "jacobi": jacobi_stats(results[0], [r.stats.seed for r in results])}
+
+    def _calls(self, result: GenerationResult) -> list[dict] | None:
+        if self.tools is None or FINISH_REASONS[result.stats.finish_reason] != "stop":
+            return None
+        return self.tools.calls(result.text)
 
     def logprobs(self, result: GenerationResult) -> dict | None:
         """OpenAI's logprobs object: chat's {"content": [...]}, or completions' four parallel lists."""
@@ -92,10 +133,18 @@ class Reply:
         return [self._chunk({"role": "assistant", "content": ""}, None, i) for i in range(n)] if self.chat else []
 
     def piece(self, text: str, index: int = 0) -> dict:
+        if self.tools is not None:  # tool calls are sent whole in the closing chunk, once the output parses
+            return self._chunk({}, None, index)
         return self._chunk({"content": text} if self.chat else text, None, index)
 
     def closing(self, result: GenerationResult, index: int = 0) -> dict:
-        chunk = self._chunk({} if self.chat else "", FINISH_REASONS[result.stats.finish_reason], index, self.logprobs(result))
+        finish = FINISH_REASONS[result.stats.finish_reason]
+        delta: dict | str = {} if self.chat else ""
+        if self.tools is not None:
+            calls = self._calls(result)
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else {"content": result.text}
+            finish = "tool_calls" if calls else finish
+        chunk = self._chunk(delta, finish, index, self.logprobs(result))
         return {**chunk, "jacobi": jacobi_stats(result)}
 
     def usage_chunk(self, results: list[GenerationResult]) -> dict:

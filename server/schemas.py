@@ -1,10 +1,12 @@
 """Request bodies: the OpenAI fields jacobi-rt reads, checked with pydantic, turned into a GenerationCall.
 
 Nothing that would change the output is silently ignored: a declared field jacobi-rt cannot honour
-yet (logit_bias, tools, best_of, echo, suffix, response_format schemas) is refused with a 400 that
-says so, and so is any field the models below do not declare (guided_json, grammar, functions ...),
-naming the field. Only the fields in IGNORED_FIELDS, which cannot change the output, are accepted
-and ignored. To support a field: declare it on a model, use it, and take it out of NOT_YET_SUPPORTED.
+yet (logit_bias, best_of, echo, suffix) is refused with a 400 that says so, and so is any field the
+models below do not declare (guided_json, grammar, functions ...), naming the field. The fields that
+constrain the output (response_format, structured_outputs, tools with tool_choice) are parsed into
+`GenerationCall.params.constraint` (and `tools`, how a reply presents a tool call) by server/structured.py;
+the app parses with `allow_constraints=True` (False refuses them, as a server that cannot honour them
+must). Only the fields in IGNORED_FIELDS, which cannot change the output, are accepted and ignored. To support a field: declare it on a model, use it, and take it out of NOT_YET_SUPPORTED.
 Messages are checked as OpenAI checks them: a known role, and content that is a string or a
 non-empty list of text parts.
 """
@@ -18,11 +20,14 @@ from typing import Any, Literal, Sequence, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from jacobi_rt.runtime.config import DEFAULTS, ENGINE_FIELDS, FIELDS
+from jacobi_rt.runtime.constraints import Constraint
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.params import STRATEGIES, GenerationParams
 from jacobi_rt.runtime.sampling import SamplingParams, draw_seed
 
 from .errors import APIError
+from .replies import ToolCalls
+from .structured import StructuredOutputs, constraint_of
 
 Number = Union[StrictInt, StrictFloat]
 
@@ -62,7 +67,7 @@ MAX_STOP_CHARS = 256  # text is held back by the longest stop string's length: a
 # Undeclared fields accepted and ignored: they cannot change the generated text.
 IGNORED_FIELDS = frozenset({
     "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",  # bookkeeping
-    "parallel_tool_calls", "tool_choice",  # about tools, which are refused when given
+    "parallel_tool_calls", "tool_choice",  # completions: about tools, which it does not take
     "prediction",  # OpenAI's predicted outputs: a latency hint
 })
 # Fields jacobi-rt knows and does not support yet, with a better message than the generic one.
@@ -70,8 +75,16 @@ NOT_YET_SUPPORTED = {
     "tools": "tools are not supported: jacobi-rt does not call tools; leave tools out",
     "functions": "functions (and function_call) are not supported: jacobi-rt does not call tools",
     "function_call": "function_call is not supported: jacobi-rt does not call tools",
-    **{name: f"{name}: constrained decoding is not supported; leave it out"
-       for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "json_schema")},
+    **{name: f"{name}: not supported; use structured_outputs.{name[7:]} (vLLM's current name) or response_format"
+       for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")},
+    **{name: f"{name}: not supported; use structured_outputs.{name.split('_')[0]} or response_format"
+       for name in ("grammar", "json_schema")},
+}
+# What a server that does not constrain output yet (allow_constraints=False) says for each field.
+CONSTRAINT_REFUSALS = {
+    "response_format": 'response_format other than {"type": "text"} is not supported',
+    "structured_outputs": "structured_outputs: constrained decoding is not supported; leave it out",
+    "tool_choice": "tools are not supported: jacobi-rt does not call tools; leave tools out",
 }
 
 
@@ -96,6 +109,8 @@ class CommonRequest(BaseModel):
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     logit_bias: dict[str, Number] | None = None
+    response_format: dict[str, Any] | None = None  # checked by server/structured.py
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
     top_k: StrictInt | None = None  # vLLM's extras
     min_p: Number | None = None
     repetition_penalty: Number | None = None
@@ -130,7 +145,8 @@ class ChatRequest(CommonRequest):
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
 
 
 @dataclass
@@ -147,32 +163,54 @@ class GenerationCall:
     include_usage: bool = False
     user: str | None = None
     seeds: list[int | None] = field(default_factory=lambda: [None])  # one per choice (n); None: greedy
+    tools: ToolCalls | None = None  # chat with tool_choice: how the reply presents the constrained output
+
+    @property
+    def constraint(self) -> Constraint | None:
+        return self.params.constraint
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.messages is not None else "prompt"
 
 
-def parse_completion(payload: Any) -> GenerationCall:
+def parse_completion(payload: Any, allow_constraints: bool = False) -> GenerationCall:
+    """allow_constraints: parse response_format and structured_outputs into `constraint` (False: refuse them)."""
     request = _validate(CompletionRequest, payload)
     _refuse_undeclared(request)
     _refuse_unsupported(request, echo=False, best_of=(None, 1), suffix=None)
+    constraint, _ = _constraint(request, allow_constraints)
     logprobs = _bounded("logprobs", request.logprobs, MAX_COMPLETION_LOGPROBS)
-    return _call(request, prompt=_single_prompt(request.prompt), messages=None, max_tokens=request.max_tokens, logprobs=logprobs)
+    return _call(request, prompt=_single_prompt(request.prompt), messages=None, max_tokens=request.max_tokens,
+                 logprobs=logprobs, constraint=constraint)
 
 
-def parse_chat(payload: Any) -> GenerationCall:
+def parse_chat(payload: Any, allow_constraints: bool = False) -> GenerationCall:
+    """allow_constraints: parse response_format, structured_outputs and tools with tool_choice into
+    `constraint` and `tools` (False: refuse them, as a server that cannot honour them must)."""
     request = _validate(ChatRequest, payload)
     _refuse_undeclared(request)
-    _refuse_unsupported(request, tools=(None, []))
-    if request.response_format not in (None, {"type": "text"}):
-        raise APIError(400, "response_format other than {\"type\": \"text\"} is not supported", "response_format", "unsupported_value")
+    constraint, tools = _constraint(request, allow_constraints, request.tools, request.tool_choice, request.parallel_tool_calls)
     messages = [_checked_message(m, i) for i, m in enumerate(request.messages)]
     if request.top_logprobs is not None and not request.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
     logprobs = _bounded("top_logprobs", request.top_logprobs or 0, MAX_CHAT_LOGPROBS) if request.logprobs else None
-    return _call(request, prompt=None, messages=messages, max_tokens=request.max_completion_tokens or request.max_tokens,
-                 logprobs=logprobs)
+    call = _call(request, prompt=None, messages=messages, max_tokens=request.max_completion_tokens or request.max_tokens,
+                 logprobs=logprobs, constraint=constraint)
+    call.tools = tools
+    return call
+
+
+def _constraint(request: CommonRequest, allowed: bool, tools: list | None = None, tool_choice: Any = None,
+                parallel_tool_calls: bool | None = None) -> tuple[Constraint | None, ToolCalls | None]:
+    if not allowed:
+        asked = {"response_format": request.response_format not in (None, {"type": "text"}),
+                 "structured_outputs": request.structured_outputs is not None, "tool_choice": bool(tools)}
+        for name, given in asked.items():
+            if given:
+                param = "tools" if name == "tool_choice" else name
+                raise APIError(400, CONSTRAINT_REFUSALS[name], param, "unsupported_value")
+    return constraint_of(request.response_format, request.structured_outputs, tools, tool_choice, parallel_tool_calls)
 
 
 def _validate(model: type[BaseModel], payload: Any) -> BaseModel:
@@ -261,7 +299,8 @@ def _checked_message(message: ChatMessage, index: int) -> dict:
     return {"role": message.role, "content": "".join(texts)}
 
 
-def _call(request: CommonRequest, prompt, messages, max_tokens, logprobs: int | None) -> GenerationCall:
+def _call(request: CommonRequest, prompt, messages, max_tokens, logprobs: int | None,
+          constraint: Constraint | None = None) -> GenerationCall:
     if request.stream_options is not None and not request.stream:
         raise APIError(400, "stream_options is only allowed with stream: true; leave it out or stream the answer",
                        "stream_options", "invalid_value")
@@ -269,7 +308,7 @@ def _call(request: CommonRequest, prompt, messages, max_tokens, logprobs: int | 
     options = request.jacobi or JacobiOptions()
     sampling, seeds = _sampling(request, logprobs)
     params = GenerationParams(window=options.window, stop=tuple(_checked_stops(stops)), jacobi_tail=options.jacobi_tail,
-                              config=decoding_overrides(options) or None, sampling=sampling)
+                              config=decoding_overrides(options) or None, sampling=sampling, constraint=constraint)
     return GenerationCall(
         model=request.model,
         prompt=prompt,

@@ -12,6 +12,8 @@ import pytest
 def test_runtime_import_loads_no_torch():
     code = (
         "import sys, jacobi_rt.runtime, jacobi_rt.runtime.backends.onnxrt, jacobi_rt.tools.cli.generate\n"
+        "import importlib.util, jacobi_rt.runtime.constraints as c\n"
+        "if importlib.util.find_spec('llguidance'): c.Constraint.regex('[a-z]+')  # llguidance loaded too\n"
         "bad = [m for m in ('torch', 'transformers', 'jacobi_rt.exporter') if m in sys.modules]\n"
         "print(','.join(bad))"
     )

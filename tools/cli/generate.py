@@ -9,6 +9,7 @@ import click
 
 from jacobi_rt.runtime.generator import STRATEGIES
 
+from .constraints import constraint_options
 from .decoding import decoding_config, decoding_option
 
 
@@ -47,8 +48,9 @@ from .decoding import decoding_config, decoding_option
 @click.option("--verbose", "-v", is_flag=True, help="Also print to stderr what was loaded: the backend, graph and threads, and how "
                                                     "this CPU keeps every strategy's output equal to greedy's (the load-time exactness check).")
 @decoding_option
+@constraint_options
 def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, graph, jacobi_tail, temperature,
-                     top_k, top_p, min_p, seed, repetition_penalty, no_verify, verbose, decoding):
+                     top_k, top_p, min_p, seed, repetition_penalty, no_verify, verbose, decoding, constraint):
     """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
 
     The output is token-for-token the model's greedy output (or, with --temperature, the same
@@ -60,6 +62,7 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
       jacobi-rt generate build/smollm2-135m --prompt "def fib(n):" -n 64 --stream
       echo "Once upon a time" | jacobi-rt generate build/smollm2-135m --prompt - --json
       jacobi-rt generate build/smollm2-135m --chat "Name a color" --temperature 0.7 --top-p 0.9 --seed 1
+      jacobi-rt generate build/smollm2-135m --chat "Extract: Ann, 31, Oslo" --json-schema person.json
     """
     from jacobi_rt.runtime import Generator, InputError
     from jacobi_rt.runtime.params import GenerationParams
@@ -82,7 +85,7 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
         click.echo(loaded.rows.line(), err=True)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                               repetition_penalty=repetition_penalty)
-    params = GenerationParams(max_new_tokens, strategy, window, tuple(stop), jacobi_tail, sampling)
+    params = GenerationParams(max_new_tokens, strategy, window, tuple(stop), jacobi_tail, sampling, constraint=constraint)
     options = dict(params=params, chat=chat is not None)
     if stream:
         for piece in generator.stream(text, **options):

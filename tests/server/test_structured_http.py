@@ -1,0 +1,130 @@
+"""Structured output over real HTTP with the `openai` client: response_format, structured_outputs and tools
+answered by the engine (each reply the Generator's own constrained output), tool_calls in OpenAI's shape,
+bad schemas a 400 before any work, and constrained and free clients at once."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+openai = pytest.importorskip("openai", reason="the client tests need the openai package (the dev extra)")
+pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
+
+from jacobi_rt.runtime.constraints import Constraint  # noqa: E402
+
+MESSAGES = [{"role": "user", "content": "Describe a pet."}]
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "kind"],
+          "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 30},
+                         "kind": {"enum": ["cat", "dog", "fish"]}}}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city"],
+    "properties": {"city": {"type": "string", "maxLength": 10}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "additionalProperties": False, "properties": {}}}}
+
+
+@pytest.fixture(scope="module")
+def gen(generator):
+    return generator("llama")
+
+
+@pytest.fixture
+def api(llama_server):
+    with openai.OpenAI(base_url=llama_server.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def test_chat_json_schema_is_the_generators_constrained_output(api, gen):
+    reply = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=60, extra_body={"jacobi": {"strategy": "auto"}},
+                                        response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}})
+    expected = gen.generate(messages=MESSAGES, max_new_tokens=60, constraint=Constraint.json_schema(SCHEMA))
+    choice = reply.choices[0]
+    assert choice.message.content == expected.text and choice.finish_reason == "stop"
+    value = json.loads(choice.message.content)
+    assert set(value) == {"name", "age", "kind"} and value["kind"] in ("cat", "dog", "fish")
+    assert reply.model_extra["jacobi"]["tokens_per_pass"] > 1.0  # the forced runs went in as guesses
+
+
+def test_completions_structured_outputs_and_json_object(api, gen):
+    reply = api.completions.create(model="llama", prompt="The answer is", max_tokens=20,
+                                   extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe not"]}})
+    assert reply.choices[0].text in ("yes", "no", "maybe not") and reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].text == gen.generate("The answer is", 20, constraint=Constraint.choice(["yes", "no", "maybe not"])).text
+    regex = api.completions.create(model="llama", prompt="Code:", max_tokens=20, extra_body={"structured_outputs": {"regex": "[A-Z]{2}-[0-9]{3}"}})
+    assert regex.choices[0].text == gen.generate("Code:", 20, constraint=Constraint.regex("[A-Z]{2}-[0-9]{3}")).text
+    as_object = api.completions.create(model="llama", prompt="A JSON object:", max_tokens=12,
+                                       extra_body={"response_format": {"type": "json_object"}})
+    assert as_object.choices[0].text.startswith("{")
+
+
+def test_a_schema_that_cannot_finish_in_max_tokens_is_length(api):
+    reply = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=5,
+                                        response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}})
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_named_tool_and_required_tools_answer_tool_calls(api, gen):
+    named = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=60, tools=[WEATHER, TIME],
+                                        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = named.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    assert set(json.loads(call.function.arguments)) == {"city"}
+    expected = gen.generate(messages=MESSAGES, max_new_tokens=60,
+                            constraint=Constraint.json_schema(WEATHER["function"]["parameters"]))
+    assert call.function.arguments == expected.text
+
+    required = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=80, tools=[WEATHER, TIME],
+                                           tool_choice="required")
+    choice = required.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.function.name in ("get_weather", "get_time") and isinstance(json.loads(call.function.arguments), dict)
+
+
+def test_streamed_tool_call_comes_whole_in_the_closing_chunk(api):
+    chunks = list(api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=60, tools=[WEATHER], stream=True,
+                                              tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    closing = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    assert closing.choices[0].finish_reason == "tool_calls"
+    (call,) = closing.choices[0].delta.tool_calls
+    assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
+     "response_format.json_schema.schema"),
+    ({"extra_body": {"structured_outputs": {"regex": "("}}}, "structured_outputs.regex"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+])
+def test_bad_constraints_are_400s_naming_the_field(api, body, param):
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=10, **body)
+    assert caught.value.body["param"] == param
+
+
+def test_constrained_and_free_clients_at_once_get_their_solo_answers(start_server, gen):
+    server = start_server(max_batch=8)
+    prompts = [f"Pet number {i}:" for i in range(8)]
+    answers: dict[int, tuple] = {}
+
+    def ask(i: int) -> None:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+            extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}}} if i % 2 else {}
+            reply = client.completions.create(model="llama", prompt=prompts[i], max_tokens=40, extra_body=extra)
+            answers[i] = (reply.choices[0].text, reply.choices[0].finish_reason)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    server.stop()
+    for i, prompt in enumerate(prompts):
+        constraint = Constraint.json_schema(SCHEMA) if i % 2 else None
+        assert answers[i][0] == gen.generate(prompt, 40, constraint=constraint).text, i
+        if i % 2 and answers[i][1] == "stop":
+            json.loads(answers[i][0])
