@@ -38,7 +38,8 @@ def main(target, draft, path, threads, max_new_tokens, temperature, seed, out):
     from jacobi_rt.runtime.constraints import Constraint
     from jacobi_rt.tools.extraction import extraction_set
 
-    gen = Generator.load(target, draft=draft, threads=threads, verify=False)
+    # without the prefix cache: the strategies take turns on one prompt, and each should prefill alike
+    gen = Generator.load(target, draft=draft, threads=threads, verify=False, prefix_cache=False)
     strategies = [s for s in STRATEGIES if draft or s != "speculative"]
     items = extraction_set(path)
     gen.generate("warm up", 8, constraint=Constraint.json_object())  # the grammar tokenizer, sessions
