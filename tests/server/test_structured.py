@@ -120,7 +120,7 @@ def result(text: str, finish: str = "eos") -> GenerationResult:
 
     stats = SimpleNamespace(finish_reason=finish, prompt_tokens=3, new_tokens=5, strategy="auto", window=8, adaptive=False,
                             target_passes=2, tokens_per_pass=2.5, prefill_passes=1, decode_tokens_per_second=10.0,
-                            wall_seconds=0.5, seed=None)
+                            wall_seconds=0.5, seed=None, cached_tokens=0)
     return SimpleNamespace(text=text, stats=stats, logprobs=None)
 
 
