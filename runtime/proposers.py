@@ -280,12 +280,10 @@ class UnionProposer(Proposer):
             part.use_sampler(sampler)
 
     def handover(self) -> dict:
-        return {name: part.handover() for name, part in self.parts.items()}
+        return handover_parts(self.parts)
 
     def adopt(self, state: dict) -> None:
-        for name, part in self.parts.items():
-            part.adopt(state.pop(name, {}))
-        close_state(state)
+        adopt_parts(self.parts, state)
 
     def start(self, prompt: list[int], first: int) -> None:
         for part in self.parts.values():
@@ -425,12 +423,10 @@ class AutoProposer(Proposer):
             arm.use_sampler(sampler)
 
     def handover(self) -> dict:
-        return {name: arm.handover() for name, arm in self.all_arms.items()}
+        return handover_parts(self.all_arms)
 
     def adopt(self, state: dict) -> None:
-        for name, arm in self.all_arms.items():
-            arm.adopt(state.pop(name, {}))
-        close_state(state)
+        adopt_parts(self.all_arms, state)
 
     def cost_curves(self) -> list[PassCosts]:
         return [curve for arm in self.all_arms.values() for curve in arm.cost_curves()]
@@ -537,6 +533,18 @@ def own_cost(proposer: Proposer) -> PassCosts:
     """The one-row cost curve `proposer`'s guesses are weighed against (the request's one curve)."""
     curves = proposer.cost_curves()
     return curves[0] if curves else _DEFAULT_COSTS
+
+
+def handover_parts(parts: dict[str, Proposer]) -> dict:
+    """A composite proposer's state: each part's, by name."""
+    return {name: part.handover() for name, part in parts.items()}
+
+
+def adopt_parts(parts: dict[str, Proposer], state: dict) -> None:
+    """Each part adopts its own state; what no part takes is released."""
+    for name, part in parts.items():
+        part.adopt(state.pop(name, {}))
+    close_state(state)
 
 
 def close_state(state) -> None:
