@@ -88,37 +88,3 @@ def test_smollm2_extraction_outputs_validate(loaded):
             out = constrained_decode(backend, prompt, bridge.matcher(Constraint.json_schema(item.schema)), 320, sampling)
             assert out.finish_reason == "eos", (item.id, text_of(out, bridge))
             jsonschema.validate(json.loads(text_of(out, bridge)), item.schema)
-
-
-@pytest.mark.parametrize("sampling", [None, SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=0.7, top_k=20, seed=6)])
-def test_tree_windows_with_forced_guesses_equal_the_oracle(loaded, sampling):
-    """Phase 1's interface is enough for exact constrained tree decoding: forced runs and Jacobi
-    guesses in one window, each row under its own mask, give one-token decoding's tokens."""
-    from constrained import constrained_tree_decode
-
-    backend, tokenizer, bridge = loaded("llama")
-    prompt = tokenizer.encode("hello there", add_special_tokens=False)
-    for constraint in (Constraint.json_schema(SCHEMA), Constraint.regex(r"(ab|cd)[0-9]{2,6}-[a-z]{3,9}"),
-                       Constraint.choice(["north-north-west", "south", "north-east"])):
-        oracle = constrained_decode(backend, prompt, bridge.matcher(constraint), 120, sampling)
-        tree = constrained_tree_decode(backend, prompt, bridge.matcher(constraint), 120, sampling)
-        assert tree.ids == oracle.ids and tree.finish_reason == oracle.finish_reason, constraint.kind
-        assert tree.passes < len(tree.ids)
-
-
-@pytest.mark.slow
-def test_smollm2_tree_windows_equal_the_oracle(loaded):
-    """The same on SmolLM2 and four extraction schemas, greedy and seeded (about a minute on 2 cores)."""
-    from constrained import constrained_tree_decode
-    from jacobi_rt.tools.extraction import extraction_set
-
-    backend, tokenizer, bridge = loaded("smollm2-135m")
-    items = extraction_set()
-    for item, sampling in [(items[1], None), (items[5], None), (items[9], SamplingParams(temperature=0.7, top_p=0.95, seed=9)),
-                           (items[13], SamplingParams(temperature=1.0, seed=13))]:
-        prompt = tokenizer.encode(tokenizer.render_chat([{"role": "user", "content": item.prompt}]), add_special_tokens=False)
-        constraint = Constraint.json_schema(item.schema)
-        oracle = constrained_decode(backend, prompt, bridge.matcher(constraint), 320, sampling)
-        tree = constrained_tree_decode(backend, prompt, bridge.matcher(constraint), 320, sampling)
-        assert tree.ids == oracle.ids, item.id
-        assert tree.forced_committed == tree.forced_sent  # every forced token sent was taken

@@ -63,3 +63,18 @@ def each_mode(request, artifact):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def gen(generator):
+    """The tiny llama's shared Generator (the one `llama_server` serves)."""
+    return generator("llama")
+
+
+@pytest.fixture
+def api(llama_server):
+    """The official `openai` client on the shared llama server."""
+    import openai
+
+    with openai.OpenAI(base_url=llama_server.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c

@@ -9,11 +9,6 @@ PROMPTS = ["The quick brown fox", "Once upon a time", "def fib(n):"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 
 
-@pytest.fixture(scope="module")
-def gen(generator):
-    return generator("llama")
-
-
 def check_usage(body: dict, result) -> None:
     assert body["usage"] == {"prompt_tokens": result.stats.prompt_tokens, "completion_tokens": len(result.ids),
                              "total_tokens": result.stats.prompt_tokens + len(result.ids),

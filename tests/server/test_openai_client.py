@@ -9,17 +9,6 @@ openai = pytest.importorskip("openai", reason="the client tests need the openai 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
-@pytest.fixture(scope="module")
-def gen(generator):
-    return generator("llama")
-
-
-@pytest.fixture
-def api(llama_server):
-    with openai.OpenAI(base_url=llama_server.url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
 def test_models(api):
     assert [m.id for m in api.models.list()] == ["llama"]
     assert api.models.retrieve("llama").id == "llama"

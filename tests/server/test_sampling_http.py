@@ -9,11 +9,6 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 HI = [{"role": "user", "content": "Tell me a story"}]
 
 
-@pytest.fixture(scope="module")
-def gen(generator):
-    return generator("llama")
-
-
 def test_a_seed_reproduces_the_text_and_equals_the_api(client, gen):
     body = {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0.9, "top_p": 0.95, "top_k": 50,
             "min_p": 0.01, "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.1, "seed": 42}

@@ -25,17 +25,6 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "additionalProperties": False, "properties": {}}}}
 
 
-@pytest.fixture(scope="module")
-def gen(generator):
-    return generator("llama")
-
-
-@pytest.fixture
-def api(llama_server):
-    with openai.OpenAI(base_url=llama_server.url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
 def test_chat_json_schema_is_the_generators_constrained_output(api, gen):
     reply = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=60, extra_body={"jacobi": {"strategy": "auto"}},
                                         response_format={"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}})

@@ -7,11 +7,6 @@ import pytest
 from jacobi_rt.runtime import InputError
 
 
-@pytest.fixture(scope="module")
-def gen(generator):
-    return generator("llama")
-
-
 def test_pieces_then_the_result(gen):
     stream = gen.start("The quick", max_new_tokens=12, strategy="lookahead")
     expected = gen.generate("The quick", 12, strategy="lookahead")
