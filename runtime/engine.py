@@ -450,7 +450,10 @@ class Engine:
         """Put `row` in `slot` (the first idle one), starting from the kept prefix its prompt shares, if any."""
         choice = self.cache.choose(row.prompt, range(slot, self.slots))
         if choice.slot != slot:
-            self.ctx.swap_rows(choice.slot, slot)
+            if choice.reuse:
+                self.ctx.swap_rows(choice.slot, slot)  # the hit comes down to where the rows are packed
+            else:  # a free or evicted slot: only what `slot` keeps, if anything, needs to move
+                self.ctx.move_row(slot, choice.slot)
             self.cache.swap(choice.slot, slot)
         self.ctx.trim_row(slot, choice.reuse)
         if choice.kept is not None:
@@ -481,10 +484,22 @@ class Engine:
                 sequence = row.prompt[: row.fed] if row.prefilling else [*row.prompt, *row.generated]
                 length = min(int(self.ctx.lengths[last]), len(sequence))  # past an EOS: entries no token names
                 self.ctx.trim_row(last, length)
-                self.cache.keep(last, sequence[:length], row.proposer.handover())
+                self.cache.keep(self._park(last), sequence[:length], row.proposer.handover())
             else:
                 self.ctx.trim_row(last, 0)
             self._release(row)
+
+    def _park(self, slot: int) -> int:
+        """Move a kept slot's cache up, out of the way of the next row (seated at `slot`): to the highest
+        never-used slot, else over the least recently kept one (evicted now rather than at the next
+        admission), so the copy is paid as a row ends, not in the next request's first token."""
+        above = range(self.slots - 1, slot, -1)
+        if not above:
+            return slot
+        free = [s for s in above if s not in self.cache.kept]
+        target = free[0] if free else self.cache.evict(above)
+        self.ctx.move_row(slot, target)
+        return target
 
     def _release(self, row: Row) -> None:
         if not row.progress.finish_reason and not row.error:

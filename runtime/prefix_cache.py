@@ -95,6 +95,12 @@ class PrefixCache:
         oldest = min(idle, key=lambda slot: self.kept[slot].used)
         return Choice(oldest, 0, self.kept.pop(oldest))
 
+    def evict(self, slots: range) -> int:
+        """Forget the least recently kept of `slots` (all kept); returns its slot."""
+        oldest = min(slots, key=lambda slot: self.kept[slot].used)
+        _close(self.kept.pop(oldest))
+        return oldest
+
     def swap(self, a: int, b: int) -> None:
         """Slots a and b traded contents."""
         ka, kb = self.kept.pop(a, None), self.kept.pop(b, None)

@@ -162,8 +162,9 @@ def warm_pool(artifact: str, system: str, turns: int, max_tokens: int, chats: in
 @click.option("--parts", default="long,many,unshared", show_default=True,
               help="What to run: the long chat, the many clients' chats, requests sharing no prefix (through the "
                    "server), lookahead's n-gram pool handed over or not (pool; lone calls).")
+@click.option("--serve-args", default="", help="More `jacobi-rt serve` options for both servers (e.g. '--decoding FIELD=VALUE').")
 @click.option("--out", type=click.Path(dir_okay=False), default="build/chat_bench.json", show_default=True)
-def main(artifact, system_tokens, turns, max_tokens, clients, client_turns, threads, parts, out):
+def main(artifact, system_tokens, turns, max_tokens, clients, client_turns, threads, parts, serve_args, out):
     """Multi-turn chats with the prefix cache on and off, side by side (needs the `openai` package)."""
     from openai import OpenAI
 
@@ -174,8 +175,9 @@ def main(artifact, system_tokens, turns, max_tokens, clients, client_turns, thre
         report["warm_pool"] = warm_pool(artifact, system[:400], turns, max_tokens, chats=4)
         click.echo(f"lookahead tokens/pass on turns 2-{turns}: {report['warm_pool']}", err=True)
     if {"long", "many", "unshared"} & set(parts.split(",")):
-        with local_server(artifact, 64, threads, None, extra=[]) as on, \
-                local_server(artifact, 64, threads, None, extra=["--no-prefix-cache"]) as off:
+        more = serve_args.split()
+        with local_server(artifact, 64, threads, None, extra=more) as on, \
+                local_server(artifact, 64, threads, None, extra=[*more, "--no-prefix-cache"]) as off:
             client = {"cache": OpenAI(base_url=on + "/v1", api_key="-"), "nocache": OpenAI(base_url=off + "/v1", api_key="-")}
             if "long" in parts:
                 report["long_chat"] = long_chat(client, model, system, turns, max_tokens)
