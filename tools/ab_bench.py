@@ -3,7 +3,8 @@
 Each side is a Python with its own jacobi-rt installed (e.g. the previous commit in one virtual
 environment, this checkout in another); each loads the artifact once in a worker process of its
 own, then the prompts run A, B, B, A, ... per strategy (turns alternate who goes first), so a
-noisy machine hits both alike. Per side: median tokens/s of the stream (new tokens after the
+noisy machine hits both alike (but run both start orders, `--b-first`: the worker started second is
+favoured on a 2-core machine). Per side: median tokens/s of the stream (new tokens after the
 first / the time after it) and median time to first token, and B / A for both; every answer of
 B must equal A's.
 
@@ -107,12 +108,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=8, help="chat prompts (of 16)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--b-first", action="store_true",
+                        help="start B's worker first: two workers on 2 cores favour the one started second, so run "
+                             "both orders and compare")
     parser.add_argument("--out", default=None, help="write the table as JSON here")
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.artifact, args.draft, args.threads)
     strategies = args.strategies.split(",")
-    a, b = Side(args.a, args.artifact, args.draft, args.threads), Side(args.b, args.artifact, args.draft, args.threads)
+    if args.b_first:
+        b = Side(args.b, args.artifact, args.draft, args.threads)
+        a = Side(args.a, args.artifact, args.draft, args.threads)
+    else:
+        a, b = Side(args.a, args.artifact, args.draft, args.threads), Side(args.b, args.artifact, args.draft, args.threads)
     try:
         table = run(a, b, strategies, [f"Tell me about {t}." for t in TOPICS[: args.prompts]], args.max_new_tokens, args.rounds)
     finally:
