@@ -101,10 +101,15 @@ def _running_replicas() -> int:
 
 def test_16_openai_clients_get_greedy_output_from_both_replicas(ray_url, expected):
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
-    with ThreadPoolExecutor(16) as clients:
-        answers = list(clients.map(lambda p: _complete(ray_url, p), prompts, timeout=240))
-    assert [text for text, _ in answers] == [expected[p] for p in prompts]
-    assert len({replica for _, replica in answers}) == 2
+    replicas = set()
+    for _ in range(3):  # Ray's router may send one burst to one replica (its queue-length view lags): try again
+        with ThreadPoolExecutor(16) as clients:
+            answers = list(clients.map(lambda p: _complete(ray_url, p), prompts, timeout=240))
+        assert [text for text, _ in answers] == [expected[p] for p in prompts]
+        replicas |= {replica for _, replica in answers}
+        if len(replicas) == 2:
+            break
+    assert len(replicas) == 2
     # one scrape covers every replica (each sample labelled with its replica)
     _wait_until(lambda: _metric(ray_url, "jacobi_rt_generations_total", outcome="finished") >= 16)
     assert len(_replicas_in_metrics(ray_url)) == 2
