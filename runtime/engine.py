@@ -457,10 +457,7 @@ class Engine:
             self.cache.swap(choice.slot, slot)
         self.ctx.trim_row(slot, choice.reuse)
         if choice.kept is not None:
-            if choice.reuse:
-                row.proposer.adopt(choice.kept.proposer or {})  # the guesses travel with the prefix
-            else:
-                close_state(choice.kept.proposer)  # evicted
+            row.proposer.adopt(choice.kept.proposer or {})  # the guesses travel with the prefix
         row.fed = row.cached = choice.reuse
         row.slot, row.admitted_at = slot, self.clock()
 
@@ -470,36 +467,38 @@ class Engine:
         for row in [r for r in self.rows if r.finished or r.cancelled.is_set()]:
             slot, last = row.slot, len(self.rows) - 1
             keep = self.cache.enabled and row.error is None
+            home = self._parking(last) if keep else last  # where the finished row's cache stays
+            if home != last:  # an idle slot above the rows: the cache moves there once, the last row comes down
+                self.ctx.move_row(slot, home)
+                if slot != last:
+                    self.ctx.move_row(last, slot)
+            elif slot != last:
+                (self.ctx.swap_rows if keep else self.ctx.move_row)(last, slot)
             if slot != last:
                 mover = self.rows[last]
-                if keep:
-                    self.ctx.swap_rows(last, slot)  # the finished row's cache goes to `last`, idle from now on
-                else:
-                    self.ctx.move_row(last, slot)
                 mover.slot = slot
                 self.rows[slot] = mover
             self.rows.pop()
             row.slot = -1
             if keep:
                 sequence = row.prompt[: row.fed] if row.prefilling else [*row.prompt, *row.generated]
-                length = min(int(self.ctx.lengths[last]), len(sequence))  # past an EOS: entries no token names
-                self.ctx.trim_row(last, length)
-                self.cache.keep(self._park(last), sequence[:length], row.proposer.handover())
+                length = min(int(self.ctx.lengths[home]), len(sequence))  # past an EOS: entries no token names
+                self.ctx.trim_row(home, length)
+                self.cache.keep(home, sequence[:length], row.proposer.handover())
             else:
                 self.ctx.trim_row(last, 0)
             self._release(row)
 
-    def _park(self, slot: int) -> int:
-        """Move a kept slot's cache up, out of the way of the next row (seated at `slot`): to the highest
-        never-used slot, else over the least recently kept one (evicted now rather than at the next
-        admission), so the copy is paid as a row ends, not in the next request's first token."""
+    def _parking(self, slot: int) -> int:
+        """Where a finished row's cache is kept, out of the way of the next row (seated at `slot`): the highest
+        never-used slot above, else the least recently kept one above (evicted now rather than at the next
+        admission), so the copy is paid as a row ends, not in the next request's first token; `slot` itself
+        when there is none above."""
         above = range(self.slots - 1, slot, -1)
         if not above:
             return slot
         free = [s for s in above if s not in self.cache.kept]
-        target = free[0] if free else self.cache.evict(above)
-        self.ctx.move_row(slot, target)
-        return target
+        return free[0] if free else self.cache.evict(above)
 
     def _release(self, row: Row) -> None:
         if not row.progress.finish_reason and not row.error:

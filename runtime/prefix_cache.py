@@ -47,7 +47,7 @@ class Kept:
 class Choice:
     slot: int  # the idle slot the new row takes (its KV kept or not)
     reuse: int  # prompt tokens whose KV the slot already holds (0: prefill all)
-    kept: Kept | None  # what the slot held (None: never used, or evicted without a hit)
+    kept: Kept | None  # what the slot held on a hit (None: a never-used slot, or one evicted for the row)
 
 
 @dataclass
@@ -90,10 +90,7 @@ class PrefixCache:
             self.hits += 1
             self.cached_tokens += reuse
             return Choice(best, reuse, self.kept.pop(best))
-        if free:
-            return Choice(free[0], 0, None)
-        oldest = min(idle, key=lambda slot: self.kept[slot].used)
-        return Choice(oldest, 0, self.kept.pop(oldest))
+        return Choice(free[0] if free else self.evict(idle), 0, None)
 
     def evict(self, slots: range) -> int:
         """Forget the least recently kept of `slots` (all kept); returns its slot."""
