@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from .allocator import cut
-from .config import CPU_PASS_COSTS, DEFAULTS, DecodingConfig
+from .config import CPU_PASS_COSTS, CostConfig, LookaheadConfig
 from .ngram import Candidate
 
 
@@ -35,25 +35,19 @@ class PassCosts:
     (deterministic tests).
     """
 
-    table: dict[int, float] = field(default_factory=DEFAULTS.pass_cost_table)
-    learn: bool = DEFAULTS.learn_costs
-    smoothing: float = DEFAULTS.cost_smoothing
-    min_samples: int = DEFAULTS.cost_min_samples
-    batch_table: dict[int, float] = field(default_factory=DEFAULTS.batch_cost_table)
+    config: CostConfig = field(default_factory=CostConfig)  # the priors and how to learn (runtime.config)
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # moving average of the pass time by (rows, width)
     samples: dict[tuple[int, int], int] = field(default_factory=dict)
     _memo: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
 
-    @classmethod
-    def from_config(cls, config: DecodingConfig) -> "PassCosts":
-        """The config's cost curve: its pass_costs and batch_pass_costs priors, learned as it says."""
-        return cls(config.pass_cost_table(), config.learn_costs, config.cost_smoothing, config.cost_min_samples,
-                   config.batch_cost_table())
+    def __post_init__(self) -> None:
+        self.table, self.batch_table = dict(self.config.pass_costs), dict(self.config.batch_pass_costs)
 
     def __call__(self, width: int, rows: int = 1) -> float:
         key = (rows, width)
         if key not in self._memo:
-            if self.samples.get(key, 0) >= self.min_samples and self.samples.get((1, 1), 0) >= self.min_samples:
+            least = self.config.min_samples
+            if self.samples.get(key, 0) >= least and self.samples.get((1, 1), 0) >= least:
                 self._memo[key] = self.seconds[key] / self.seconds[(1, 1)]
             else:
                 self._memo[key] = self.prior(width, rows)
@@ -63,11 +57,11 @@ class PassCosts:
         return pass_cost(width, self.table) if rows == 1 else pass_cost(rows * width, self.batch_table)
 
     def observe(self, width: int, seconds: float, rows: int = 1) -> None:
-        if not self.learn:
+        if not self.config.learn:
             return
         key = (rows, width)
         old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self.seconds[key] = seconds if old is None else (1 - self.config.smoothing) * old + self.config.smoothing * seconds
         self.samples[key] = self.samples.get(key, 0) + 1
         self._memo.pop(key, None)
         if key == (1, 1):
@@ -117,24 +111,14 @@ class AcceptanceTracker:
     sent keeps being measured for free.
     """
 
-    costs: PassCosts = field(default_factory=PassCosts)
-    prior: float = DEFAULTS.acceptance_prior  # the constants' reasons: runtime.config.DecodingConfig
-    prior_weight: float = DEFAULTS.acceptance_prior_weight
-    decay: float = DEFAULTS.acceptance_decay
-    max_match: int = DEFAULTS.acceptance_max_match
-    margin: float = DEFAULTS.acceptance_margin
+    costs: PassCosts = field(default_factory=PassCosts)  # the request's one cost curve, shared by its proposers
+    config: LookaheadConfig = field(default_factory=LookaheadConfig)  # the prior, decay, margin (runtime.config)
     rates: dict[tuple[str, int], Rate] = field(default_factory=dict)
 
-    @classmethod
-    def from_config(cls, config: DecodingConfig, costs: PassCosts | None = None) -> "AcceptanceTracker":
-        """costs: the request's one cost curve (shared with its other proposers); None: a new one."""
-        return cls(costs or PassCosts.from_config(config), config.acceptance_prior, config.acceptance_prior_weight,
-                   config.acceptance_decay, config.acceptance_max_match, config.acceptance_margin)
-
     def rate(self, source: str, match_len: int) -> Rate:
-        key = (source, min(match_len, self.max_match))
+        key = (source, min(match_len, self.config.max_match))
         if key not in self.rates:
-            self.rates[key] = Rate(self.prior * self.prior_weight, self.prior_weight)
+            self.rates[key] = Rate(self.config.prior * self.config.prior_weight, self.config.prior_weight)
         return self.rates[key]
 
     def score(self, candidate: Candidate, committed: Sequence[int]) -> None:
@@ -148,5 +132,6 @@ class AcceptanceTracker:
         if tried == 0:
             return
         rate = self.rate(candidate.source, candidate.match_len)
-        rate.right = rate.right * self.decay + right
-        rate.tried = rate.tried * self.decay + tried
+        decay = self.config.decay
+        rate.right = rate.right * decay + right
+        rate.tried = rate.tried * decay + tried

@@ -25,7 +25,7 @@ import numpy as np
 from .acceptance import PassCosts, matched_prefix
 from .allocator import Allocation, Guess, Offer
 from .backends.base import PREFILL_CHUNK, Backend
-from .config import DEFAULTS, DecodingConfig
+from .config import DEFAULTS, DraftConfig
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
 from .passes import PassResult
@@ -74,27 +74,14 @@ class DraftLength:
 
     k_max: int
     costs: PassCosts = field(default_factory=PassCosts)  # target pass costs, learned on this machine
-    prior_p: float = DEFAULTS.draft_prior_acceptance  # the constants' reasons: runtime.config.DecodingConfig
-    prior_weight: float = DEFAULTS.draft_prior_weight
-    prior_cost: float = DEFAULTS.draft_prior_cost  # draft pass / target W=1 pass before any timing
-    decay: float = DEFAULTS.draft_decay
-    smoothing: float = DEFAULTS.draft_smoothing
-    margin: float = DEFAULTS.draft_margin
-    probe_every: int = DEFAULTS.draft_probe_every
+    config: DraftConfig = field(default_factory=DraftConfig)  # priors, decay, margin, probes (runtime.config)
     right: float = 0.0
     tried: float = 0.0
     draft_seconds: float | None = None  # one draft pass
     idle: int = 0  # target passes since the draft last proposed
 
     def __post_init__(self) -> None:
-        self.right, self.tried = self.prior_p * self.prior_weight, self.prior_weight
-
-    @classmethod
-    def from_config(cls, config: DecodingConfig, costs: PassCosts | None = None) -> "DraftLength":
-        """costs: the request's one cost curve (shared with its other proposers); None: a new one."""
-        return cls(config.draft_max_length, costs or PassCosts.from_config(config), config.draft_prior_acceptance,
-                   config.draft_prior_weight, config.draft_prior_cost, config.draft_decay, config.draft_smoothing,
-                   config.draft_margin, config.draft_probe_every)
+        self.right, self.tried = self.config.prior_acceptance * self.config.prior_weight, self.config.prior_weight
 
     @property
     def p(self) -> float:
@@ -105,7 +92,7 @@ class DraftLength:
         """One draft pass in target W=1 passes."""
         unit = self.costs.unit_seconds()
         if self.draft_seconds is None or unit is None:
-            return self.prior_cost
+            return self.config.prior_cost
         return self.draft_seconds / unit
 
     def offer(self, limit: int) -> Offer:
@@ -116,8 +103,8 @@ class DraftLength:
         limit = min(self.k_max, limit)
         if limit < 1:
             return Offer()
-        probe = -1.0 if self.idle + 1 >= self.probe_every else None
-        return Offer((Guess((self.p,) * limit, cost=self.relative_cost, margin=probe),), margin=self.margin)
+        probe = -1.0 if self.idle + 1 >= self.config.probe_every else None
+        return Offer((Guess((self.p,) * limit, cost=self.relative_cost, margin=probe),), margin=self.config.margin)
 
     def sent(self, k: int) -> None:
         """The allocator sent k draft tokens this pass (0: the draft sat out)."""
@@ -125,11 +112,12 @@ class DraftLength:
 
     def observe_acceptance(self, sent: int, accepted: int) -> None:
         """A guess is tried up to and including the first wrong one."""
-        self.right = self.right * self.decay + accepted
-        self.tried = self.tried * self.decay + accepted + (accepted < sent)
+        decay = self.config.decay
+        self.right = self.right * decay + accepted
+        self.tried = self.tried * decay + accepted + (accepted < sent)
 
     def observe_draft(self, seconds: float) -> None:
-        self.draft_seconds = _average(self.draft_seconds, seconds, self.smoothing)
+        self.draft_seconds = _average(self.draft_seconds, seconds, self.config.smoothing)
 
 
 def _average(old: float | None, new: float, a: float) -> float:
@@ -154,7 +142,7 @@ class DraftProposer(Proposer):
         backend: Backend,
         capacity: int,
         k: int | None = None,
-        k_max: int = DEFAULTS.draft_max_length,
+        k_max: int = DEFAULTS.draft.max_length,
         jacobi: bool = False,
         prefill_chunk: int = PREFILL_CHUNK,
         length: DraftLength | None = None,

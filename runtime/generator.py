@@ -15,7 +15,7 @@ import numpy as np
 
 from .acceptance import AcceptanceTracker, PassCosts
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
-from .config import DEFAULTS, DecodingConfig, changed_fields
+from .config import DEFAULTS, DecodingConfig, changed_fields, dotted
 from .constraints import GrammarTokenizer, Matcher, grammar_tokenizer
 from .engine import END, Engine, Row, run_alone
 from .errors import ContextLimitError, InputError
@@ -31,7 +31,7 @@ from .windows import AdaptiveWindow, FixedWindow
 MAX_WINDOW = 64
 DEFAULT_BATCH_CONTEXT = 2048  # an engine's slot context on a graph whose attention reads the whole capacity
 DEFAULT_SLOTS = 16  # the server's slots at most, unless asked: 16 rows of one token cost ~2.8 one-row passes on a CPU
-DEFAULT_JACOBI_TAIL = DEFAULTS.jacobi_tail
+DEFAULT_JACOBI_TAIL = DEFAULTS.draft.jacobi_tail
 
 
 @dataclass
@@ -135,18 +135,16 @@ class Generator:
         self.backend = backend
         self.manifest: Manifest = backend.manifest
         self.tokenizer = tokenizer
-        overrides = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}  # the argument maps onto the config
+        overrides = {} if prefill_chunk is None else {"batch.prefill_chunk": prefill_chunk}  # the argument maps onto the config
         self.config = DEFAULTS.with_overrides(config).with_overrides(overrides)
-        self.prefill_chunk = self.config.prefill_chunk or PREFILL_CHUNK
+        self.prefill_chunk = self.config.batch.prefill_chunk or PREFILL_CHUNK
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
-        self.arm_history = ArmHistory(self.config.auto_max_sit_out)  # `auto` remembers across calls which arms lost
+        self.arm_history = ArmHistory(self.config.auto.max_sit_out)  # `auto` remembers across calls which arms lost
         self.engine: Engine | None = None  # start_engine(): every call shares its passes
         # The prefix cache (runtime/prefix_cache.py): an engine's idle slots keep what finished rows wrote,
         # and lone calls keep their contexts, so the next turn of a conversation prefills only what is new.
         self.prefix_cache = prefix_cache
-        config = self.config
-        self.kept = KeptContexts(config.prefix_cache_contexts if prefix_cache else 0, config.prefix_cache_min_tokens,
-                                 config.prefix_cache_guesses)
+        self.kept = KeptContexts(self.config.prefix_cache if prefix_cache else None)
         if not backend.rows.exact_windows:
             logging.getLogger("jacobi_rt").warning("%s (%s)", backend.rows.line(), self.manifest.source.get("name", "artifact"))
 
@@ -316,8 +314,8 @@ class Generator:
     def _engine(self, slots: int, capacity: int | None = None) -> Engine:
         """An engine of `slots` rows on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
         chunk = self.limits.prefill_chunk
-        cache = PrefixCache(self.prefix_cache, self.config.prefix_cache_min_tokens, self.config.prefix_cache_guesses)
-        return Engine.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.from_config(self.config, chunk),
+        cache = PrefixCache(self.prefix_cache, self.config.prefix_cache)
+        return Engine.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.of(self.config, chunk),
                            cache=cache)
 
     def stop_engine(self) -> None:
@@ -337,7 +335,7 @@ class Generator:
         """The request resolved against this generator: the prompt's ids, the window, the config."""
         overrides = self._overrides(params.config)
         window = overrides.pop("window", None) if params.window is None else params.window
-        jacobi_tail = overrides.pop("jacobi_tail", None) if params.jacobi_tail is None else params.jacobi_tail
+        jacobi_tail = overrides.pop("draft.jacobi_tail", None) if params.jacobi_tail is None else params.jacobi_tail
         decoding = self.config.with_overrides(overrides, per_request=True)
         strategy = params.strategy
         if not self.backend.rows.exact_windows:  # no window is exact on this CPU (exact_rows.py): decode greedily
@@ -357,7 +355,7 @@ class Generator:
             stop=list(params.stop),
             jacobi_tail=tail,
             sampling=sampling,
-            config=replace(decoding, window=window, jacobi_tail=tail),
+            config=replace(decoding, window=window, draft=replace(decoding.draft, jacobi_tail=tail)),
             exactness=self.backend.rows.mode,
             matcher=None if params.constraint is None else self.grammars().matcher(params.constraint),
         )
@@ -373,12 +371,12 @@ class Generator:
             return {}
         if isinstance(config, DecodingConfig):
             return changed_fields(self.config, config)
-        return dict(config)
+        return dotted(config)
 
     def _jacobi_tail(self, strategy: str, jacobi_tail, decoding: DecodingConfig) -> bool:
         """The request's jacobi_tail (checked: it belongs to the draft's chain), else the config's."""
         if jacobi_tail is None:
-            return decoding.jacobi_tail
+            return decoding.draft.jacobi_tail
         if not isinstance(jacobi_tail, (bool, np.bool_)):
             raise InputError(f"jacobi_tail must be true or false, not {jacobi_tail!r}")
         if strategy not in ("speculative", "auto") or self.draft is None:
@@ -425,7 +423,7 @@ class Generator:
             raise InputError("strategy 'speculative' needs a draft model: Generator.load(target, draft=DRAFT_DIR) "
                              "(export one with `jacobi-rt export MODEL --role draft`)")
         widest = min(MAX_WINDOW, self.limits.max_window)
-        default = decoding.window or (decoding.jacobi_window if strategy == "jacobi" else decoding.guess_window)
+        default = decoding.window or (decoding.jacobi.window if strategy == "jacobi" else decoding.guess_window)
         window = min(default, widest) if window is None else int(window)
         if not 1 <= window <= widest:
             raise InputError(f"window must be between 1 and {widest} tokens on this backend ({self.backend.name}), not {window}")
@@ -447,7 +445,7 @@ class Generator:
         try:
             row = self._row(request, capacity, self.limits.max_context)
             chunk = self.limits.prefill_chunk
-            batches = run_alone(ctx, row, chunk, PassBudget.from_config(request.config, chunk), cache=cache)
+            batches = run_alone(ctx, row, chunk, PassBudget.of(request.config, chunk), cache=cache)
             return (yield from self._pieces(row, request, batches, started))
         finally:
             self.kept.put(ctx, cache)  # kept for the next turn, or closed
@@ -503,29 +501,29 @@ class Generator:
         branch (BackendLimits.branches), every proposer sends one chain a pass."""
         strategy, config = request.strategy, request.config
         branches = self.limits.branches
-        costs = PassCosts.from_config(config)  # the request's one target cost curve, read by all its proposers
+        costs = PassCosts(config.costs)  # the request's one target cost curve, read by all its proposers
 
-        def lookahead(most: int = config.branches) -> LookaheadProposer:
-            return LookaheadProposer(most if branches else 1, AcceptanceTracker.from_config(config, costs))
+        def lookahead(most: int = config.lookahead.branches) -> LookaheadProposer:
+            return LookaheadProposer(most if branches else 1, AcceptanceTracker(costs, config.lookahead))
 
         if strategy == "greedy":
             return NoProposer()
         if strategy == "jacobi":
-            return JacobiProposer(AcceptanceTracker.from_config(config, costs))
+            return JacobiProposer(AcceptanceTracker(costs, config.lookahead))
         if strategy == "lookahead" or (strategy == "auto" and self.draft is None):
             return lookahead()
         from .draft import DraftLength, DraftProposer
 
         def draft() -> DraftProposer:
             chunk = min(self.prefill_chunk, self.draft.limits.prefill_chunk)
-            return DraftProposer(self.draft, capacity, k=config.draft_length, k_max=config.draft_max_length,
-                                 jacobi=request.jacobi_tail, prefill_chunk=chunk, length=DraftLength.from_config(config, costs),
+            length = DraftLength(config.draft.max_length, costs, config.draft)
+            return DraftProposer(self.draft, capacity, k=config.draft.length, k_max=config.draft.max_length,
+                                 jacobi=request.jacobi_tail, prefill_chunk=chunk, length=length,
                                  max_window=self.draft.limits.max_window)
 
         if strategy == "speculative":
             return draft()
-        auto = dict(warmup=config.auto_warmup, probe_every=config.auto_probe_every, decay=config.auto_decay,
-                    probe_budget=config.auto_probe_budget, history=self.arm_history)
+        auto = dict(config=config.auto, history=self.arm_history)
         if not branches:
             return AutoProposer({"lookahead": lookahead(1), "draft": draft()}, **auto)
         # the draft's chain plus one prompt-lookup/n-gram branch when it pays: copies stay cheap
@@ -546,7 +544,7 @@ def available_memory() -> int:
 
 def _policy(request: Request) -> AdaptiveWindow | FixedWindow:
     """Each pass's window: adaptive between 1 and the window for plain Jacobi without a window, else fixed."""
-    return AdaptiveWindow.from_config(request.config, request.window) if request.adaptive else FixedWindow(request.window)
+    return AdaptiveWindow(request.window, request.config.jacobi) if request.adaptive else FixedWindow(request.window)
 
 
 def _drain(pieces: Iterator[str]) -> GenerationResult:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .acceptance import matched_prefix
+from .config import PrefixCacheConfig
 
 
 @dataclass
@@ -55,8 +56,7 @@ class PrefixCache:
     """The kept slots of one engine, by slot index. `enabled=False`: nothing is kept."""
 
     enabled: bool = True
-    min_tokens: int = 16
-    guesses: bool = True  # keep the proposer's state with the prefix
+    config: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)  # min_tokens, guesses (runtime.config)
     kept: dict[int, Kept] = field(default_factory=dict)
     queries: int = 0  # admissions looked up
     hits: int = 0  # admissions that reused a prefix
@@ -64,7 +64,7 @@ class PrefixCache:
     _clock: itertools.count = field(default_factory=itertools.count, repr=False)
 
     def keep(self, slot: int, tokens: list[int], proposer: Any = None) -> None:
-        if not self.guesses and proposer:
+        if not self.config.guesses and proposer:
             _close(Kept(tokens, proposer))
             proposer = None
         if self.enabled and tokens:
@@ -86,7 +86,7 @@ class PrefixCache:
         free = [slot for slot in idle if slot not in self.kept]
         # A hit that would throw away more of a kept conversation than it reuses waits for the slots to run out.
         wasteful = best is not None and 2 * best_n < len(self.kept[best].tokens) and free
-        if best is not None and reuse >= self.min_tokens and not wasteful:
+        if best is not None and reuse >= self.config.min_tokens and not wasteful:
             self.hits += 1
             self.cached_tokens += reuse
             return Choice(best, reuse, self.kept.pop(best))
@@ -114,12 +114,13 @@ class PrefixCache:
 
 class KeptContexts:
     """The prefix cache of lone calls (no engine started): each call's context is kept after it, at most
-    `most` of them, the least recently used closed first. A call whose prompt shares at least
-    `min_tokens` with a kept one runs on it (trimmed to the shared prefix), or, when it needs more room,
+    `config.contexts` of them, the least recently used closed first (None: none). A call whose prompt shares
+    at least `config.min_tokens` with a kept one runs on it (trimmed to the shared prefix), or, when it needs more room,
     on a new context the prefix is copied into (`load_prefix`: the in-place graph's contexts)."""
 
-    def __init__(self, most: int, min_tokens: int, guesses: bool = True):
-        self.most, self.min_tokens, self.guesses = most, min_tokens, guesses
+    def __init__(self, config: PrefixCacheConfig | None):
+        self.config = config or PrefixCacheConfig()
+        self.most = config.contexts if config else 0
         self.entries: list[tuple[Any, Kept]] = []  # (context, what its one row holds), oldest first
         self._lock = threading.Lock()
 
@@ -128,9 +129,9 @@ class KeptContexts:
         with self._lock:
             scored = [(matched_prefix(kept.tokens, prompt), i) for i, (_, kept) in enumerate(self.entries)]
             n, i = max(scored, default=(0, -1))
-            hit = min(n, len(prompt) - 1) >= self.min_tokens
+            hit = min(n, len(prompt) - 1) >= self.config.min_tokens
             ctx, kept = self.entries.pop(i) if hit else (None, None)
-        cache = PrefixCache(min_tokens=self.min_tokens, guesses=self.guesses)
+        cache = PrefixCache(config=self.config)
         if ctx is None:
             return open_context(capacity), cache
         if ctx.capacity < capacity:  # the conversation grew past the kept context: copy its prefix over

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from .acceptance import AcceptanceTracker, PassCosts
 from .allocator import Allocation, Guess, Offer, allocate
-from .config import DEFAULTS
+from .config import DEFAULTS, AutoConfig, CostConfig
 from .ngram import Candidate, NgramPool, PromptLookup
 from .passes import PassResult
 from .tree import Tree, Verdict, leaf_paths
@@ -158,7 +158,7 @@ class LookaheadProposer(Proposer):
     against what the pass committed, so the rates follow the text.
     """
 
-    def __init__(self, branches: int = DEFAULTS.branches, tracker: AcceptanceTracker | None = None) -> None:
+    def __init__(self, branches: int = DEFAULTS.lookahead.branches, tracker: AcceptanceTracker | None = None) -> None:
         super().__init__()
         self.branches = branches
         self.lookup = PromptLookup()
@@ -203,7 +203,7 @@ class LookaheadProposer(Proposer):
         self.pending = self.candidates(limit) if limit > 0 else []
         rate = self.tracker.rate
         guesses = tuple(Guess((rate(c.source, c.match_len).p,) * len(c.tokens), tuple(c.tokens)) for c in self.pending)
-        return Offer(guesses, self.branches, self.tracker.margin)
+        return Offer(guesses, self.branches, self.tracker.config.margin)
 
     def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
         self.sent = [(self.pending[i].source, self.pending[i].tokens[:n]) for i, n in allocation.picks]
@@ -335,7 +335,7 @@ class ArmHistory:
     concurrent calls share it.
     """
 
-    def __init__(self, max_sit_out: int = DEFAULTS.auto_max_sit_out) -> None:
+    def __init__(self, max_sit_out: int = DEFAULTS.auto.max_sit_out) -> None:
         self.max_sit_out = max_sit_out
         self.records: dict[str, ArmRecord] = {}
         self._lock = threading.Lock()
@@ -395,15 +395,13 @@ class AutoProposer(Proposer):
     some calls out: the arm whose passes as the best committed the most tokens won the call.
     """
 
-    def __init__(self, arms: dict[str, Proposer], warmup: int = DEFAULTS.auto_warmup,
-                 probe_every: int = DEFAULTS.auto_probe_every, decay: float = DEFAULTS.auto_decay,
-                 probe_budget: int = DEFAULTS.auto_probe_budget, history: ArmHistory | None = None) -> None:
+    def __init__(self, arms: dict[str, Proposer], config: AutoConfig = DEFAULTS.auto,
+                 history: ArmHistory | None = None) -> None:
         super().__init__()
         self.history = history
         self.all_arms = arms
         self.arms = arms
-        self.warmup, self.probe_every, self.decay = warmup, probe_every, decay
-        self.probe_budget = probe_budget  # an arm on trial guesses at most this many tokens: cheap probes
+        self.config = config  # warm-up, probes and their budget, decay (runtime.config.AutoConfig)
         self.tokens: dict[str, float] = {}  # measured, decayed: committed tokens
         self.seconds: dict[str, float] = {}  # and the seconds they took
         self.predicted: dict[str, float] = {}  # predicted, decayed: committed tokens
@@ -444,8 +442,8 @@ class AutoProposer(Proposer):
             totals.update({name: 0.0 for name in self.arms})
         self.tried = {name: 0 for name in self.arms}
         self.won = {name: 0 for name in self.arms}
-        self.wait = {name: self.probe_every for name in self.arms}
-        self.due = {name: self.probe_every for name in self.arms}  # just measured in its warmup
+        self.wait = {name: self.config.probe_every for name in self.arms}
+        self.due = {name: self.config.probe_every for name in self.arms}  # just measured in its warmup
         self.passes, self.pending = 0, None
         self.stats["arms"] = {name: arm.stats for name, arm in self.all_arms.items()}
 
@@ -466,24 +464,24 @@ class AutoProposer(Proposer):
         self.passes += 1
         offers = {name: arm.offer(limit) for name, arm in self.arms.items()}
         self.current, self.on_trial = self.choose(offers, limit)
-        warm = all(tried >= self.warmup for tried in self.tried.values())
+        warm = all(tried >= self.config.warmup for tried in self.tried.values())
         self.pending = _Pass(self.current, best=warm and not self.on_trial)
         self.stats["passes_by_arm"][self.current] += 1
         offer = offers[self.current]
-        return offer.cut_to(self.probe_budget) if self.on_trial else offer
+        return offer.cut_to(self.config.probe_budget) if self.on_trial else offer
 
     def choose(self, offers: dict[str, Offer], limit: int) -> tuple[str, bool]:
         """The arm for this pass, and whether it is on trial (warming up or probed)."""
         for index, (name, tried) in enumerate(self.tried.items()):
-            if tried < self.warmup:
+            if tried < self.config.warmup:
                 return name, index > 0  # the first arm runs as it would alone
         scores = {name: self._allocation(name, offer, limit).value(own_cost(self.arms[name])) * self.calibration(name)
                   for name, offer in offers.items()}
         best = max(self.arms, key=scores.__getitem__)  # ties: the earlier arm
-        self.due[best], self.wait[best] = self.passes + self.probe_every, self.probe_every
+        self.due[best], self.wait[best] = self.passes + self.config.probe_every, self.config.probe_every
         for name, offer in offers.items():
             if name != best and self.passes >= self.due[name]:
-                if not self._allocation(name, offer.cut_to(self.probe_budget), limit).sent:
+                if not self._allocation(name, offer.cut_to(self.config.probe_budget), limit).sent:
                     continue  # nothing to try: probing it now would be a greedy pass
                 self.due[name] = self.passes + self.wait[name]
                 self.wait[name] *= 2  # back to probe_every once it is the best again
@@ -500,7 +498,7 @@ class AutoProposer(Proposer):
         self.pending.expected = allocation.expected
         self.pending.units = allocation.units(own_cost(arm))
         self.pending.own_before = arm.own_seconds
-        return arm.take(allocation, min(limit, self.probe_budget) if self.on_trial else limit)
+        return arm.take(allocation, min(limit, self.config.probe_budget) if self.on_trial else limit)
 
     def update(self, result: PassResult) -> None:
         for arm in self.arms.values():
@@ -508,7 +506,7 @@ class AutoProposer(Proposer):
         done, self.pending = self.pending, None
         if done is None:
             return
-        name, d = done.arm, self.decay
+        name, d = done.arm, self.config.decay
         self.tried[name] += 1
         self.won[name] += len(result.committed) if done.best else 0
         own = self.arms[name].own_seconds - done.own_before
@@ -518,15 +516,15 @@ class AutoProposer(Proposer):
         self.units[name] = self.units[name] * d + done.units
 
     def close(self) -> None:
-        if self.history and self.passes >= self.probe_every:  # a few passes of a short answer prove nothing
-            tried = [name for name, count in self.tried.items() if count >= self.warmup]
+        if self.history and self.passes >= self.config.probe_every:  # a few passes of a short answer prove nothing
+            tried = [name for name, count in self.tried.items() if count >= self.config.warmup]
             if len(tried) > 1:
                 self.history.record(tried, max(tried, key=self.won.__getitem__))
         for arm in self.all_arms.values():
             arm.close()
 
 
-_DEFAULT_COSTS = PassCosts(learn=False)  # the prior, for a proposer that reads no curve of its own
+_DEFAULT_COSTS = PassCosts(CostConfig(learn=False))  # the prior, for a proposer that reads no curve of its own
 
 
 def own_cost(proposer: Proposer) -> PassCosts:

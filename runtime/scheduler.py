@@ -52,9 +52,9 @@ class PassBudget:
     costs: PassCosts = field(default_factory=PassCosts)
 
     @classmethod
-    def from_config(cls, config: DecodingConfig, prefill_chunk: int) -> "PassBudget":
-        prefill = config.batch_prefill_tokens or max(prefill_chunk, 16)
-        return cls(prefill, PassCosts.from_config(config))
+    def of(cls, config: DecodingConfig, prefill_chunk: int) -> "PassBudget":
+        """The budget `config` sets (batch.prefill_tokens, the cost curve) for a backend's prefill chunk."""
+        return cls(config.batch.prefill_tokens or max(prefill_chunk, 16), PassCosts(config.costs))
 
     def decode_window(self, bids: list[Bid]) -> int:
         """The pass's window for decoding rows with these bids."""

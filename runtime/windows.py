@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import DEFAULTS, DecodingConfig
+from .config import JacobiConfig
 from .passes import PassResult
 
 
@@ -37,8 +37,7 @@ class Arm:
 @dataclass
 class AdaptiveWindow:
     window: int  # the Jacobi arm's window
-    probe_every: int = DEFAULTS.window_probe_every  # the constants' reasons: runtime.config.DecodingConfig
-    smoothing: float = DEFAULTS.window_smoothing
+    config: JacobiConfig = field(default_factory=JacobiConfig)  # how often to probe, how fast to forget
     arms: dict[int, Arm] = field(default_factory=dict)
     passes: int = 0
     _probe: int = 0  # passes left in the current probe of the other arm
@@ -46,10 +45,6 @@ class AdaptiveWindow:
 
     def __post_init__(self) -> None:
         self.arms = {self.window: Arm(), 1: Arm()}
-
-    @classmethod
-    def from_config(cls, config: DecodingConfig, window: int) -> "AdaptiveWindow":
-        return cls(window, config.window_probe_every, config.window_smoothing)
 
     def next(self) -> int:
         self.passes += 1
@@ -60,7 +55,7 @@ class AdaptiveWindow:
         if self._probe:
             self._probe -= 1
             return min(self.arms, key=self.rate)
-        if self.passes % self.probe_every == 0:
+        if self.passes % self.config.probe_every == 0:
             self._probe, self._skip = 1, True
             return min(self.arms, key=self.rate)
         return best
@@ -74,6 +69,6 @@ class AdaptiveWindow:
         skip, self._skip = self._skip, False
         if arm is None or skip:  # a window cut short (max_new_tokens, context) or a probe's warm-up pass
             return
-        a, seconds, accepted = self.smoothing, result.seconds, len(result.committed)
+        a, seconds, accepted = self.config.smoothing, result.seconds, len(result.committed)
         arm.seconds = seconds if arm.seconds is None else (1 - a) * arm.seconds + a * seconds
         arm.tokens = accepted if arm.tokens is None else (1 - a) * arm.tokens + a * accepted

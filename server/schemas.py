@@ -19,7 +19,7 @@ from typing import Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from jacobi_rt.runtime.config import DEFAULTS, ENGINE_FIELDS, FIELDS
+from jacobi_rt.runtime.config import DEFAULTS, ENGINE_FIELDS, FIELDS, GROUPS, with_hint
 from jacobi_rt.runtime.constraints import Constraint
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.params import STRATEGIES, GenerationParams
@@ -46,8 +46,8 @@ def decoding_overrides(options: JacobiOptions) -> dict:
     """The DecodingConfig fields of a request's "jacobi" object, each checked (a 400 naming jacobi.FIELD)."""
     extra = dict(options.model_extra or {})
     for name, value in extra.items():
-        if name not in FIELDS:
-            raise APIError(400, f"jacobi.{name}: not a jacobi-rt option; the options are strategy and the decoding "
+        if name not in FIELDS and name not in GROUPS:
+            raise APIError(400, f"jacobi.{with_hint(name)}: not a jacobi-rt option; the options are strategy and the decoding "
                                 f"config fields {', '.join(f for f in FIELDS if f not in ENGINE_FIELDS)}",
                            f"jacobi.{name}", "invalid_value")
         try:
@@ -56,7 +56,7 @@ def decoding_overrides(options: JacobiOptions) -> dict:
             raise APIError(400, f"jacobi.{name}: {exc}", f"jacobi.{name}", "invalid_value") from None
     try:
         DEFAULTS.with_overrides(extra)
-    except InputError as exc:  # fields that only fail together (draft_length over draft_max_length)
+    except InputError as exc:  # fields that only fail together (draft.length over draft.max_length)
         raise APIError(400, f"jacobi: {exc}", "jacobi", "invalid_value") from None
     return extra
 

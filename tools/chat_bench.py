@@ -130,10 +130,10 @@ def unshared(clients: dict, model: str, prompts: list[str], max_tokens: int) -> 
 
 def warm_pool(artifact: str, system: str, turns: int, max_tokens: int, chats: int) -> dict:
     """Lookahead's tokens per pass on turns 2.. of `chats` chats, lone calls (no server), with the n-gram pool
-    handed over with the kept prefix and without (`prefix_cache_guesses`); both generators take turns."""
+    handed over with the kept prefix and without (`prefix_cache.guesses`); both generators take turns."""
     from jacobi_rt.runtime import Generator
 
-    gens = {name: Generator.load(artifact, verify=False, config={"prefix_cache_guesses": warm})
+    gens = {name: Generator.load(artifact, verify=False, config={"prefix_cache.guesses": warm})
             for name, warm in (("warm", True), ("cold", False))}
     per_pass: dict[str, list[float]] = {name: [] for name in gens}
     for chat in range(chats):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from jacobi_rt.runtime.config import CostConfig
 from jacobi_rt.runtime.acceptance import PassCosts, pass_cost
 from jacobi_rt.runtime.allocator import Guess, Offer, allocate, cut, expected_tokens
 
-COST = PassCosts(learn=False)
+COST = PassCosts(CostConfig(learn=False))
 
 
 def test_cut_is_the_length_rule():

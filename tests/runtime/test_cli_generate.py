@@ -69,13 +69,13 @@ def test_decoding_fields_tune_the_run_and_bad_ones_are_one_line_errors(artifact,
     folder = artifact("llama")
     expected = generator("llama").generate("The quick brown fox", max_new_tokens=12, strategy="greedy")
     result = run(folder, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "jacobi",
-                 "--decoding", "jacobi_window=4", "--decoding", "window_probe_every=4")
+                 "--decoding", "jacobi.window=4", "--decoding", "jacobi.probe_every=4")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["ids"] == expected.ids and data["stats"]["window"] == 4 and data["stats"]["adaptive"]
-    for bad, message in (("branchez=1", "unknown decoding config field(s) branchez"), ("branches=0", "branches must be"),
-                         ("branches", "FIELD=VALUE")):
+    for bad, message in (("lookahead.branchez=1", "field(s) lookahead.branchez (did you mean lookahead.branches?)"),
+                         ("lookahead.branches=0", "lookahead.branches must be"), ("branches", "FIELD=VALUE")):
         result = run(folder, "--prompt", "x", "--decoding", bad)
         assert result.exit_code == 1 and result.output.startswith("error: ") and message in result.output, result.output
     listing = run(folder, "--decoding", "help")
-    assert listing.exit_code == 0 and "acceptance_decay = 0.9" in listing.output
+    assert listing.exit_code == 0 and "lookahead.decay = 0.9" in listing.output

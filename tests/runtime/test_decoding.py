@@ -6,6 +6,7 @@ import pytest
 from alone import decode, send, tokens
 from text_helpers import clean_substring
 
+from jacobi_rt.runtime.config import JacobiConfig
 from jacobi_rt.runtime.allocator import Guess, Offer
 from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer
@@ -144,7 +145,7 @@ def _chain_result(window: int, committed: int, seconds: float):
 def test_adaptive_window_settles_on_the_faster_arm():
     from jacobi_rt.runtime.windows import AdaptiveWindow
 
-    policy = AdaptiveWindow(8, probe_every=10, smoothing=0.25)
+    policy = AdaptiveWindow(8, JacobiConfig(probe_every=10, smoothing=0.25))
     chosen = []
     for _ in range(40):
         w = policy.next()

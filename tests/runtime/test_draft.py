@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jacobi_rt.runtime.config import CostConfig, DraftConfig
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.acceptance import PassCosts, pass_cost
 from alone import decode, passes, send
@@ -284,7 +285,7 @@ def test_length_grows_with_acceptance_and_cheap_drafts():
 
 
 def test_length_is_zero_when_the_draft_does_not_pay_then_probes():
-    length = DraftLength(k_max=8, probe_every=5)
+    length = DraftLength(k_max=8, config=DraftConfig(probe_every=5))
     length.draft_seconds, length.costs.seconds = 1.0, {(1, 1): 1.0}  # the draft costs a target pass
     for _ in range(40):
         length.observe_acceptance(4, 1)
@@ -309,7 +310,7 @@ def test_adaptive_proposer_stops_drafting_when_the_draft_is_as_slow_as_the_targe
     """A draft pass that costs a target pass (pinned: on a loaded machine a measured cost curve can make
     wide passes look free, and then even rare hits pay) and guesses that are wrong: mostly greedy passes."""
     target = backend("llama")
-    length = DraftLength(8, PassCosts(learn=False), prior_cost=1.0)  # no measured costs: the priors decide
+    length = DraftLength(8, PassCosts(CostConfig(learn=False)), DraftConfig(prior_cost=1.0))  # no measured costs: the priors decide
     with DraftProposer(backend("qwen2"), 200, length=length) as proposer:  # unrelated weights: guesses are wrong
         generate(target, [5, 17, 33], 120, proposer, 9)
     assert proposer.stats["proposed"] < 40  # mostly greedy passes, with a probe now and then

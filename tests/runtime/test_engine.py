@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from jacobi_rt.runtime.config import AutoConfig, CostConfig
 from jacobi_rt.runtime import Generator
 from jacobi_rt.runtime.engine import END, Engine, Row
 from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
@@ -37,7 +38,7 @@ def clock():
 def engine(gen, slots, chunk=256, wide=False):
     """wide: a flat cost curve (wide passes free, as on a GPU), so every row gets the window it asks for."""
     flat = {1: 1.0, 4096: 1.0}
-    budget = PassBudget(costs=PassCosts(flat, learn=False, batch_table=flat)) if wide else None
+    budget = PassBudget(costs=PassCosts(CostConfig(flat, learn=False, batch_pass_costs=flat))) if wide else None
     return Engine.open(gen.backend, slots, prefill_chunk=chunk, budget=budget, clock=clock())
 
 
@@ -283,8 +284,8 @@ def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifa
     def union():
         return UnionProposer({"draft": DraftProposer(gen.draft, 128), "lookahead": LookaheadProposer(1)})
 
-    proposers = [union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, warmup=1, probe_every=4),
-                 union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, warmup=1, probe_every=4)]
+    proposers = [union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, AutoConfig(warmup=1, probe_every=4)),
+                 union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, AutoConfig(warmup=1, probe_every=4))]
     eng = engine(gen, slots=4, wide=True)
     bids, decide = [], eng.budget.decode_window
     eng.budget.decode_window = lambda b: bids.append(b) or decide(b)

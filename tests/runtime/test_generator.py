@@ -149,11 +149,11 @@ def test_a_calls_config_tunes_its_proposer_and_the_output_stays_greedy(gen):
 
     prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
     greedy = gen.generate(prompt, max_new_tokens=40, strategy="greedy").ids
-    for config in ({"branches": 1, "acceptance_margin": 0.0}, {"pass_costs": [[1, 1.0], [64, 1.0]]},
-                   DecodingConfig(window=4), {"jacobi_window": 4}):
+    for config in ({"lookahead": {"branches": 1, "margin": 0.0}}, {"costs.pass_costs": [[1, 1.0], [64, 1.0]]},
+                   DecodingConfig(window=4), {"jacobi.window": 4}):
         for strategy in ("jacobi", "lookahead"):
             assert gen.generate(prompt, max_new_tokens=40, strategy=strategy, config=config).ids == greedy, (config, strategy)
-    assert gen.generate(prompt, max_new_tokens=8, strategy="jacobi", config={"jacobi_window": 4}).stats.window == 4
+    assert gen.generate(prompt, max_new_tokens=8, strategy="jacobi", config={"jacobi": {"window": 4}}).stats.window == 4
     fixed = gen.generate(prompt, max_new_tokens=8, strategy="jacobi", config={"window": 4}).stats
     assert fixed.window == 4 and not fixed.adaptive  # a window, from the argument or the config, is fixed
     assert gen.generate(prompt, max_new_tokens=8, strategy="lookahead", window=2, config={"window": 4}).stats.window == 2
@@ -162,8 +162,9 @@ def test_a_calls_config_tunes_its_proposer_and_the_output_stays_greedy(gen):
 def test_a_generators_config_is_its_callers_default(artifact):
     from jacobi_rt.runtime import Generator
 
-    tuned = Generator.load(artifact("llama"), verify=False, config={"window": 4, "branches": 1}, prefill_chunk=8)
-    assert tuned.config.branches == 1 and tuned.config.prefill_chunk == 8 and tuned.limits.prefill_chunk == 8
+    tuned = Generator.load(artifact("llama"), verify=False, config={"window": 4, "lookahead": {"branches": 1}},
+                           prefill_chunk=8)
+    assert tuned.config.lookahead.branches == 1 and tuned.config.batch.prefill_chunk == 8 and tuned.limits.prefill_chunk == 8
     result = tuned.generate("hello there", max_new_tokens=6, strategy="lookahead")
     assert result.stats.window == 4 and result.stats.prefill_passes == 1
     assert tuned.generate("hello there", max_new_tokens=6, strategy="greedy").stats.window == 1  # its window is not an error
@@ -172,10 +173,10 @@ def test_a_generators_config_is_its_callers_default(artifact):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"prefill_chunk": 8}, "set where the generator is loaded"),
-    ({"branches": 0}, "branches must be from 1 to 16"),
+    ({"batch": {"prefill_chunk": 8}}, "set where the generator is loaded"),
+    ({"lookahead.branches": 0}, "lookahead.branches must be from 1 to 16"),
     ({"window": 0}, "window must be between 1"),
-    ("branches=1", "config must be a DecodingConfig or a mapping"),
+    ("lookahead.branches=1", "config must be a DecodingConfig or a mapping"),
 ])
 def test_a_bad_config_is_refused_before_anything_runs(gen, config, message):
     with pytest.raises(InputError, match=message):

@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+from jacobi_rt.runtime.config import CostConfig, LookaheadConfig
 from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, matched_prefix, pass_cost
 from jacobi_rt.runtime.allocator import cut
 from jacobi_rt.runtime.ngram import Candidate, NgramPool, PromptLookup
@@ -240,7 +241,7 @@ def test_matched_prefix():
 
 
 def test_tracker_scores_tried_tokens_up_to_the_first_miss():
-    tracker = AcceptanceTracker(prior_weight=1e-9, decay=1.0)
+    tracker = AcceptanceTracker(config=LookaheadConfig(prior_weight=1e-9, decay=1.0))
     tracker.score(Candidate([1, 2, 3, 4], "prompt", 3), [1, 2, 9])  # 2 right, the 3rd wrong
     rate = tracker.rate("prompt", 3)
     assert (round(rate.right, 6), round(rate.tried, 6)) == (2, 3)
@@ -251,7 +252,7 @@ def test_tracker_scores_tried_tokens_up_to_the_first_miss():
 
 
 def test_tracker_keys_by_source_and_capped_match_length():
-    tracker = AcceptanceTracker(max_match=4)
+    tracker = AcceptanceTracker(config=LookaheadConfig(max_match=4))
     assert tracker.rate("prompt", 7) is tracker.rate("prompt", 4)
     assert tracker.rate("prompt", 2) is not tracker.rate("prompt", 4)
     assert tracker.rate("pool", 2) is not tracker.rate("prompt", 2)
@@ -268,7 +269,7 @@ def test_the_one_length_rule_weighs_a_guess_producers_own_cost():
 
 def tracked_length(tracker: AcceptanceTracker, p: float, available: int) -> int:
     """What the allocator sends of one guess of `available` tokens right with chance p, against the tracker's curve and margin."""
-    picks = allocate(Offer((Guess((p,) * available),), margin=tracker.margin), available, tracker.costs).picks
+    picks = allocate(Offer((Guess((p,) * available),), margin=tracker.config.margin), available, tracker.costs).picks
     return picks[0][1] if picks else 0
 
 
@@ -484,7 +485,7 @@ def test_proposer_output_equals_greedy_and_saves_passes_on_copying(branches):
     prompt = source + [1001] + source[:5]  # a summarising-like prompt: the model copies the text
     greedy = greedy_oracle(model, prompt, 40)
     assert greedy == source[5:45]
-    out, passes = run_loop(LookaheadProposer(branches, AcceptanceTracker(costs=PassCosts(learn=False))), model, prompt, 40, window=8)
+    out, passes = run_loop(LookaheadProposer(branches, AcceptanceTracker(costs=PassCosts(CostConfig(learn=False)))), model, prompt, 40, window=8)
     assert out == greedy
     assert passes <= 8  # greedy needs 39 passes, a perfect window of 8 needs 5
 
@@ -497,7 +498,7 @@ def test_proposer_sends_nothing_when_guesses_keep_failing():
         return table[(seq[-1] * 31 + len(seq)) % 1000]
 
     prompt = [rng.randrange(1000) for _ in range(200)]
-    proposer = LookaheadProposer(tracker=AcceptanceTracker(costs=PassCosts(learn=False)))  # toy passes take no time to learn from
+    proposer = LookaheadProposer(tracker=AcceptanceTracker(costs=PassCosts(CostConfig(learn=False))))  # toy passes take no time to learn from
     out, passes = run_loop(proposer, model, prompt, 120, window=8)
     assert out == greedy_oracle(model, prompt, 120)
     sent = []
@@ -525,13 +526,13 @@ def test_tracker_learns_the_cost_curve_from_measured_passes():
         tracker.costs.observe(8, 0.011)  # a GPU-like flat curve
     assert tracker.costs(8) == pytest.approx(1.1)
     assert tracked_length(tracker, 0.5, 7) == 7  # wide passes nearly free: send everything
-    fixed = AcceptanceTracker(costs=PassCosts(learn=False))
+    fixed = AcceptanceTracker(costs=PassCosts(CostConfig(learn=False)))
     fixed.costs.observe(1, 0.010)
     assert fixed.costs(8) == pass_cost(8)
 
 
 def test_the_cost_curve_is_keyed_by_rows_and_width_not_total_tokens():
-    costs = PassCosts(min_samples=1)
+    costs = PassCosts(CostConfig(min_samples=1))
     assert costs(32) == pass_cost(32) and costs(2, rows=16) == pass_cost(32, costs.batch_table)  # the two priors
     assert costs(2, rows=16) > costs(32)  # 16 rows x 2 cost more than one row of 32
     costs.observe(1, 0.010)

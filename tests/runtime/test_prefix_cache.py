@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from jacobi_rt.runtime.config import PrefixCacheConfig
 from jacobi_rt.runtime import Generator
 from jacobi_rt.runtime.prefix_cache import PrefixCache
 
@@ -39,19 +40,19 @@ def pair(artifact, family: str, **kw) -> tuple[Generator, Generator]:
 
 
 def test_a_hit_reuses_the_longest_shared_prefix_but_always_runs_the_last_prompt_token():
-    cache = PrefixCache(min_tokens=4)
+    cache = PrefixCache(config=PrefixCacheConfig(min_tokens=4))
     cache.keep(2, list(range(10)))
     cache.keep(3, [0, 1, 2, 3, 4, 99])
     choice = cache.choose(list(range(8)) + [50], range(1, 4))
     assert (choice.slot, choice.reuse) == (2, 8) and choice.kept.tokens == list(range(10))
-    repeat = PrefixCache(min_tokens=4)
+    repeat = PrefixCache(config=PrefixCacheConfig(min_tokens=4))
     repeat.keep(0, list(range(10)))
     assert repeat.choose(list(range(10)), range(0, 1)).reuse == 9  # an exact repeat: its last token still runs
     assert (cache.queries, cache.hits, cache.cached_tokens) == (1, 1, 8)
 
 
 def test_short_or_wasteful_hits_take_a_free_slot_and_the_oldest_kept_slot_is_evicted_last():
-    cache = PrefixCache(min_tokens=4)
+    cache = PrefixCache(config=PrefixCacheConfig(min_tokens=4))
     cache.keep(1, [7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8])  # a long conversation sharing a 3-token header
     assert cache.choose([7, 7, 7, 9], range(0, 3)).slot == 0 and 1 in cache.kept  # below min_tokens: a free slot
     cache.keep(2, [5] * 30)
@@ -94,7 +95,7 @@ def test_the_lookahead_pool_and_the_draft_cache_travel_with_the_conversation(art
 
 
 def test_lone_calls_keep_at_most_the_configured_contexts(artifact):
-    gen = Generator.load(artifact("llama"), threads=1, verify=False, config={"prefix_cache_contexts": 2})
+    gen = Generator.load(artifact("llama"), threads=1, verify=False, config={"prefix_cache.contexts": 2})
     for i in range(5):
         gen.generate([5 + i] * 30, max_new_tokens=4)
     assert len(gen.kept.entries) == 2
@@ -138,6 +139,6 @@ def test_smollm2_chat_turns_reuse_their_prefix_and_equal_fresh_prefills(artifact
 
 
 def test_without_the_guesses_only_the_kv_is_kept(artifact):
-    gen, cold = pair(artifact, "llama", config={"prefix_cache_guesses": False})
+    gen, cold = pair(artifact, "llama", config={"prefix_cache.guesses": False})
     stats = conversation(gen, cold, "Ona", turns=3, max_new_tokens=10, strategy="lookahead")
     assert reused_each_previous_prompt(stats) and not any(s.proposer.get("warm_pool") for s in stats)

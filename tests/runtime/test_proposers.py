@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from jacobi_rt.runtime.config import AutoConfig
 from jacobi_rt.runtime.allocator import Allocation, Guess, Offer
 from jacobi_rt.runtime.passes import pass_result
 from alone import send
@@ -138,7 +139,7 @@ def test_union_through_the_allocator_sends_the_better_part_first_and_the_other_i
 
 def test_auto_tries_every_arm_then_prefers_the_one_that_delivers_and_keeps_probing():
     good, bad = Scripted([1, 2, 3]), Scripted([9, 9, 9])  # the same estimates: the measured record decides
-    auto = AutoProposer({"bad": bad, "good": good}, warmup=2, probe_every=10, probe_budget=2)
+    auto = AutoProposer({"bad": bad, "good": good}, AutoConfig(warmup=2, probe_every=10, probe_budget=2))
     auto.start([0], 0)
     chosen = []
     for _ in range(40):
@@ -156,7 +157,7 @@ def test_auto_tries_every_arm_then_prefers_the_one_that_delivers_and_keeps_probi
 def test_auto_gives_each_pass_to_the_arm_whose_offer_is_worth_most():
     copy = Flaky([1, 2, 3])  # free, but only every other pass
     draft = Modelled([1, 2, 3], p=0.95, cost=0.3)  # always, at 0.3 W=1 passes a token
-    auto = AutoProposer({"copy": copy, "draft": draft}, warmup=2, probe_every=10)
+    auto = AutoProposer({"copy": copy, "draft": draft}, AutoConfig(warmup=2, probe_every=10))
     auto.start([0], 0)
     chosen, offered = [], []
     for _ in range(30):
@@ -170,20 +171,20 @@ def test_auto_gives_each_pass_to_the_arm_whose_offer_is_worth_most():
 
 def test_auto_prices_a_drafts_production_and_its_own_time_but_not_its_one_time_catch_up():
     late = Modelled([1, 2, 3], catchup=0.2)
-    auto = AutoProposer({"first": Scripted([1, 2, 3]), "late": late}, warmup=2)
+    auto = AutoProposer({"first": Scripted([1, 2, 3]), "late": late}, AutoConfig(warmup=2))
     _auto_call(auto, passes=6)
     assert late.catchup_seconds == 0.2
     # counted, the 0.2 s would make "late" about ten times slower than "first" (passes take 14 ms)
     assert auto.rate("late") == pytest.approx(auto.rate("first"))
     slow = Modelled([1, 2, 3], cost=1.0)  # the same guesses, but a model as slow as the target, priced in its offer
-    auto = AutoProposer({"slow": slow, "free": Scripted([1, 2, 3])}, warmup=2, probe_every=100)
+    auto = AutoProposer({"slow": slow, "free": Scripted([1, 2, 3])}, AutoConfig(warmup=2, probe_every=100))
     assert _auto_call(auto, passes=12)[4:] == ["free"] * 8
     assert auto.rate("free") > 1.5 * auto.rate("slow")  # and the measured record agrees
 
 
 def test_auto_does_not_probe_an_arm_with_nothing_to_send():
     quiet = Flaky([9, 9, 9])  # wrong when it guesses
-    auto = AutoProposer({"good": Scripted([1, 2, 3]), "quiet": quiet}, warmup=2, probe_every=3)
+    auto = AutoProposer({"good": Scripted([1, 2, 3]), "quiet": quiet}, AutoConfig(warmup=2, probe_every=3))
     chosen = _auto_call(auto, passes=30)
     probes = [i for i, who in enumerate(chosen) if i >= 4 and who == "quiet"]
     assert probes and all(i % 2 == 0 for i in probes)  # only on passes where it offers (odd offer calls)
@@ -194,22 +195,22 @@ def test_auto_history_benches_a_losing_arm_for_doubling_calls_and_a_win_resets_i
     good, bad = Scripted([1, 2, 3]), Scripted([9, 9, 9])
     tried = []
     for _ in range(12):
-        chosen = _auto_call(AutoProposer({"good": good, "bad": bad}, warmup=2, history=history))
+        chosen = _auto_call(AutoProposer({"good": good, "bad": bad}, AutoConfig(warmup=2), history=history))
         tried.append("bad" in chosen)
     # lose -> sit out 1 call; lose -> 2; -> 4; -> 4 (capped)
     assert tried == [True, False, True, False, False, True, False, False, False, False, True, False]
     # the same arm, now winning: one win and it is back in every call
     history.records["bad"].sit_out = 0
     for _ in range(3):
-        assert "bad" in _auto_call(AutoProposer({"good": bad, "bad": Scripted([1, 2, 3])}, warmup=2, history=history))
+        assert "bad" in _auto_call(AutoProposer({"good": bad, "bad": Scripted([1, 2, 3])}, AutoConfig(warmup=2), history=history))
     assert history.records["bad"].losses == 0
     # a short answer (fewer passes than probe_every) is no fair trial: nothing is recorded
-    _auto_call(AutoProposer({"good": good, "bad": bad}, warmup=2, probe_every=16, history=history), passes=10)
+    _auto_call(AutoProposer({"good": good, "bad": bad}, AutoConfig(warmup=2, probe_every=16), history=history), passes=10)
     assert history.records["bad"].losses == 0 and history.records["bad"].sit_out == 0
 
 
 def test_auto_takes_nothing_from_a_pass_without_room():
     arm = Scripted([1, 2, 3])
-    auto = AutoProposer({"a": arm, "b": Scripted([1, 2, 3])}, warmup=1)
+    auto = AutoProposer({"a": arm, "b": Scripted([1, 2, 3])}, AutoConfig(warmup=1))
     auto.start([0], 0)
     assert send(auto, 0) == [] and arm.asked == [] and auto.passes == 0

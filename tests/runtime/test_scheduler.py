@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from jacobi_rt.runtime.config import CostConfig
 from jacobi_rt.runtime.acceptance import PassCosts
 from jacobi_rt.runtime.allocator import Guess, Offer
 from jacobi_rt.runtime.scheduler import BATCH_PASS_COSTS, Bid, PassBudget
 
-SOLO = PassCosts(learn=False)  # a row's own one-row curve (the CPU prior)
+SOLO = PassCosts(CostConfig(learn=False))  # a row's own one-row curve (the CPU prior)
 
 
 def budget(**costs) -> PassBudget:
-    return PassBudget(prefill_tokens=64, costs=PassCosts(learn=False, batch_table=costs or dict(BATCH_PASS_COSTS)))
+    return PassBudget(prefill_tokens=64, costs=PassCosts(CostConfig(learn=False, batch_pass_costs=costs or BATCH_PASS_COSTS)))
 
 
 def offering(want: int, p: float, cost: float = 0.0) -> Bid:
@@ -41,7 +42,7 @@ def test_rows_whose_guesses_pay_get_wider_passes_and_fewer_rows_wider_still():
 def test_a_flat_cost_curve_gives_every_row_its_widest_window():
     flat = {1: 1.0, 4096: 1.0}
     bids = [offering(4, 0.5), offering(8, 0.5), offering(2, 0.5)]
-    assert PassBudget(costs=PassCosts(flat, learn=False, batch_table=flat)).decode_window(bids) == 8
+    assert PassBudget(costs=PassCosts(CostConfig(flat, learn=False, batch_pass_costs=flat))).decode_window(bids) == 8
 
 
 def test_no_window_is_wider_than_any_row_asks():

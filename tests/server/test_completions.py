@@ -41,11 +41,11 @@ def test_every_strategy_gives_greedy_text(client, gen, strategy, window):
 def test_the_jacobi_field_takes_decoding_config_fields_and_the_text_stays_greedy(client, gen):
     greedy = gen.generate(PROMPTS[0], 20, strategy="greedy")
     body = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 20, "jacobi": {
-        "strategy": "jacobi", "jacobi_window": 4, "window_probe_every": 4}}).json()
+        "strategy": "jacobi", "jacobi": {"window": 4, "probe_every": 4}}}).json()
     assert body["choices"][0]["text"] == greedy.text
     assert body["jacobi"]["window"] == 4 and body["jacobi"]["adaptive"]  # the config's Jacobi window, adapted
     body = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 20, "jacobi": {
-        "strategy": "lookahead", "branches": 1, "acceptance_margin": 0.0, "pass_costs": {"1": 1.0, "64": 1.0}}}).json()
+        "strategy": "lookahead", "lookahead": {"branches": 1, "margin": 0.0}, "costs.pass_costs": {"1": 1.0, "64": 1.0}}}).json()
     assert body["choices"][0]["text"] == greedy.text and body["jacobi"]["strategy"] == "lookahead"
 
 
