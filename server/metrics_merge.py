@@ -5,7 +5,7 @@ Families keep their names, help and type (vLLM's names stay vLLM's names), so on
 replica and the cluster-wide figure is an aggregation over the label, e.g.
 `sum without (replica) (rate(vllm:generation_tokens_total[1m]))` or
 `histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket[5m])))`.
-`*_created` samples are dropped: a creation time means nothing once summed over replicas.
+The replicas' texts carry no `*_created` samples (server/metrics.py leaves them out), so none are merged.
 """
 
 from __future__ import annotations
@@ -37,11 +37,9 @@ def merge_expositions(texts: Mapping[str, bytes | str], label: str = LABEL) -> b
         if isinstance(text, bytes):
             text = text.decode()
         for family in text_string_to_metric_families(text):
-            if family.name.endswith("_created"):
-                continue
             merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type, family.unit))
             merged.samples += [Sample(s.name, {**s.labels, label: replica}, s.value, s.timestamp, s.exemplar)
-                               for s in family.samples if not s.name.endswith("_created")]
+                               for s in family.samples]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families.values()))
     return generate_latest(registry)
