@@ -334,9 +334,13 @@ class Generator:
     def _request(self, prompt, messages, chat: bool, params: GenerationParams) -> Request:
         """The request resolved against this generator: the prompt's ids, the window, the config."""
         overrides = self._overrides(params.config)
-        window = overrides.pop("window", None) if params.window is None else params.window
-        jacobi_tail = overrides.pop("draft.jacobi_tail", None) if params.jacobi_tail is None else params.jacobi_tail
-        decoding = self.config.with_overrides(overrides, per_request=True)
+        decoding = self.config.with_overrides(overrides, per_request=True)  # checked, window and jacobi_tail too
+        # A request's window or jacobi_tail, as an argument or in its config, is the request's own choice.
+        window, jacobi_tail = params.window, params.jacobi_tail
+        if window is None and "window" in overrides:
+            window = decoding.window
+        if jacobi_tail is None and "draft.jacobi_tail" in overrides:
+            jacobi_tail = decoding.draft.jacobi_tail
         strategy = params.strategy
         if not self.backend.rows.exact_windows:  # no window is exact on this CPU (exact_rows.py): decode greedily
             strategy, window, jacobi_tail = "greedy", None, None
@@ -377,8 +381,6 @@ class Generator:
         """The request's jacobi_tail (checked: it belongs to the draft's chain), else the config's."""
         if jacobi_tail is None:
             return decoding.draft.jacobi_tail
-        if not isinstance(jacobi_tail, (bool, np.bool_)):
-            raise InputError(f"jacobi_tail must be true or false, not {jacobi_tail!r}")
         if strategy not in ("speculative", "auto") or self.draft is None:
             raise InputError("jacobi_tail is an option of the draft model's chain: use strategy 'speculative' "
                              "(or 'auto') with a draft model, or leave jacobi_tail out")
@@ -413,8 +415,6 @@ class Generator:
 
     def _window(self, strategy: str, window, decoding: DecodingConfig) -> int:
         """The request's window (checked), else the config's, else the strategy's default from the config."""
-        if window is not None and (not isinstance(window, (int, np.integer)) or isinstance(window, bool)):
-            raise InputError(f"window must be an integer, not {window!r}")
         if strategy == "greedy":
             if window not in (None, 1):
                 raise InputError(f"greedy decoding uses a window of 1, not {window}; use strategy='jacobi' for a larger window")

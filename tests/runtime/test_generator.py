@@ -175,7 +175,7 @@ def test_a_generators_config_is_its_callers_default(artifact):
 @pytest.mark.parametrize("config, message", [
     ({"batch": {"prefill_chunk": 8}}, "set where the generator is loaded"),
     ({"lookahead.branches": 0}, "lookahead.branches must be from 1 to 16"),
-    ({"window": 0}, "window must be between 1"),
+    ({"window": 0}, "window must be from 1 to 64"),
     ("lookahead.branches=1", "config must be a DecodingConfig or a mapping"),
 ])
 def test_a_bad_config_is_refused_before_anything_runs(gen, config, message):
