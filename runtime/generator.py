@@ -318,7 +318,7 @@ class Generator:
         chunk = self.limits.prefill_chunk
         cache = PrefixCache(self.prefix_cache, self.config.prefix_cache_min_tokens, self.config.prefix_cache_guesses)
         return Engine.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.from_config(self.config, chunk),
-                           cache=cache)
+                           cache=cache, draft=self.draft)
 
     def stop_engine(self) -> None:
         engine, self.engine = self.engine, None
