@@ -4,8 +4,8 @@ N chat prompts run together on an engine of N slots, all rows greedy, then all s
 strategies), round after round with the order swapped, so a noisy machine hits each alike. Per
 strategy: total new tokens / wall seconds, tokens per pass, and for drafting rows how much the draft
 proposed (a row the allocator keeps greedy sends no draft tokens: `draft passes`, `proposed`).
-`speculative:3` sends a fixed 3 draft tokens a pass (config draft_length), whatever the allocator
-would choose. `--draft-modes batched,own` runs each drafting strategy twice: its rows' drafts in one
+`speculative:3` offers a fixed 3 draft tokens a pass (config draft_length; the batch's width still
+decides whether they are sent). `--draft-modes batched,own` runs each drafting strategy twice: its rows' drafts in one
 batched pass a step (the engine's draft slots) and each row's draft on its own.
 
     python -m jacobi_rt.tools.batch_strategies build/smollm2-135m --draft build/smollm2-135m-int8 \\
@@ -45,8 +45,10 @@ def draft_counts(proposer_stats: dict) -> tuple[int, int]:
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--draft-modes", default="batched", show_default=True,
               help="batched (one draft pass a step for all rows), own (each row's draft alone), or both")
+@click.option("--config", "config", default=None, help="DecodingConfig fields for every strategy, as JSON "
+              "(e.g. '{\"draft_prior_cost\": 0}': a draft priced free until its passes are timed)")
 @click.option("--out", type=click.Path(dir_okay=False), default=None)
-def main(artifact, draft, strategies, rows, rounds, max_tokens, draft_modes, out):
+def main(artifact, draft, strategies, rows, rounds, max_tokens, draft_modes, config, out):
     """Total tokens/s of a batch of rows per strategy, side by side."""
     from jacobi_rt.runtime import Generator
 
@@ -66,8 +68,8 @@ def main(artifact, draft, strategies, rows, rounds, max_tokens, draft_modes, out
             gen.start_engine(rows, batched_draft=(mode or modes[0]) == "batched")
             try:
                 started = time.perf_counter()
-                results = gen.generate_batch(prompts, max_new_tokens=max_tokens, strategy=strategy,
-                                             config={"draft_length": int(k)} if k else None)
+                overrides = {**json.loads(config or "{}"), **({"draft_length": int(k)} if k else {})}
+                results = gen.generate_batch(prompts, max_new_tokens=max_tokens, strategy=strategy, config=overrides or None)
                 wall = time.perf_counter() - started
             finally:
                 gen.stop_engine()
