@@ -12,8 +12,8 @@ has taken its guesses, runs the draft step (`run`), which fills each wanted chai
 A pass of 8 rows costs 0.33-0.52 of 8 one-row passes (SmolLM2 int8 draft, past 100-500, this CPU:
 docs/bench/2026-12-02-batched-draft.md). Each pass is timed here, once, and each row it served is
 charged its share (seconds / rows served): what its DraftLength learns as the draft's cost, so the
-allocator prices a row's draft at what the batch really pays for it. A row's draft prompt (its first
-catch-up) still runs as a one-row pass. The draft only guesses, so the rows' outputs stay the target's.
+allocator prices a row's draft at what the batch really pays for it. The rows' catch-ups (a new row's
+prompt) are fed together too, before pass 1. The draft only guesses, so the rows' outputs stay the target's.
 The slots live with the engine; a finished row's draft cache is copied out for the prefix cache
 (`DraftRow.copy`) and the slot goes to the next row. A lone call (run_alone) has no slots: its draft
 keeps its own context and passes.
@@ -64,11 +64,13 @@ class DraftSlots:
         self.free.append(row)
 
     def run(self) -> None:
-        """Fill every chain wanted this step: one batched pass for the first tokens, then one per further token."""
+        """Fill every chain wanted this step: the catch-ups, one batched pass for the first tokens, then one per
+        further token."""
         wanted, self.wanted = self.wanted, []
         if not wanted:
             return
-        firsts = [(draft, k, *draft._window(k)) for draft, k in wanted]  # catch-ups run here, a row at a time
+        self._catch_up([draft for draft, _ in wanted])
+        firsts = [(draft, k, *draft._window(k)) for draft, k in wanted]
         windows = {draft.seat.row: window for draft, _, window, _, _ in firsts}
         befores = [draft.before(draft.tokens, pending - 1) for draft, _, _, pending, _ in firsts]
         out, lo, seconds = self._pass(windows, any(b is not None for b in befores))
@@ -92,6 +94,23 @@ class DraftSlots:
             self._charge(active, seconds, narrow=True)
         for draft, _ in wanted:
             draft.stats["proposed"] += len(draft.chain)
+
+    def _catch_up(self, drafts: list[DraftProposer]) -> None:
+        """Feed the rows with more than CATCHUP pending tokens (a new row's prompt, or what the target committed
+        while its draft sat out) all but their last, together, in chunks of at most SPARE tokens."""
+        late = [d for d in drafts if len(d.tokens) - d.ctx.length > min(CATCHUP, d.max_window or CATCHUP)]
+        while late:
+            chunk = min(SPARE, *(d.prefill_chunk for d in late), *(d.max_window or SPARE for d in late))
+            windows = {d.seat.row: d.tokens[d.ctx.length : len(d.tokens) - 1][:chunk] for d in late}
+            out, lo, seconds = self._pass(windows, False)
+            keeps = [[] for _ in range(out.greedy_ids.shape[0])]
+            for d in late:
+                keeps[d.seat.row - lo] = list(range(len(windows[d.seat.row])))
+            self.ctx.commit_each(keeps)
+            for d in late:
+                d.catchup_seconds += seconds / len(late)  # paid once: not the draft's per-pass cost
+                d._count(1, seconds / len(late))
+            late = [d for d in late if len(d.tokens) - d.ctx.length > 1]
 
     def _pass(self, windows: dict[int, list[int]], want_logits: bool):
         """One draft pass over slots [lo, hi) covering `windows` (slot -> tokens), timed: (output, lo, seconds)."""
