@@ -165,6 +165,7 @@ class DraftProposer(Proposer):
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
         self.usable = True  # False when the prompt does not fit the draft's context
         self.sampler = None  # with sampling, the draft samples its chain (use_sampler)
+        self.seat = None  # a row of the engine's draft slots (sit()); None: its own context
         self.stats = _zero_stats()
 
     # -- the Proposer interface -------------------------------------------------------------
@@ -198,6 +199,10 @@ class DraftProposer(Proposer):
         k = allocation.picks[0][1] if allocation.picks else 0
         if self.k is None and limit >= 1:
             self.length.sent(k)
+        if k > 0 and self.seat is not None:  # seated on the engine's draft slots: its draft step fills the chain
+            self.chain = []
+            self.seat.want(self, k)
+            return [self.chain]
         self.chain = self._run_draft(k) if k > 0 else []
         self.stats["proposed"] += len(self.chain)
         return [self.chain] if self.chain else []
@@ -227,8 +232,15 @@ class DraftProposer(Proposer):
         self.chain = []
 
     def handover(self) -> dict:
-        """The draft's cache and the tokens it holds, for the conversation's next turn."""
-        kept, self.ctx = DraftCache(self.ctx, self.tokens[: self.ctx.length]), None
+        """The draft's cache and the tokens it holds, for the conversation's next turn (a seated draft's
+        row is copied into a context of its own: the slot goes to the next row)."""
+        tokens = self.tokens[: self.ctx.length]
+        if self.seat is not None:
+            kept = DraftCache(self.seat.copy(self.backend), tokens)
+            self.seat.close()
+        else:
+            kept = DraftCache(self.ctx, tokens)
+        self.ctx = self.seat = None
         return {"cache": kept}
 
     def adopt(self, state: dict) -> None:
@@ -236,7 +248,7 @@ class DraftProposer(Proposer):
         close_state(state)
         if kept is None:
             return
-        if kept.ctx.capacity >= self.ctx.capacity:
+        if kept.ctx.capacity >= self.ctx.capacity and self.seat is None:
             self.ctx.close()
             self.ctx, self.kept = kept.ctx, kept.tokens
             return
@@ -247,6 +259,13 @@ class DraftProposer(Proposer):
     def close(self) -> None:
         if self.ctx is not None:
             self.ctx.close()
+            self.ctx = self.seat = None
+
+    def sit(self, seat) -> None:
+        """Run on `seat`, a row of an engine's draft slots (runtime.draft_slots), instead of a context of its
+        own: its passes then join the other seated drafts' (before start() and adopt())."""
+        self.ctx.close()
+        self.ctx = self.seat = seat
 
     # -- the draft's passes ---------------------------------------------------------------------
 
@@ -256,33 +275,42 @@ class DraftProposer(Proposer):
         return self.ctx.capacity - self.ctx.length - pending + 1
 
     def _run_draft(self, k: int) -> list[int]:
-        """K greedy draft tokens after the committed sequence; leaves the KV of the first K-1 cached."""
-        began, passes = time.perf_counter(), 0
-        pending = self.tokens[self.ctx.length :]
-        widest = self.max_window or len(pending) + k
-        if len(pending) > min(CATCHUP, widest):  # the prompt, or what the target committed while the draft sat out
-            pending, passes = self._catch_up(pending), passes + 1
-        guesses = self.jacobi_guesses[: max(0, min(k - 1, widest - len(pending)))]
-        window = [*pending, *guesses]
+        """K draft tokens after the committed sequence; leaves the KV of the first K-1 cached."""
+        window, pending, guesses = self._window(k)
         tick = time.perf_counter()
-        ids = self._forward(window, keep=None, first=len(pending) - 1, sequence=self.tokens)
-        passes += 1
-        # ids[len(pending) - 1] is the draft's token after the last committed one; each Jacobi
-        # guess that equals the draft's own token there lets the next position's id stand too.
-        chain = [ids[len(pending) - 1]]
-        while len(chain) < k and len(chain) <= len(guesses) and guesses[len(chain) - 1] == chain[-1]:
-            chain.append(ids[len(pending) + len(chain) - 1])
-        self.ctx.commit(len(pending) + len(chain) - 1)
-        self.stats["draft_passes_saved"] += len(chain) - 1
+        chain = self._chain(pending, guesses, self._forward(window, first=pending - 1, sequence=self.tokens), k)
+        self.ctx.commit(pending + len(chain) - 1)
         narrow = [time.perf_counter() - tick] if len(window) <= 2 else []  # the cost estimate: 1-2 token passes
+        passes, seconds = 1, time.perf_counter() - tick
         while len(chain) < k:
             tick = time.perf_counter()
-            chain.append(self._forward([chain[-1]], keep=1, first=0, sequence=[*self.tokens, *chain])[0])
+            chain.append(self._forward([chain[-1]], first=0, sequence=[*self.tokens, *chain])[0])
+            self.ctx.commit(1)
             narrow.append(time.perf_counter() - tick)
-            passes += 1
-        self._count(passes, time.perf_counter() - began)
+            passes, seconds = passes + 1, seconds + narrow[-1]
+        self._count(passes, seconds)
         if narrow:
             self.length.observe_draft(sum(narrow) / len(narrow))
+        return chain
+
+    def _window(self, k: int) -> tuple[list[int], int, list[int]]:
+        """The first draft pass of a K-token chain: (its window, how many of its tokens are pending committed
+        ones, the Jacobi guesses after them). Many pending tokens (the prompt, or what the target committed
+        while the draft sat out) are fed first, all but the last, in prefill chunks."""
+        pending = self.tokens[self.ctx.length :]
+        widest = self.max_window or len(pending) + k
+        if len(pending) > min(CATCHUP, widest):
+            pending = self._catch_up(pending)
+        guesses = self.jacobi_guesses[: max(0, min(k - 1, widest - len(pending)))]
+        return [*pending, *guesses], len(pending), guesses
+
+    def _chain(self, pending: int, guesses: list[int], ids: list[int], k: int) -> list[int]:
+        """The chain the first pass gives: ids[pending - 1] is the draft's token after the last committed one;
+        each Jacobi guess that equals the draft's own token there lets the next position's id stand too."""
+        chain = [ids[pending - 1]]
+        while len(chain) < k and len(chain) <= len(guesses) and guesses[len(chain) - 1] == chain[-1]:
+            chain.append(ids[pending + len(chain) - 1])
+        self.stats["draft_passes_saved"] += len(chain) - 1
         return chain
 
     def _catch_up(self, pending: list[int]) -> list[int]:
@@ -290,22 +318,31 @@ class DraftProposer(Proposer):
         began = time.perf_counter()
         for at in range(0, len(pending) - 1, self.prefill_chunk):
             chunk = pending[at : min(at + self.prefill_chunk, len(pending) - 1)]
-            self._forward(chunk, keep=len(chunk))
-        self.catchup_seconds += time.perf_counter() - began
+            self._forward(chunk)
+            self.ctx.commit(len(chunk))
+        seconds = time.perf_counter() - began
+        self.catchup_seconds += seconds
+        self._count(1, seconds)
         return pending[-1:]
 
-    def _forward(self, window: list[int], keep: int | None, first: int | None = None, sequence: list[int] = ()) -> list[int]:
-        """The draft's token after each window row: its greedy ids, or with a sampler, from row
-        `first` on, the token sampled from its logits (sequence: what precedes the window and more)."""
-        sampling = self.sampler is not None and first is not None
-        before = list(sequence[: self.ctx.length]) if sampling else []
-        out = self.ctx.forward(np.array([window], dtype=np.int64), want_logits=sampling)
-        if keep is not None:
-            self.ctx.commit(keep)
-        ids = out.greedy_ids[0].tolist()
-        for row in range(first, len(window)) if sampling else ():
+    def _forward(self, window: list[int], first: int | None = None, sequence: list[int] = ()) -> list[int]:
+        """The draft's token after each window row (see `picks`); the caller commits."""
+        before = self.before(sequence, first)
+        out = self.ctx.forward(np.array([window], dtype=np.int64), want_logits=before is not None)
+        return self.picks(window, out.greedy_ids[0], None if out.logits is None else out.logits[0], first, before)
+
+    def before(self, sequence: list[int], first: int | None) -> list[int] | None:
+        """What precedes the next window (a prefix of `sequence`), when the draft samples it; None: greedy."""
+        return list(sequence[: self.ctx.length]) if self.sampler is not None and first is not None else None
+
+    def picks(self, window: list[int], greedy: np.ndarray, logits: np.ndarray | None, first: int | None,
+              before: list[int] | None) -> list[int]:
+        """The draft's greedy ids after each window row, or with a sampler, from row `first` on, the token
+        sampled from its logits (`before`: what precedes the window)."""
+        ids = greedy[: len(window)].tolist()
+        for row in range(first, len(window)) if before is not None else ():
             prefix = before + window[: row + 1]
-            ids[row] = self.sampler.sample(out.logits[0, row], prefix, len(prefix))
+            ids[row] = self.sampler.sample(logits[row], prefix, len(prefix))
         return ids
 
     def _count(self, passes: int, seconds: float) -> None:

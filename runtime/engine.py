@@ -49,6 +49,7 @@ import numpy as np
 from .allocator import Offer, allocate
 from .backends.base import Backend, BackendContext
 from .constraints import ConstrainedOffer, Masks, Matcher
+from .draft_slots import DraftSlots
 from .errors import BackendError, InputError
 from .passes import pass_result
 from .prefix_cache import PrefixCache
@@ -120,6 +121,7 @@ class Row:
         self._constrained: ConstrainedOffer | None = None  # where a constrained offer's guesses came from
         self._masks: Masks | None = None  # a constrained row's masks for the planned window
         self._forced_nodes = 0  # of the planned window: the forced run's nodes (1..F)
+        self._guesses: tuple[list[int], list[list[int]]] = ([], [])  # the forced run, the proposer's guesses (guess)
         self._planned: Planned | None = None
 
     @property
@@ -140,8 +142,19 @@ class Row:
             self._offer = self._constrained.offer
         return Bid(self._want, self._offer, own_cost(self.proposer))
 
+    def guess(self, width: int) -> None:
+        """A decoding row's guesses for a pass `width` wide: its offer cut by the allocator, taken from its
+        proposer (a seated draft's chain is filled by the engine's draft step before `plan`)."""
+        w = min(self._want, width)
+        allocation = allocate(self._offer, w - 1, own_cost(self.proposer))
+        if self.matcher is None:
+            self._guesses = [], self.proposer.take(allocation, w - 1)
+        else:
+            forced, own = self._constrained.split(allocation)
+            self._guesses = forced, self.proposer.take(own, w - 1)
+
     def plan(self, width: int, length: int) -> Planned:
-        """This row's window of at most `width` tokens after its `length` cached entries."""
+        """This row's window of at most `width` tokens after its `length` cached entries (after `guess`)."""
         if self.prefilling:
             piece = self.prompt[self.fed : self.fed + width]
             last_chunk = self.fed + len(piece) >= len(self.prompt)
@@ -149,13 +162,10 @@ class Row:
                               last_chunk and self.wants_logits)
         else:
             w = min(self._want, width)
-            allocation = allocate(self._offer, w - 1, own_cost(self.proposer))
-            if self.matcher is None:
-                guesses = self.proposer.take(allocation, w - 1)
-            else:
-                forced, own = self._constrained.split(allocation)
-                taken = [g[: self.matcher.cut(g)] for g in self.proposer.take(own, w - 1)]  # a draft's chain is cut here
-                guesses = [g for g in [forced, *taken] if g]
+            forced, taken = self._guesses
+            if self.matcher is not None:
+                taken = [g[: self.matcher.cut(g)] for g in taken]  # a draft's chain is cut here
+            guesses = [g for g in [forced, *taken] if g]
             tree = build_tree(self.last, guesses, max_nodes=w)
             if self.matcher is not None:
                 self._masks = self.matcher.masks(tree.tokens, tree.parents)
@@ -318,8 +328,9 @@ class Engine:
 
     def __init__(self, ctx: BackendContext, prefill_chunk: int, budget: PassBudget | None = None,
                  clock: Callable[[], float] = time.perf_counter, owns_context: bool = False,
-                 cache: PrefixCache | None = None):
+                 cache: PrefixCache | None = None, drafts: DraftSlots | None = None):
         self.ctx = ctx
+        self.drafts = drafts  # the drafting rows' draft slots: one batched draft step a pass (None: each its own)
         self.cache = cache or PrefixCache(enabled=False)  # what finished rows leave in idle slots
         self.slots = ctx.batch
         self.capacity = ctx.capacity
@@ -338,8 +349,9 @@ class Engine:
     @classmethod
     def open(cls, backend: Backend, slots: int, capacity: int | None = None, prefill_chunk: int | None = None,
              budget: PassBudget | None = None, clock: Callable[[], float] = time.perf_counter,
-             cache: PrefixCache | None = None) -> "Engine":
-        """An engine of `slots` rows of `capacity` entries each (default the backend's context) on a context of its own."""
+             cache: PrefixCache | None = None, draft: Backend | None = None) -> "Engine":
+        """An engine of `slots` rows of `capacity` entries each (default the backend's context) on a context of its own;
+        with a `draft` backend of rows of their own, the drafting rows share its slots (runtime.draft_slots)."""
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise InputError(f"the engine needs at least 1 slot (max batch), not {slots!r}")
         if slots > 1 and not backend.batched:
@@ -350,7 +362,7 @@ class Engine:
         limits = backend.limits
         capacity = min(capacity or limits.max_context, limits.max_context)
         return cls(backend.context(capacity, batch=slots), prefill_chunk or limits.prefill_chunk, budget, clock,
-                   owns_context=True, cache=cache)
+                   owns_context=True, cache=cache, drafts=DraftSlots.open(draft, slots, capacity))
 
     # -- any thread -------------------------------------------------------------------------------
 
@@ -399,6 +411,8 @@ class Engine:
             for kept in self.cache.clear():
                 close_state(kept.proposer)
             self.ctx.close()
+            if self.drafts is not None:
+                self.drafts.close()
 
     # -- the loop's thread ------------------------------------------------------------------------
 
@@ -456,6 +470,8 @@ class Engine:
                 self.ctx.move_row(slot, choice.slot)
             self.cache.swap(choice.slot, slot)
         self.ctx.trim_row(slot, choice.reuse)
+        if self.drafts is not None:
+            self.drafts.seat(row.proposer)
         if choice.kept is not None:
             row.proposer.adopt(choice.kept.proposer or {})  # the guesses travel with the prefix
         row.fed = row.cached = choice.reuse
@@ -538,6 +554,11 @@ class Engine:
         before = self.ctx.lengths[span.start : span.stop].tolist()  # Python ints: numpy is slow on tiny arrays
         width = max(1, min(width, self.capacity - max(before)))
         rows = self.rows[span.start : span.stop]
+        for row in rows:
+            if not row.prefilling:
+                row.guess(width)
+        if self.drafts is not None:
+            self.drafts.run()  # every seated draft's chain, in one batched draft step
         planned = [row.plan(width, length) for row, length in zip(rows, before)]
         ids, positions, mask = _pad(planned)
         want_logits = any(p.logits for p in planned)

@@ -284,7 +284,7 @@ class Generator:
                 engine.close()
         return [next(results) if isinstance(r, Request) else r for r in requests]
 
-    def start_engine(self, slots: int | None = None, capacity: int | None = None) -> Engine:
+    def start_engine(self, slots: int | None = None, capacity: int | None = None, batched_draft: bool = True) -> Engine:
         """From now on, run every generation on one engine of `slots` rows (continuous batching: a background
         thread runs passes shared by all running generations). slots: default `default_slots()`; more than
         one needs the in-place graph (rows of their own lengths).
@@ -292,12 +292,15 @@ class Generator:
         capacity: each row's context (prompt + output); while the engine runs, `limits.max_context` is
         this capacity. Default: the artifact's, except that the in-place graph's `scatter` attention
         (the default export) reads the whole capacity every pass (16 rows of one token, SmolLM2: 148 ms
-        at capacity 256, 237 at 2048, 495 at 8192), so it is capped at DEFAULT_BATCH_CONTEXT there."""
+        at capacity 256, 237 at 2048, 495 at 8192), so it is capped at DEFAULT_BATCH_CONTEXT there.
+
+        batched_draft: the drafting rows share one slotted draft context, one batched draft pass a step
+        (runtime.draft_slots; a draft of the in-place graph); False: each row's draft runs its own passes."""
         if self.engine is not None:
             raise InputError("this Generator already runs an engine; stop_engine() first")
         if capacity is None and self.manifest.inplace_attention == "scatter" and self.backend.batched:
             capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT)
-        self.engine = self._engine(self.default_slots() if slots is None else slots, capacity).start()
+        self.engine = self._engine(self.default_slots() if slots is None else slots, capacity, batched_draft).start()
         return self.engine
 
     def default_slots(self, memory_share: float = 0.25) -> int:
@@ -311,12 +314,12 @@ class Generator:
         row_bytes = 2 * arch.num_layers * arch.kv_heads * arch.head_dim * capacity * (4 if self.manifest.dtype == "float32" else 2)
         return max(1, min(DEFAULT_SLOTS, int(available_memory() * memory_share // row_bytes)))
 
-    def _engine(self, slots: int, capacity: int | None = None) -> Engine:
+    def _engine(self, slots: int, capacity: int | None = None, batched_draft: bool = True) -> Engine:
         """An engine of `slots` rows on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
         chunk = self.limits.prefill_chunk
         cache = PrefixCache(self.prefix_cache, self.config.prefix_cache)
         return Engine.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.of(self.config, chunk),
-                           cache=cache)
+                           cache=cache, draft=self.draft if batched_draft else None)
 
     def stop_engine(self) -> None:
         engine, self.engine = self.engine, None

@@ -4,9 +4,12 @@ N chat prompts run together on an engine of N slots, all rows greedy, then all s
 strategies), round after round with the order swapped, so a noisy machine hits each alike. Per
 strategy: total new tokens / wall seconds, tokens per pass, and for drafting rows how much the draft
 proposed (a row the allocator keeps greedy sends no draft tokens: `draft passes`, `proposed`).
+`speculative:3` offers a fixed 3 draft tokens a pass (config draft.length; the batch's width still
+decides whether they are sent). `--draft-modes batched,own` runs each drafting strategy twice: its rows' drafts in one
+batched pass a step (the engine's draft slots) and each row's draft on its own.
 
     python -m jacobi_rt.tools.batch_strategies build/smollm2-135m --draft build/smollm2-135m-int8 \\
-        --strategies greedy,speculative --rows 8 --rounds 2
+        --strategies greedy,speculative,speculative:2 --draft-modes batched,own --rows 8 --rounds 2
 """
 
 from __future__ import annotations
@@ -40,33 +43,43 @@ def draft_counts(proposer_stats: dict) -> tuple[int, int]:
 @click.option("--rows", type=click.IntRange(1, 16), default=8, show_default=True)
 @click.option("--rounds", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--draft-modes", default="batched", show_default=True,
+              help="batched (one draft pass a step for all rows), own (each row's draft alone), or both")
+@click.option("--config", "config", default=None, help="DecodingConfig fields for every strategy, as JSON "
+              "(e.g. '{\"draft.prior_cost\": 0}': a draft priced free until its passes are timed)")
 @click.option("--out", type=click.Path(dir_okay=False), default=None)
-def main(artifact, draft, strategies, rows, rounds, max_tokens, out):
+def main(artifact, draft, strategies, rows, rounds, max_tokens, draft_modes, config, out):
     """Total tokens/s of a batch of rows per strategy, side by side."""
     from jacobi_rt.runtime import Generator
 
     gen = Generator.load(artifact, draft=draft, verify=False, prefix_cache=False)
     prompts = [gen.tokenizer.encode(gen.chat_prompt([{"role": "user", "content": f"Tell me about {t}."}]),
                                     add_special_tokens=False) for t in TOPICS[:rows]]
-    names = strategies.split(",")
+    modes = draft_modes.split(",")
+    names = [f"{s} {m}" if s.split(":")[0] in ("speculative", "auto") and len(modes) > 1 else s
+             for s in strategies.split(",") for m in modes]
+    names = list(dict.fromkeys(names))  # a strategy without a draft runs once
     runs: dict[str, list[dict]] = {name: [] for name in names}
     outputs: dict[str, list[list[int]]] = {}
-    gen.start_engine(rows)
-    try:
-        for round_ in range(rounds):
-            for name in (names if round_ % 2 == 0 else list(reversed(names))):
+    for round_ in range(rounds):
+        for name in (names if round_ % 2 == 0 else list(reversed(names))):
+            strategy, _, mode = name.partition(" ")
+            strategy, _, k = strategy.partition(":")
+            gen.start_engine(rows, batched_draft=(mode or modes[0]) == "batched")
+            try:
                 started = time.perf_counter()
-                results = gen.generate_batch(prompts, max_new_tokens=max_tokens, strategy=name)
+                overrides = {**json.loads(config or "{}"), **({"draft.length": int(k)} if k else {})}
+                results = gen.generate_batch(prompts, max_new_tokens=max_tokens, strategy=strategy, config=overrides or None)
                 wall = time.perf_counter() - started
-                outputs[name] = [r.ids for r in results]
-                drafts = [draft_counts(r.stats.proposer) for r in results]
-                runs[name].append({"tokens_per_second": sum(r.stats.new_tokens for r in results) / wall,
-                                   "tokens_per_pass": statistics.mean(r.stats.tokens_per_pass for r in results),
-                                   "draft_passes": sum(d[0] for d in drafts), "proposed": sum(d[1] for d in drafts),
-                                   "rows_without_draft": sum(1 for d in drafts if d[1] == 0)})
-                click.echo(f"round {round_ + 1} {name}: {runs[name][-1]}", err=True)
-    finally:
-        gen.stop_engine()
+            finally:
+                gen.stop_engine()
+            outputs[name] = [r.ids for r in results]
+            drafts = [draft_counts(r.stats.proposer) for r in results]
+            runs[name].append({"tokens_per_second": sum(r.stats.new_tokens for r in results) / wall,
+                               "tokens_per_pass": statistics.mean(r.stats.tokens_per_pass for r in results),
+                               "draft_passes": sum(d[0] for d in drafts), "proposed": sum(d[1] for d in drafts),
+                               "rows_without_draft": sum(1 for d in drafts if d[1] == 0)})
+            click.echo(f"round {round_ + 1} {name}: {runs[name][-1]}", err=True)
     table = {name: {key: statistics.mean(r[key] for r in rs) for key in rs[0]} for name, rs in runs.items()}
     table["identical"] = all(outputs[name] == outputs[names[0]] for name in names)
     click.echo(json.dumps(table, indent=2))

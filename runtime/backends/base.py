@@ -117,9 +117,9 @@ class BackendContext(ABC):
         """Copy row `source`'s cache and length into row `target` (a free slot)."""
         raise BackendError(f"{type(self).__name__}'s rows share one length: a row cannot move")
 
-    def load_prefix(self, source: "BackendContext", length: int) -> bool:
-        """Copy the first `length` cache entries of `source`'s row 0 into row 0 of this (new) context, if this
-        kind of context can; returns whether it did."""
+    def load_prefix(self, source: "BackendContext", length: int, row: int = 0, source_row: int = 0) -> bool:
+        """Copy the first `length` cache entries of `source`'s row `source_row` into row `row` of this context,
+        if this kind of context can; returns whether it did."""
         return False
 
     def swap_rows(self, a: int, b: int) -> None:

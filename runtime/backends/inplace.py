@@ -261,11 +261,12 @@ class OrtInplaceContext(BackendContext):
             raise BackendError(f"trim({np.asarray(length).tolist()}) is outside the committed cache of {lengths.tolist()} entries")
         lengths[:] = wanted
 
-    def load_prefix(self, source, length: int) -> bool:
+    def load_prefix(self, source, length: int, row: int = 0, source_row: int = 0) -> bool:
+        """Copy the first `length` entries of `source`'s row `source_row` into this context's row `row`."""
         if not isinstance(source, OrtInplaceContext) or self.pending or length > self.capacity:
             return False
-        self._kv[:, 0, :, :length] = source._kv[:, 0, :, :length]
-        self.lengths[0] = length
+        self._kv[:, row, :, :length] = source._kv[:, source_row, :, :length]
+        self.lengths[row] = length
         return True
 
     def swap_rows(self, a: int, b: int) -> None:

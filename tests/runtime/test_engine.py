@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from jacobi_rt.runtime.config import AutoConfig, CostConfig
+from jacobi_rt.runtime.config import AutoConfig, CostConfig, DraftConfig
 from jacobi_rt.runtime import Generator
 from jacobi_rt.runtime.engine import END, Engine, Row
 from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
@@ -300,3 +300,43 @@ def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifa
     for r in rows[1::2]:  # auto gave each pass with room for a guess to one arm (the last pass may have none)
         assert r.progress.target_passes - 1 <= sum(r.proposer.stats["passes_by_arm"].values()) <= r.progress.target_passes
     eng.close()
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_speculative_rows_share_batched_draft_passes_and_equal_their_solo_output(artifact, sampled):
+    """Seated on the engine's draft slots, rows of different K (one adapting) draft together: each pass of
+    the draft serves several rows, and each row still equals its solo greedy (or seeded sampling) run."""
+    from jacobi_rt.runtime.draft import DraftLength, DraftProposer
+
+    gen = Generator.load(artifact("llama"), draft=artifact("llama-draft1"), graph="inplace", threads=1)
+    params = SamplingParams(temperature=0.8, top_k=20, seed=7) if sampled else SamplingParams()
+    flat = {1: 1.0, 4096: 1.0}
+    budget = PassBudget(costs=PassCosts(CostConfig(flat, learn=False, batch_pass_costs=flat)))
+
+    def draft(k):  # wide passes and draft passes free (as on a GPU): the budget sends every row's chain
+        return DraftProposer(gen.draft, 128, k=k, length=DraftLength(8, PassCosts(CostConfig(flat, learn=False)), DraftConfig(prior_cost=0.0)))
+
+    def batch(slotted):
+        eng = Engine.open(gen.backend, 4, prefill_chunk=256, budget=budget, clock=clock(),
+                          draft=gen.draft if slotted else None)
+        rows = [eng.submit(Row(list(p), 16, draft(k), Sampler(params, len(p)), 8, set(gen.manifest.tokens.eos_ids),
+                               gen.limits.max_context))
+                for p, k in zip(PROMPTS, [3, 2, None, 1, 3])]  # 5 rows on 4 slots: the last takes a freed seat
+        return eng, rows
+
+    eng, rows = batch(slotted=True)
+    served, run_pass = [], eng.drafts._pass
+    eng.drafts._pass = lambda windows, logits: served.append(len(windows)) or run_pass(windows, logits)
+    run_until_done(eng, rows)
+    sampling = dict(temperature=0.8, top_k=20, seed=7) if sampled else {}
+    assert [drained(r) for r in rows] == [solo(gen, p, 16, **sampling) for p in PROMPTS]
+    assert max(served) >= 3  # the drafts' passes were shared
+    assert sorted(eng.drafts.free) == [0, 1, 2, 3]  # every finished row gave its seat back
+    eng.close()
+    own, own_rows = batch(slotted=False)  # each draft on a context of its own, one pass per row: the same guesses
+    assert own.drafts is None
+    run_until_done(own, own_rows)
+    counts = [(r.proposer.stats["proposed"], r.proposer.stats["accepted"]) for r in rows]
+    assert counts == [(r.proposer.stats["proposed"], r.proposer.stats["accepted"]) for r in own_rows]
+    assert all(proposed for proposed, _ in counts)
+    own.close()

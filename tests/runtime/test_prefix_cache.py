@@ -118,6 +118,20 @@ def test_engine_rows_of_several_conversations_reuse_their_own_prefixes(artifact)
     assert cache.hits >= 9 and cache.queries == 12
 
 
+def test_engine_rows_hand_their_seated_drafts_cache_to_the_next_turn(artifact):
+    gen, cold = pair(artifact, "llama", graph="inplace", draft=artifact("llama-draft1"))
+    gen.start_engine(2)
+    try:
+        assert gen.engine.drafts is not None  # the drafts sit on the engine's draft slots
+        stats = conversation(gen, cold, "Pia", turns=3, max_new_tokens=10, strategy="speculative",
+                             config={"draft.length": 2})
+        free = sorted(gen.engine.drafts.free)
+    finally:
+        gen.stop_engine()
+    assert all(s.proposer["draft_passes"] for s in stats) and all(s.proposer["cached"] > 0 for s in stats[1:])
+    assert free == [0, 1]  # a finished row's draft cache was copied out and its seat freed
+
+
 def test_eviction_under_pressure_keeps_every_answer_equal(artifact):
     gen, cold = pair(artifact, "qwen2", graph="inplace")
     gen.start_engine(2)
