@@ -1,5 +1,5 @@
-"""The allocator: the one place that decides how many guessed tokens a pass sends, for the single
-generation loop (decoding.step) and for every row of the batch engine.
+"""The allocator: the one place that decides how many guessed tokens a pass sends, for every row of
+the batcher (a lone generation is a batch of one row).
 
 A proposer only ranks: `offer(limit)` returns its candidate guesses (`Guess`: per-token
 acceptance estimates, the tokens when they exist already, and what producing a token costs) and
@@ -8,9 +8,8 @@ parts' guesses side by side (each with its own margin, `Offer.parts` capping eac
 sharing one limit; `auto` compares its arms by `Allocation.value`. Each guess is cut by the one
 length rule (`cut`: the L maximising expected committed tokens per unit of pass cost), a guess
 that does not beat a greedy pass by the offer's margin is dropped, and the best `branches` go into
-the pass. The batch engine (runtime.scheduler) reads `expected_tokens` of the same decision at
-each candidate width to pick the pass's width, so a lone row gets exactly what a single generation
-gets.
+the pass. The batcher's budget (runtime.scheduler) reads `expected_tokens` of the same decision
+at each candidate width to pick the pass's width; a lone row's width is its own want.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ BATCH_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.27, 16: 2.5, 32: 4.3, 64: 6.8
 Costs = tuple[tuple[int, float], ...]
 
 
-def _field(default: Any, why: str, low: float | None = None, high: float | None = None, engine: bool = False):
-    """A tuning constant: its reason, its range, and whether only a generator's config sets it (`engine`)."""
-    return field(default=default, metadata={"why": why, "low": low, "high": high, "engine": engine})
+def _field(default: Any, why: str, low: float | None = None, high: float | None = None, load: bool = False):
+    """A tuning constant: its reason, its range, and whether only a generator's config sets it (`batcher`)."""
+    return field(default=default, metadata={"why": why, "low": low, "high": high, "load": load})
 
 
 def _group(kind: type, why: str):
@@ -120,7 +120,7 @@ class AutoConfig(_Checked):
                                 "fade by this: slow, so one lucky pass cannot decide", 0.0, 1.0)
     probe_budget: int = _field(3, "most guesses an arm on trial sends: probing a slow draft stays cheap", 0)
     max_sit_out: int = _field(32, "most calls an arm that lost in earlier calls sits out (its wait doubles per "
-                                  "loss)", 0, engine=True)
+                                  "loss)", 0, load=True)
 
 
 @dataclass(frozen=True)
@@ -135,18 +135,18 @@ class CostConfig(_Checked):
     batch_pass_costs: Costs = _field(tuple(BATCH_PASS_COSTS.items()), "prior cost of a batched pass (more than one "
                                                                       "row) by its total tokens (rows x width), as "
                                                                       "(tokens, cost) pairs; measured costs, keyed by "
-                                                                      "(rows, width), replace it", engine=True)
+                                                                      "(rows, width), replace it", load=True)
 
 
 @dataclass(frozen=True)
 class BatchConfig(_Checked):
-    """Prefill, alone and in the engine's batch (runtime.scheduler.PassBudget)."""
+    """Prefill, alone and in the batcher's batch (runtime.scheduler.PassBudget)."""
 
     prefill_chunk: int | None = _field(None, "prompt tokens per prefill pass; None: the backend's (its profile or "
-                                             "graph limit)", 1, engine=True)
+                                             "graph limit)", 1, load=True)
     prefill_tokens: int | None = _field(None, "tokens of one batched prefill pass, all rows together, so a burst of "
                                               "long prompts never stalls decoding rows; None: max(prefill_chunk, 16)",
-                                        1, engine=True)
+                                        1, load=True)
 
 
 @dataclass(frozen=True)
@@ -154,11 +154,11 @@ class PrefixCacheConfig(_Checked):
     """Which finished rows' caches are kept and reused (runtime.prefix_cache)."""
 
     min_tokens: int = _field(16, "a kept prefix is reused when the prompt shares at least this many tokens with it: "
-                                 "below that, moving a slot costs more than it saves", 1, engine=True)
+                                 "below that, moving a slot costs more than it saves", 1, load=True)
     guesses: bool = _field(True, "a kept prefix keeps its proposer's state too (lookahead's n-gram pool, a draft's "
-                                 "cache), so the next turn's guesses start warm", engine=True)
-    contexts: int = _field(4, "lone calls (no engine started) keep this many finished contexts for the next turn of "
-                              "a conversation (memory: one request's cache each)", 0, engine=True)
+                                 "cache), so the next turn's guesses start warm", load=True)
+    contexts: int = _field(4, "lone calls (no batcher started) keep this many finished contexts for the next turn of "
+                              "a conversation (memory: one request's cache each)", 0, load=True)
 
 
 @dataclass(frozen=True)
@@ -172,14 +172,14 @@ class DecodingConfig(_Checked):
     draft: DraftConfig = _group(DraftConfig, "the draft model's length policy")
     auto: AutoConfig = _group(AutoConfig, "auto's choice among its arms")
     costs: CostConfig = _group(CostConfig, "the pass cost curve")
-    batch: BatchConfig = _group(BatchConfig, "prefill alone and in the engine's batch")
+    batch: BatchConfig = _group(BatchConfig, "prefill alone and in the batcher's batch")
     prefix_cache: PrefixCacheConfig = _group(PrefixCacheConfig, "the prefix cache across requests")
 
     def with_overrides(self, overrides: Mapping[str, Any] | "DecodingConfig" | None, per_request: bool = False) -> "DecodingConfig":
         """This config with `overrides` applied: a whole config, or a mapping of fields, nested
         ({"draft": {"max_length": 4}}) or dotted ({"draft.max_length": 4}).
 
-        per_request: refuse the fields only a generator's or engine's config sets (`ENGINE_FIELDS`)."""
+        per_request: refuse the fields only a generator's or batcher's config sets (`LOAD_FIELDS`)."""
         if overrides is None:
             return self
         if isinstance(overrides, DecodingConfig):
@@ -191,7 +191,7 @@ class DecodingConfig(_Checked):
         if unknown:
             raise InputError(f"unknown decoding config field(s) {', '.join(map(with_hint, unknown))}; the fields are "
                              f"{', '.join(FIELDS)}")
-        fixed = sorted(name for name in flat if name in ENGINE_FIELDS) if per_request else []
+        fixed = sorted(name for name in flat if name in LOAD_FIELDS) if per_request else []
         if fixed:
             raise InputError(f"decoding config field(s) {', '.join(fixed)} are set where the generator is loaded "
                              "(Generator.load(config=...), `jacobi-rt serve --decoding FIELD=VALUE`), not per request")
@@ -260,8 +260,8 @@ DEFAULTS = DecodingConfig()
 _LEAVES = [(f.name, f) for f in fields(DecodingConfig) if not f.metadata.get("group")] + [
     (f"{group}.{f.name}", f) for group, kind in GROUPS.items() for f in fields(kind)]
 FIELDS: tuple[str, ...] = tuple(path for path, _ in _LEAVES)  # every field's dotted name
-# Fields a generator's (or its batch engine's) config sets once; a request cannot change them.
-ENGINE_FIELDS = frozenset(path for path, f in _LEAVES if f.metadata["engine"])
+# Fields a generator's (or its batcher's) config sets once; a request cannot change them.
+LOAD_FIELDS = frozenset(path for path, f in _LEAVES if f.metadata["load"])
 
 
 def with_hint(name: str) -> str:

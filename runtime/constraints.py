@@ -4,7 +4,7 @@ Three pieces, from the request to the pass:
 
     constraint = Constraint.json_schema(schema)            # checked at once: InputError naming the field
     grammars = grammar_tokenizer(tokenizer, vocab, eos)    # llguidance's view of the vocabulary, once per tokenizer
-    matcher = grammars.matcher(constraint)                 # one per generation (an engine row)
+    matcher = grammars.matcher(constraint)                 # one per generation (a row of the batcher)
 
 and per pass, for a window verified as a tree (runtime/tree.py: node 0 the last committed token):
 
@@ -51,7 +51,7 @@ MAX_TEXT = 100_000  # characters of a regex or grammar; a schema's JSON likewise
 
 
 class ConstraintError(JacobiError):
-    """The engine fed a matcher a token its grammar does not allow (a bug: picks are masked)."""
+    """The batcher fed a matcher a token its grammar does not allow (a bug: picks are masked)."""
 
 
 @dataclass(frozen=True)
@@ -258,12 +258,12 @@ class Masks:
 
 @dataclass
 class MaskCost:
-    """What the masks cost a generation: for the engine's pass costs and the stats."""
+    """What the masks cost a generation: for the batcher's pass costs and the stats."""
 
     seconds: float = 0.0
     rows: int = 0  # mask rows computed (live nodes)
     windows: int = 0  # calls of masks()
-    forced_sent: int = 0  # forced tokens put in windows (the engine counts them)
+    forced_sent: int = 0  # forced tokens put in windows (the batcher counts them)
     forced_committed: int = 0  # of those, committed
 
     @property
@@ -295,7 +295,7 @@ class ConstrainedOffer:
 class Matcher:
     """The grammar's state after a generation's committed tokens. Not thread-safe: one per row.
 
-    Every method leaves the state as it found it except `commit`, so the engine may ask for forced
+    Every method leaves the state as it found it except `commit`, so the batcher may ask for forced
     tokens, cuts and masks in any order before a pass.
     """
 
@@ -314,7 +314,7 @@ class Matcher:
 
     @property
     def finished(self) -> bool:
-        """Nothing but EOS can follow (or EOS was committed): the engine may end the row without a pass."""
+        """Nothing but EOS can follow (or EOS was committed): the batcher may end the row without a pass."""
         return self.ended or self._m.is_stopped()
 
     def forced(self, limit: int | None = None) -> list[int]:

@@ -165,7 +165,7 @@ class DraftProposer(Proposer):
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
         self.usable = True  # False when the prompt does not fit the draft's context
         self.sampler = None  # with sampling, the draft samples its chain (use_sampler)
-        self.seat = None  # a row of the engine's draft slots (sit()); None: its own context
+        self.seat = None  # a row of the batcher's draft slots (sit()); None: its own context
         self.stats = _zero_stats()
 
     # -- the Proposer interface -------------------------------------------------------------
@@ -199,7 +199,7 @@ class DraftProposer(Proposer):
         k = allocation.picks[0][1] if allocation.picks else 0
         if self.k is None and limit >= 1:
             self.length.sent(k)
-        if k > 0 and self.seat is not None:  # seated on the engine's draft slots: its draft step fills the chain
+        if k > 0 and self.seat is not None:  # seated on the batcher's draft slots: its draft step fills the chain
             self.chain = []
             self.seat.want(self, k)
             return [self.chain]
@@ -262,7 +262,7 @@ class DraftProposer(Proposer):
             self.ctx = self.seat = None
 
     def sit(self, seat) -> None:
-        """Run on `seat`, a row of an engine's draft slots (runtime.draft_slots), instead of a context of its
+        """Run on `seat`, a row of a batcher's draft slots (runtime.draft_slots), instead of a context of its
         own: its passes then join the other seated drafts' (before start() and adopt())."""
         self.ctx.close()
         self.ctx = self.seat = seat

@@ -1,8 +1,8 @@
-"""Draft slots: one draft context of S rows for an engine's drafting rows, so their guesses come from one
+"""Draft slots: one draft context of S rows for a batcher's drafting rows, so their guesses come from one
 batched draft pass a step instead of one pass per row.
 
 Each row's DraftProposer sits on a row of the slots' context (`DraftRow`) instead of a context of its
-own; its `take` only says how many tokens it wants (`want`), and the engine, once every row of the pass
+own; its `take` only says how many tokens it wants (`want`), and the batcher, once every row of the pass
 has taken its guesses, runs the draft step (`run`), which fills each wanted chain in place:
 
     pass 1     rows [lo, hi): each wanting row's pending committed tokens + Jacobi guesses, padded
@@ -14,7 +14,7 @@ docs/bench/2026-12-02-batched-draft.md). Each pass is timed here, once, and each
 charged its share (seconds / rows served): what its DraftLength learns as the draft's cost, so the
 allocator prices a row's draft at what the batch really pays for it. The rows' catch-ups (a new row's
 prompt) are fed together too, before pass 1. The draft only guesses, so the rows' outputs stay the target's.
-The slots live with the engine; a finished row's draft cache is copied out for the prefix cache
+The slots live with the batcher; a finished row's draft cache is copied out for the prefix cache
 (`DraftRow.copy`) and the slot goes to the next row. A lone call (run_alone) has no slots: its draft
 keeps its own context and passes.
 """
@@ -33,7 +33,7 @@ SPARE = CATCHUP + 64  # entries past a row's capacity that a pad may write (a wi
 
 
 class DraftSlots:
-    """S rows of one draft context; `seat` gives a row's drafts a slot, `run` is the engine's draft step."""
+    """S rows of one draft context; `seat` gives a row's drafts a slot, `run` is the batcher's draft step."""
 
     def __init__(self, backend: Backend, slots: int, capacity: int, clock=time.perf_counter):
         self.backend = backend
@@ -46,7 +46,7 @@ class DraftSlots:
 
     @classmethod
     def open(cls, backend: Backend | None, slots: int, capacity: int) -> "DraftSlots | None":
-        """Slots for an engine of `slots` rows when its draft's contexts hold rows of their own (the in-place graph)."""
+        """Slots for a batcher of `slots` rows when its draft's contexts hold rows of their own (the in-place graph)."""
         if backend is None or slots < 2 or not backend.batched:
             return None
         return cls(backend, slots, min(capacity, backend.limits.max_context))
@@ -149,7 +149,7 @@ class DraftSlots:
 
 class DraftRow:
     """Row `row` of the slots' context as the one-row context a DraftProposer drives (its catch-up, trims,
-    the prefix cache's copies); `want` puts its chain in the engine's next draft step."""
+    the prefix cache's copies); `want` puts its chain in the batcher's next draft step."""
 
     def __init__(self, slots: DraftSlots, row: int):
         self.slots, self.row = slots, row

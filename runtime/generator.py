@@ -17,7 +17,7 @@ from .acceptance import AcceptanceTracker, PassCosts
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
 from .config import DEFAULTS, DecodingConfig, changed_fields, dotted
 from .constraints import GrammarTokenizer, Matcher, grammar_tokenizer
-from .engine import END, Engine, Row, run_alone
+from .batcher import END, Batcher, Row, run_alone
 from .errors import ContextLimitError, InputError
 from .manifest import Manifest, load_manifest
 from .params import STRATEGIES, GenerationParams, Overrides
@@ -29,7 +29,7 @@ from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
 MAX_WINDOW = 64
-DEFAULT_BATCH_CONTEXT = 2048  # an engine's slot context on a graph whose attention reads the whole capacity
+DEFAULT_BATCH_CONTEXT = 2048  # a batcher's slot context on a graph whose attention reads the whole capacity
 DEFAULT_SLOTS = 16  # the server's slots at most, unless asked: 16 rows of one token cost ~2.8 one-row passes on a CPU
 DEFAULT_JACOBI_TAIL = DEFAULTS.draft.jacobi_tail
 
@@ -140,8 +140,8 @@ class Generator:
         self.prefill_chunk = self.config.batch.prefill_chunk or PREFILL_CHUNK
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
         self.arm_history = ArmHistory(self.config.auto.max_sit_out)  # `auto` remembers across calls which arms lost
-        self.engine: Engine | None = None  # start_engine(): every call shares its passes
-        # The prefix cache (runtime/prefix_cache.py): an engine's idle slots keep what finished rows wrote,
+        self.batcher: Batcher | None = None  # start_batching(): every call shares its passes
+        # The prefix cache (runtime/prefix_cache.py): a batcher's idle slots keep what finished rows wrote,
         # and lone calls keep their contexts, so the next turn of a conversation prefills only what is new.
         self.prefix_cache = prefix_cache
         self.kept = KeptContexts(self.config.prefix_cache if prefix_cache else None)
@@ -153,7 +153,7 @@ class Generator:
         """The backend's context, prefill chunk and widest pass (a TensorRT engine's profiles may allow
         less than the manifest); the prefill chunk is also capped by this Generator's prefill_chunk."""
         limits = self.backend.limits
-        context = limits.max_context if self.engine is None else min(limits.max_context, self.engine.capacity)
+        context = limits.max_context if self.batcher is None else min(limits.max_context, self.batcher.capacity)
         return replace(limits, max_context=context, prefill_chunk=min(self.prefill_chunk, limits.prefill_chunk))
 
     @classmethod
@@ -229,7 +229,7 @@ class Generator:
         "auto" (the default: lookahead, plus the draft when one is loaded). `window` caps the widest pass;
         jacobi_tail (speculative, auto's draft arm): the target's predictions past the first rejected guess
         seed the draft's next window. config: the call's decoding tuning (runtime.config.DecodingConfig, or a
-        mapping of the fields to change; ENGINE_FIELDS are refused here). response_format (OpenAI's dict) or
+        mapping of the fields to change; LOAD_FIELDS are refused here). response_format (OpenAI's dict) or
         constraint (runtime.constraints.Constraint): the output follows a JSON schema, a regex, a choice or a
         grammar, the grammar's forced tokens sent as guesses; one that cannot finish within max_new_tokens
         ends with finish_reason "length" (Stats.constraint["complete"] False). The tokens are those of
@@ -257,7 +257,7 @@ class Generator:
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int | None = None, *,
                        params: GenerationParams | None = None, chat: bool = False,
                        **options) -> list[GenerationResult | InputError]:
-        """generate() for many prompts at once, sharing every pass (on the engine of start_engine(), else on
+        """generate() for many prompts at once, sharing every pass (on the batcher of start_batching(), else on
         one opened for this call with a slot per prompt, at most 16; one slot where the backend's contexts
         hold one row). Each prompt is checked alone: one that is invalid (e.g. over the context) gets its
         InputError in its place; the others complete."""
@@ -272,39 +272,39 @@ class Generator:
                 requests.append(exc)
         valid = [r for r in requests if isinstance(r, Request)]
         slots = max(1, min(len(valid), 16)) if self.backend.batched else 1
-        engine = self.engine or self._engine(slots)
+        batcher = self.batcher or self._batcher(slots)
         try:
-            runs = [self._on_engine(engine, r) for r in valid]
-            if engine is not self.engine:
+            runs = [self._on_batcher(batcher, r) for r in valid]
+            if batcher is not self.batcher:
                 while any(not row.finished for row, _ in runs):
-                    engine.step()
+                    batcher.step()
             results = iter([_drain(pieces) for _, pieces in runs])
         finally:
-            if engine is not self.engine:
-                engine.close()
+            if batcher is not self.batcher:
+                batcher.close()
         return [next(results) if isinstance(r, Request) else r for r in requests]
 
-    def start_engine(self, slots: int | None = None, capacity: int | None = None, batched_draft: bool = True) -> Engine:
-        """From now on, run every generation on one engine of `slots` rows (continuous batching: a background
+    def start_batching(self, slots: int | None = None, capacity: int | None = None, batched_draft: bool = True) -> Batcher:
+        """From now on, run every generation on one batcher of `slots` rows (continuous batching: a background
         thread runs passes shared by all running generations). slots: default `default_slots()`; more than
         one needs the in-place graph (rows of their own lengths).
 
-        capacity: each row's context (prompt + output); while the engine runs, `limits.max_context` is
+        capacity: each row's context (prompt + output); while the batcher runs, `limits.max_context` is
         this capacity. Default: the artifact's, except that the in-place graph's `scatter` attention
         (the default export) reads the whole capacity every pass (16 rows of one token, SmolLM2: 148 ms
         at capacity 256, 237 at 2048, 495 at 8192), so it is capped at DEFAULT_BATCH_CONTEXT there.
 
         batched_draft: the drafting rows share one slotted draft context, one batched draft pass a step
         (runtime.draft_slots; a draft of the in-place graph); False: each row's draft runs its own passes."""
-        if self.engine is not None:
-            raise InputError("this Generator already runs an engine; stop_engine() first")
+        if self.batcher is not None:
+            raise InputError("this Generator already runs a batcher; stop_batching() first")
         if capacity is None and self.manifest.inplace_attention == "scatter" and self.backend.batched:
             capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT)
-        self.engine = self._engine(self.default_slots() if slots is None else slots, capacity, batched_draft).start()
-        return self.engine
+        self.batcher = self._batcher(self.default_slots() if slots is None else slots, capacity, batched_draft).start()
+        return self.batcher
 
     def default_slots(self, memory_share: float = 0.25) -> int:
-        """The engine's slots when none are asked for: 1 where a context holds one row; else as many rows as
+        """The batcher's slots when none are asked for: 1 where a context holds one row; else as many rows as
         fill `memory_share` of the available memory with their KV caches at the batch context, between 1 and
         DEFAULT_SLOTS (a CPU pass of more rows costs more than they gain: tools/load_bench.py)."""
         if not self.backend.batched:
@@ -314,22 +314,22 @@ class Generator:
         row_bytes = 2 * arch.num_layers * arch.kv_heads * arch.head_dim * capacity * (4 if self.manifest.dtype == "float32" else 2)
         return max(1, min(DEFAULT_SLOTS, int(available_memory() * memory_share // row_bytes)))
 
-    def _engine(self, slots: int, capacity: int | None = None, batched_draft: bool = True) -> Engine:
-        """An engine of `slots` rows on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
+    def _batcher(self, slots: int, capacity: int | None = None, batched_draft: bool = True) -> Batcher:
+        """A batcher of `slots` rows on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
         chunk = self.limits.prefill_chunk
         cache = PrefixCache(self.prefix_cache, self.config.prefix_cache)
-        return Engine.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.of(self.config, chunk),
+        return Batcher.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.of(self.config, chunk),
                            cache=cache, draft=self.draft if batched_draft else None)
 
-    def stop_engine(self) -> None:
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.close()
+    def stop_batching(self) -> None:
+        batcher, self.batcher = self.batcher, None
+        if batcher is not None:
+            batcher.close()
 
     def close(self) -> None:
-        """Stop the engine and release what the prefix cache keeps (lone calls' contexts, drafts' caches);
+        """Stop the batcher and release what the prefix cache keeps (lone calls' contexts, drafts' caches);
         the Generator stays usable."""
-        self.stop_engine()
+        self.stop_batching()
         self.kept.close()
 
     # -- request checking -------------------------------------------------------------------
@@ -435,10 +435,10 @@ class Generator:
     # -- the run ----------------------------------------------------------------------------
 
     def _run(self, request: Request) -> Iterator[str]:
-        """Yield text pieces; return the GenerationResult (StopIteration.value). A lone call (no engine
+        """Yield text pieces; return the GenerationResult (StopIteration.value). A lone call (no batcher
         started) is a one-row batch run in this thread on a context sized to it."""
-        if self.engine is not None:
-            _, pieces = self._on_engine(self.engine, request)
+        if self.batcher is not None:
+            _, pieces = self._on_batcher(self.batcher, request)
             return (yield from pieces)
         started = time.perf_counter()
         capacity = min(self.limits.max_context, len(request.prompt_ids) + request.max_new_tokens)
@@ -453,13 +453,13 @@ class Generator:
         finally:
             self.kept.put(ctx, cache)  # kept for the next turn, or closed
 
-    def _on_engine(self, engine: Engine, request: Request) -> tuple[Row, Iterator[str]]:
-        """Queue `request` on the engine now; the pieces come from the returned generator ("" every 50 ms
+    def _on_batcher(self, batcher: Batcher, request: Request) -> tuple[Row, Iterator[str]]:
+        """Queue `request` on the batcher now; the pieces come from the returned generator ("" every 50 ms
         while it waits, so a caller can stop it); closing that generator cancels the row."""
         started = time.perf_counter()
-        max_context = min(self.limits.max_context, engine.capacity)
+        max_context = min(self.limits.max_context, batcher.capacity)
         capacity = min(max_context, len(request.prompt_ids) + request.max_new_tokens)
-        row = engine.submit(self._row(request, capacity, max_context))
+        row = batcher.submit(self._row(request, capacity, max_context))
 
         def batches() -> Iterator[list[int]]:
             try:
@@ -473,7 +473,7 @@ class Generator:
                         break
                     yield batch
             finally:
-                engine.cancel(row)  # a no-op for a finished row; frees the slot of one stopped early
+                batcher.cancel(row)  # a no-op for a finished row; frees the slot of one stopped early
             if row.error is not None:
                 raise row.error
 

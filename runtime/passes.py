@@ -1,7 +1,6 @@
 """PassResult: what one target pass did for one row, measured once and handed to everything that learns.
 
-The loop (decoding.step for a single generation, the batch engine for each of its rows) times the
-target's forward once and builds one PassResult per row per pass. The proposer (`update`), the
+The batcher (runtime/batcher.py, for a lone generation too) times the target's forward once and builds one PassResult per row per pass. The proposer (`update`), the
 window policy and every cost model learn from it, so none of them times the pass on its own by
 bracketing propose() and update() (which also counted the loop's bookkeeping as pass time).
 """

@@ -2,7 +2,7 @@
 slot is needed, and a new request whose prompt shares a prefix with it prefills only the rest.
 
 A chat client sends the whole conversation every turn; the previous turn's row already wrote the
-KV of all of it but the newest messages. So the engine (runtime/engine.py) keeps what a finished
+KV of all of it but the newest messages. So the batcher (runtime/batcher.py) keeps what a finished
 row leaves in its slot, here as a `Kept` per idle slot, and on admission takes the idle slot whose
 tokens share the longest prefix (token ids) with the new prompt:
 
@@ -16,7 +16,7 @@ The policy (one place, `PrefixCache.choose`):
   conversation's shared system prompt) is taken only when no never-used slot is left, so it does
   not destroy a conversation that may come back;
 - without a hit, a never-used slot is taken first, then the least recently used kept one (evicted);
-- a kept slot is moved (the engine's `swap_rows`) to where the rows are packed; no slot is copied
+- a kept slot is moved (the batcher's `swap_rows`) to where the rows are packed; no slot is copied
   into two (a long shared system prompt is reused by whichever conversation comes next, not
   duplicated: a copy costs as much memory as the prefix and would evict another conversation).
 
@@ -53,7 +53,7 @@ class Choice:
 
 @dataclass
 class PrefixCache:
-    """The kept slots of one engine, by slot index. `enabled=False`: nothing is kept."""
+    """The kept slots of one batcher, by slot index. `enabled=False`: nothing is kept."""
 
     enabled: bool = True
     config: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)  # min_tokens, guesses (runtime.config)
@@ -113,7 +113,7 @@ class PrefixCache:
 
 
 class KeptContexts:
-    """The prefix cache of lone calls (no engine started): each call's context is kept after it, at most
+    """The prefix cache of lone calls (no batcher started): each call's context is kept after it, at most
     `config.contexts` of them, the least recently used closed first (None: none). A call whose prompt shares
     at least `config.min_tokens` with a kept one runs on it (trimmed to the shared prefix), or, when it needs more room,
     on a new context the prefix is copied into (`load_prefix`: the in-place graph's contexts)."""
@@ -125,7 +125,7 @@ class KeptContexts:
         self._lock = threading.Lock()
 
     def take(self, prompt: Sequence[int], capacity: int, open_context) -> tuple[Any, PrefixCache]:
-        """A context of at least `capacity` for `prompt`, and the one-slot cache the engine seats the row with."""
+        """A context of at least `capacity` for `prompt`, and the one-slot cache the batcher seats the row with."""
         with self._lock:
             scored = [(matched_prefix(kept.tokens, prompt), i) for i, (_, kept) in enumerate(self.entries)]
             n, i = max(scored, default=(0, -1))

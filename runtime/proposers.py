@@ -111,7 +111,7 @@ class JacobiProposer(Proposer):
     the window is padded with the last known token: a free guess that is right on repeats.
     Its window is chosen by its policy (windows.AdaptiveWindow: a one-token pass leaves no
     trajectory to score), so its offer is fixed: the whole window, with the trajectory's measured
-    acceptance (what the batch engine weighs against a wider pass).
+    acceptance (what the batcher weighs against a wider pass).
     """
 
     def __init__(self, tracker: AcceptanceTracker | None = None) -> None:

@@ -19,7 +19,7 @@ before the body is parsed), 500 with only a request id (the details go to the se
 while shutting down, 504 on timeout (a stream that times out sends an error event, then [DONE]).
 A client that disconnects stops its generation after the current pass and frees its slot; one that
 leaves before sending its whole body is counted as a 499 (nginx's "client closed request") with one
-log line. /health and the running/waiting gauges report what runs: with --max-batch, the engine's
+log line. /health and the running/waiting gauges report what runs: with --max-batch, the batcher's
 rows (a cancelled row runs to the end of its pass, after its worker has let go).
 """
 
@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from jacobi_rt.runtime.engine import Engine
+from jacobi_rt.runtime.batcher import Batcher
 from jacobi_rt.runtime.params import GenerationParams
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.generator import Generator
@@ -66,16 +66,16 @@ class ClientGone(Exception):
 
 @dataclass
 class Load:
-    """What runs and waits now: the engine's rows, and its queue plus the pool's."""
+    """What runs and waits now: the batcher's rows, and its queue plus the pool's."""
 
     pool: WorkerPool
-    engine: Engine
+    batcher: Batcher
 
     def running(self) -> int:
-        return self.engine.running
+        return self.batcher.running
 
     def waiting(self) -> int:
-        return self.pool.queued + self.engine.queued
+        return self.pool.queued + self.batcher.queued
 
 
 @dataclass
@@ -97,7 +97,7 @@ class Server:
 
     def start(self, call: GenerationCall) -> Choices:
         """Check the request against the model (tokenizing the prompt) and prepare its generation (n choices)."""
-        context = self.generator.limits.max_context  # the backend's: an engine may hold less than the manifest
+        context = self.generator.limits.max_context  # a TensorRT engine or the batcher's slots may hold less than the manifest
         default = context if call.messages is not None else self.settings.completion_max_tokens
         try:
             params = GenerationParams.of(call.params, max_new_tokens=call.max_tokens or default,
@@ -179,22 +179,22 @@ class Run:
 
 def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
     """The ASGI app serving `generator` as the model `settings.model_id`."""
-    # Every generation is a row of the one engine; a worker thread per slot only relays its row's pieces.
-    engine = generator.engine or generator.start_engine(settings.max_batch, settings.batch_context)
-    pool = WorkerPool(engine.slots, settings.queue_size)
-    load = Load(pool, engine)
+    # Every generation is a row of the one batcher; a worker thread per slot only relays its row's pieces.
+    batcher = generator.batcher or generator.start_batching(settings.max_batch, settings.batch_context)
+    pool = WorkerPool(batcher.slots, settings.queue_size)
+    load = Load(pool, batcher)
     metrics = Metrics(settings.model_id, load.running, load.waiting, pool.workers, pool.queue_size)
-    engine.stats.observers.append(metrics.observe_pass)
+    batcher.stats.observers.append(metrics.observe_pass)
     server = Server(generator, settings, pool, load, metrics, int(time.time()),
-                    ThreadPoolExecutor(min(engine.slots, 4), thread_name_prefix="jacobi-rt-prepare"))
+                    ThreadPoolExecutor(min(batcher.slots, 4), thread_name_prefix="jacobi-rt-prepare"))
 
     @asynccontextmanager
     async def lifespan(app):
         yield
         await asyncio.to_thread(server.pool.shutdown)  # after uvicorn's grace period: cancel what is left
         server.preparing.shutdown(cancel_futures=True)
-        if generator.engine is engine:
-            await asyncio.to_thread(generator.stop_engine)
+        if generator.batcher is batcher:
+            await asyncio.to_thread(generator.stop_batching)
 
     docs = dict(docs_url="/docs", redoc_url=None) if settings.docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="jacobi-rt", summary="OpenAI-compatible server for Jacobi decoding", lifespan=lifespan, **docs)

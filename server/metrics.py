@@ -7,7 +7,7 @@ vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_tot
 vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds,
 vllm:request_prompt_tokens, vllm:request_generation_tokens. What only jacobi-rt has is named
 jacobi_rt_*: HTTP requests by endpoint and status, generations by outcome, target passes and
-tokens per pass, rows and tokens per pass of the batch engine (only when it runs), the pool's size.
+tokens per pass, rows and tokens per pass of the batcher (only when it runs), the pool's size.
 No `*_created` samples (vLLM disables them too): a creation time per family is noise on a scrape.
 A request with n choices counts as n generations in the token, pass and finish-reason metrics (each
 choice has its own prefill and passes, as vLLM v1 counts a request's n children), once in the rest.
@@ -81,11 +81,11 @@ class Metrics:
                                      "counted)", registry=registry)
         self.tokens_per_pass = Histogram("jacobi_rt_tokens_per_pass", "Tokens committed per target pass, one "
                                          "observation per generation (greedy: 1)", buckets=PASS_BUCKETS, registry=registry)
-        self.pass_rows = Histogram("jacobi_rt_batch_rows", "Rows (generations) in each pass of the engine",
+        self.pass_rows = Histogram("jacobi_rt_batch_rows", "Rows (generations) in each pass of the batcher",
                                    buckets=BATCH_BUCKETS, registry=registry)
-        self.pass_tokens = Histogram("jacobi_rt_batch_tokens", "Tokens committed by each pass of the engine "
+        self.pass_tokens = Histogram("jacobi_rt_batch_tokens", "Tokens committed by each pass of the batcher "
                                      "(prompt chunks included)", buckets=TOKEN_BUCKETS, registry=registry)
-        Gauge("jacobi_rt_slots", "The engine's slots: generations sharing each pass (--max-batch)", registry=registry).set(slots)
+        Gauge("jacobi_rt_slots", "The batcher's slots: generations sharing each pass (--max-batch)", registry=registry).set(slots)
         Gauge("jacobi_rt_queue_capacity", "Requests that may wait before 429", registry=registry).set(queue_size)
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
@@ -118,7 +118,7 @@ class Metrics:
                 self.tokens_per_pass.observe(choice.tokens_per_pass)
 
     def observe_pass(self, record) -> None:
-        """One pass of the batch engine (runtime.engine.PassRecord); called on the engine's thread."""
+        """One pass of the batcher (runtime.batcher.PassRecord); called on the batcher's thread."""
         self.pass_rows.observe(record.rows)
         self.pass_tokens.observe(record.tokens)
 

@@ -9,14 +9,14 @@ Each replica is the very app of `jacobi-rt serve` (create_app) over the same Gen
 
 What Ray adds, and how it maps onto the single server:
 - A replica reserves `threads` CPUs and runs onnxruntime on that many threads. Ray sends it at most
-  its places (its engine's slots, + queue) + HEADROOM requests (`max_ongoing_requests`):
+  its places (its batcher's slots, + queue) + HEADROOM requests (`max_ongoing_requests`):
   a generation beyond its places gets the app's own 429 (OpenAI error, Retry-After), while /health
   and /metrics still get through. Requests Ray cannot place wait at the proxy, `queue` of them per
   proxy (`max_queued_requests`); beyond that Ray's back-pressure answers 429 with Retry-After too
   (its default would be 503 without one), with a plain-text body. So one client rule covers both
   and the single server: on 429 (or 503), wait Retry-After seconds and retry.
 - With `max_replicas` the deployment autoscales between `replicas` and `max_replicas`, aiming at
-  as many requests per replica as it runs at once (its engine's slots; more wait in its queue).
+  as many requests per replica as it runs at once (its batcher's slots; more wait in its queue).
 - Every replica checks its copy of the artifact: the manifest's sha256 must be the one the
   deployment was made from (and, unless verify is off, every file's sha256 the manifest's); a
   replica on a node with another copy refuses to start, naming the node.
@@ -137,7 +137,7 @@ class RayPlan:
 
 
 def max_ongoing_requests(settings: ServerSettings) -> int:
-    """What Ray sends one replica at once: its running generations (the engine's
+    """What Ray sends one replica at once: its running generations (the batcher's
     slots) plus its own queue (the single server's places), plus HEADROOM: a full replica still
     answers /health and /metrics, and answers a generation beyond its places with its own 429."""
     return settings.running_at_once + settings.queue_size + HEADROOM

@@ -19,7 +19,7 @@ from typing import Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from jacobi_rt.runtime.config import DEFAULTS, ENGINE_FIELDS, FIELDS, GROUPS, with_hint
+from jacobi_rt.runtime.config import DEFAULTS, LOAD_FIELDS, FIELDS, GROUPS, with_hint
 from jacobi_rt.runtime.constraints import Constraint
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.params import STRATEGIES, GenerationParams
@@ -48,7 +48,7 @@ def decoding_overrides(options: JacobiOptions) -> dict:
     for name, value in extra.items():
         if name not in FIELDS and name not in GROUPS:
             raise APIError(400, f"jacobi.{with_hint(name)}: not a jacobi-rt option; the options are strategy and the decoding "
-                                f"config fields {', '.join(f for f in FIELDS if f not in ENGINE_FIELDS)}",
+                                f"config fields {', '.join(f for f in FIELDS if f not in LOAD_FIELDS)}",
                            f"jacobi.{name}", "invalid_value")
         try:
             DEFAULTS.with_overrides({name: value}, per_request=True)

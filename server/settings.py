@@ -24,12 +24,12 @@ class ServerSettings:
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish on shutdown before they are cancelled
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides the address connected to ("*": any; see hosts.py)
     docs: bool = False  # serve the interactive API docs at /docs (and /openapi.json)
-    max_batch: int | None = None  # generations sharing each pass (the engine's slots); None: Generator.default_slots()
+    max_batch: int | None = None  # generations sharing each pass (the batcher's slots); None: Generator.default_slots()
     batch_context: int | None = None  # each slot's context (prompt + output); None: the artifact's (capped for scatter attention)
 
     @property
     def running_at_once(self) -> int:
-        """Generations that run at once before the engine is open: max_batch, else at most DEFAULT_SLOTS."""
+        """Generations that run at once before the batcher is open: max_batch, else at most DEFAULT_SLOTS."""
         return self.max_batch or DEFAULT_SLOTS
 
     def __post_init__(self) -> None:

@@ -37,7 +37,7 @@ class StructuredOutputs(BaseModel):
     choice: list[StrictStr] | None = None
     grammar: StrictStr | None = None
     json_object: StrictBool | None = None
-    disable_fallback: StrictBool | None = None  # there is one engine: nothing to fall back to
+    disable_fallback: StrictBool | None = None  # there is one batcher: nothing to fall back to
 
 
 def constraint_of(response_format: dict | None, structured: StructuredOutputs | None, tools: list | None = None,

@@ -1,4 +1,4 @@
-"""One row run alone on a backend context through the engine's loop (runtime.engine.run_alone), as tests drive it."""
+"""One row run alone on a backend context through the batcher's loop (runtime.batcher.run_alone), as tests drive it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 from typing import Iterator
 
 from jacobi_rt.runtime.allocator import allocate
-from jacobi_rt.runtime.engine import Row, run_alone
+from jacobi_rt.runtime.batcher import Row, run_alone
 from jacobi_rt.runtime.proposers import own_cost
 
 

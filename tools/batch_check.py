@@ -3,7 +3,7 @@
 A batched pass multiplies [rows x window, hidden] matrices where a solo pass multiplies
 [window, hidden] ones; the kernels may sum in another order, so fp32 logits can differ in the last
 bits, and where two tokens are nearly tied that can flip an argmax. This tool generates the bundled
-prompts with greedy decoding alone (the classic loop) and on the batch engine at each batch size,
+prompts with greedy decoding alone (the classic loop) and on the batcher at each batch size,
 and reports every divergence: the prompt, the first differing position, both tokens, and the
 top-2 logit gap of the solo run at that position (a tiny gap: a numerical near-tie).
 
@@ -35,16 +35,16 @@ def top2_gap(generator, ids: list[int]) -> float:
 
 def divergences(generator, prompts: list[list[int]], solo: list[list[int]], batch: int, max_tokens: int,
                 strategy: str) -> list[dict]:
-    from jacobi_rt.runtime.engine import Engine
+    from jacobi_rt.runtime.batcher import Batcher
 
     found = []
-    engine = Engine.open(generator.backend, batch, prefill_chunk=generator.limits.prefill_chunk).start()
-    generator.engine = engine  # all prompts at once: `batch` share each pass, the rest wait for a slot
+    batcher = Batcher.open(generator.backend, batch, prefill_chunk=generator.limits.prefill_chunk).start()
+    generator.batcher = batcher  # all prompts at once: `batch` share each pass, the rest wait for a slot
     try:
         results = generator.generate_batch(prompts, max_new_tokens=max_tokens, strategy=strategy)
     finally:
-        generator.engine = None
-        engine.close()
+        generator.batcher = None
+        batcher.close()
     for i, (alone, result) in enumerate(zip(solo, results)):
         got = result.ids
         if got == alone:
@@ -58,14 +58,14 @@ def divergences(generator, prompts: list[list[int]], solo: list[list[int]], batc
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--batches", default="1,4,16", show_default=True, help="Batch sizes (engine slots) to compare with solo runs.")
+@click.option("--batches", default="1,4,16", show_default=True, help="Batch sizes (batcher slots) to compare with solo runs.")
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--prompts", "count", type=click.IntRange(1), default=16, show_default=True, help="How many bundled prompts.")
 @click.option("--strategy", default="greedy", show_default=True, help="The batched runs' strategy (solo runs are greedy).")
 @click.option("--threads", type=click.IntRange(1), default=None)
 @click.option("--out", type=click.Path(dir_okay=False), default="build/batch_check.json", show_default=True)
 def main(artifact, batches, max_tokens, count, strategy, threads, out):
-    """Compare ARTIFACT's greedy output alone and on the batch engine; list every divergence."""
+    """Compare ARTIFACT's greedy output alone and on the batcher; list every divergence."""
     from jacobi_rt.runtime import Generator
 
     generator = Generator.load(artifact, threads=threads, graph="inplace", prefix_cache=False)

@@ -1,12 +1,12 @@
-"""Rows of each strategy in one batch: total tokens/s on the engine, the strategies taking turns.
+"""Rows of each strategy in one batch: total tokens/s on the batcher, the strategies taking turns.
 
-N chat prompts run together on an engine of N slots, all rows greedy, then all speculative (or any
+N chat prompts run together on a batcher of N slots, all rows greedy, then all speculative (or any
 strategies), round after round with the order swapped, so a noisy machine hits each alike. Per
 strategy: total new tokens / wall seconds, tokens per pass, and for drafting rows how much the draft
 proposed (a row the allocator keeps greedy sends no draft tokens: `draft passes`, `proposed`).
 `speculative:3` offers a fixed 3 draft tokens a pass (config draft.length; the batch's width still
 decides whether they are sent). `--draft-modes batched,own` runs each drafting strategy twice: its rows' drafts in one
-batched pass a step (the engine's draft slots) and each row's draft on its own.
+batched pass a step (the batcher's draft slots) and each row's draft on its own.
 
     python -m jacobi_rt.tools.batch_strategies build/smollm2-135m --draft build/smollm2-135m-int8 \\
         --strategies greedy,speculative,speculative:2 --draft-modes batched,own --rows 8 --rounds 2
@@ -65,14 +65,14 @@ def main(artifact, draft, strategies, rows, rounds, max_tokens, draft_modes, con
         for name in (names if round_ % 2 == 0 else list(reversed(names))):
             strategy, _, mode = name.partition(" ")
             strategy, _, k = strategy.partition(":")
-            gen.start_engine(rows, batched_draft=(mode or modes[0]) == "batched")
+            gen.start_batching(rows, batched_draft=(mode or modes[0]) == "batched")
             try:
                 started = time.perf_counter()
                 overrides = {**json.loads(config or "{}"), **({"draft.length": int(k)} if k else {})}
                 results = gen.generate_batch(prompts, max_new_tokens=max_tokens, strategy=strategy, config=overrides or None)
                 wall = time.perf_counter() - started
             finally:
-                gen.stop_engine()
+                gen.stop_batching()
             outputs[name] = [r.ids for r in results]
             drafts = [draft_counts(r.stats.proposer) for r in results]
             runs[name].append({"tokens_per_second": sum(r.stats.new_tokens for r in results) / wall,

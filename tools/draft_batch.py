@@ -1,4 +1,4 @@
-"""Speculative rows of one batch made to draft K tokens every pass: the drafts batched (the engine's draft
+"""Speculative rows of one batch made to draft K tokens every pass: the drafts batched (the batcher's draft
 slots) against each row's draft on its own, and greedy rows, taking turns.
 
 The allocator would send these rows to greedy on a CPU where the draft costs too much (that is
@@ -25,7 +25,7 @@ def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
     from jacobi_rt.runtime.acceptance import PassCosts
     from jacobi_rt.runtime.config import CostConfig, DraftConfig
     from jacobi_rt.runtime.draft import DraftLength, DraftProposer
-    from jacobi_rt.runtime.engine import END, Engine, Row
+    from jacobi_rt.runtime.batcher import END, Batcher, Row
     from jacobi_rt.runtime.proposers import NoProposer
     from jacobi_rt.runtime.sampling import Sampler, SamplingParams
     from jacobi_rt.runtime.scheduler import PassBudget
@@ -33,7 +33,7 @@ def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
     flat = {1: 1.0, 4096: 1.0}
     budget = PassBudget(prefill_tokens=256, costs=PassCosts(CostConfig(flat, learn=False, batch_pass_costs=flat)))
     capacity = max(len(p) for p in prompts) + max_tokens + 16
-    engine = Engine.open(gen.backend, len(prompts), capacity, budget=budget, draft=gen.draft if slotted else None)
+    batcher = Batcher.open(gen.backend, len(prompts), capacity, budget=budget, draft=gen.draft if slotted else None)
 
     def proposer():
         if not k:
@@ -44,11 +44,11 @@ def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
     rows = [Row(list(p), max_tokens, proposer(), Sampler(SamplingParams(), len(p)), k + 1, eos, capacity) for p in prompts]
     started = time.perf_counter()
     for row in rows:
-        engine.submit(row)
+        batcher.submit(row)
     while not all(row.finished and row.slot < 0 for row in rows):
-        engine.step()
+        batcher.step()
     wall = time.perf_counter() - started
-    engine.close()
+    batcher.close()
     outputs = []
     for row in rows:
         out = []

@@ -9,7 +9,7 @@ entries, and the bindings. A sequence of one row drives a context with four call
     ctx.commit_rows([0, 2, 5])      # or keep these window entries (an accepted branch of a tree window)
     ctx.trim(length)                # rewind to `length` entries (e.g. a draft model after a rejection)
 
-and the engine (runtime/engine.py) drives every context through the row contract: `lengths` (each
+and the batcher (runtime/batcher.py) drives every context through the row contract: `lengths` (each
 row's committed entries), `select(start, stop)` (the rows of the next pass), `commit_each(keeps)`
 (each row keeps its own entries), `move_row`, `swap_rows` and `trim_row`. A context of one row (the portable
 graph, TensorRT) gets it here; the in-place graph's context holds rows of their own lengths
@@ -94,7 +94,7 @@ class BackendContext(ABC):
     def trim(self, length: int) -> None:
         """Rewind the committed cache to its first `length` entries."""
 
-    # -- the row contract (runtime/engine.py): a context of one row; OrtInplaceContext holds many ------
+    # -- the row contract (runtime/batcher.py): a context of one row; OrtInplaceContext holds many ------
 
     @property
     def lengths(self) -> np.ndarray:
@@ -164,7 +164,7 @@ class Backend(ABC):
     rows: RowsCheck = RowsCheck(UNCHECKED)  # how this CPU keeps windows exact (exact_rows.py)
     pad_rows: bool = False  # whether passes that would leave a one-row MatMulNBits tile get a pad row
     spare_entries: int = 0  # cache entries past a context's capacity that a pass may write
-    batched: bool = False  # contexts hold rows of their own lengths (an engine's slots); else one row a context
+    batched: bool = False  # contexts hold rows of their own lengths (a batcher's slots); else one row a context
 
     @property
     def limits(self) -> BackendLimits:

@@ -13,7 +13,7 @@ each row's length and nothing copies the cache:
 Each row of a batch has its own length (`lengths`); the graph's `cache_lengths` input is bound to
 that array, so a commit is just an integer update. `select(start, stop)` runs the next passes on a
 contiguous range of rows only (per layer, kv[i, start:stop] is one contiguous block): the batch
-engine (runtime/engine.py) runs only its active slots; `commit_each` keeps each row's own entries,
+batcher (runtime/batcher.py) runs only its active slots; `commit_each` keeps each row's own entries,
 `move_row` packs a row into a lower slot. Per pass only ids, positions, the window mask,
 the attention mask (a prefix of a ones buffer) and the greedy ids (plus logits when asked) are
 bound again.

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts
-from jacobi_rt.runtime.config import (DEFAULTS, ENGINE_FIELDS, FIELDS, DecodingConfig, DraftConfig, changed_fields,
+from jacobi_rt.runtime.config import (DEFAULTS, LOAD_FIELDS, FIELDS, DecodingConfig, DraftConfig, changed_fields,
                                       describe, parse_assignments)
 from jacobi_rt.runtime.draft import DraftLength
 from jacobi_rt.runtime.errors import InputError
@@ -55,7 +55,7 @@ def test_overrides_apply_on_top_nested_or_dotted_and_engine_fields_are_refused_p
     assert changed_fields(DEFAULTS, config) == {"lookahead.branches": 1, "costs.pass_costs": ((1, 1.0), (8, 1.1))}
     assert config.with_overrides(DecodingConfig(window=4)).window == 4 and config.with_overrides(None) is config
     assert config.with_overrides({"draft": DraftConfig(max_length=3)}).draft.max_length == 3  # a whole group
-    assert "batch.prefill_chunk" in ENGINE_FIELDS and "lookahead.branches" not in ENGINE_FIELDS
+    assert "batch.prefill_chunk" in LOAD_FIELDS and "lookahead.branches" not in LOAD_FIELDS
     with pytest.raises(InputError, match="batch.prefill_chunk are set where the generator is loaded"):
         DEFAULTS.with_overrides({"batch": {"prefill_chunk": 8}}, per_request=True)
 

@@ -1,4 +1,4 @@
-"""The prefix cache: a reused prefix gives what a fresh prefill gives, for lone calls and the engine's rows."""
+"""The prefix cache: a reused prefix gives what a fresh prefill gives, for lone calls and the batcher's rows."""
 
 from __future__ import annotations
 
@@ -101,47 +101,47 @@ def test_lone_calls_keep_at_most_the_configured_contexts(artifact):
     assert len(gen.kept.entries) == 2
 
 
-# -- the engine's slots ------------------------------------------------------------------------------
+# -- the batcher's slots ------------------------------------------------------------------------------
 
 
 def test_engine_rows_of_several_conversations_reuse_their_own_prefixes(artifact):
     gen, cold = pair(artifact, "llama", graph="inplace")
-    gen.start_engine(4)
+    gen.start_batching(4)
     try:
         with ThreadPoolExecutor(3) as pool:
             runs = list(pool.map(lambda n: conversation(gen, cold, n, max_new_tokens=6 + len(n) // 4, strategy="lookahead"),
                                  ["Fay", "Gus of the hills", "Hal"]))
-        cache = gen.engine.cache
+        cache = gen.batcher.cache
     finally:
-        gen.stop_engine()
+        gen.stop_batching()
     assert all(reused_each_previous_prompt(stats) for stats in runs)
     assert cache.hits >= 9 and cache.queries == 12
 
 
 def test_engine_rows_hand_their_seated_drafts_cache_to_the_next_turn(artifact):
     gen, cold = pair(artifact, "llama", graph="inplace", draft=artifact("llama-draft1"))
-    gen.start_engine(2)
+    gen.start_batching(2)
     try:
-        assert gen.engine.drafts is not None  # the drafts sit on the engine's draft slots
+        assert gen.batcher.drafts is not None  # the drafts sit on the batcher's draft slots
         stats = conversation(gen, cold, "Pia", turns=3, max_new_tokens=10, strategy="speculative",
                              config={"draft.length": 2})
-        free = sorted(gen.engine.drafts.free)
+        free = sorted(gen.batcher.drafts.free)
     finally:
-        gen.stop_engine()
+        gen.stop_batching()
     assert all(s.proposer["draft_passes"] for s in stats) and all(s.proposer["cached"] > 0 for s in stats[1:])
     assert free == [0, 1]  # a finished row's draft cache was copied out and its seat freed
 
 
 def test_eviction_under_pressure_keeps_every_answer_equal(artifact):
     gen, cold = pair(artifact, "qwen2", graph="inplace")
-    gen.start_engine(2)
+    gen.start_batching(2)
     try:
         with ThreadPoolExecutor(5) as pool:
             list(pool.map(lambda n: conversation(gen, cold, n, turns=3, max_new_tokens=8, strategy="greedy"),
                           ["Ivy", "Jo", "Kai", "Lu", "Max"]))
-        cache = gen.engine.cache
+        cache = gen.batcher.cache
     finally:
-        gen.stop_engine()
+        gen.stop_batching()
     assert cache.queries == 15 and len(cache.kept) <= 2
 
 

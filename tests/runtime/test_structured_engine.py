@@ -1,4 +1,4 @@
-"""Structured output through the one engine (runtime/engine.py's Row with a Matcher): every strategy gives
+"""Structured output through the one batcher (runtime/batcher.py's Row with a Matcher): every strategy gives
 one-token constrained decoding's tokens (tests/constrained.py, the oracle), greedy and seeded; constrained
 and free rows share passes and each equals its solo run; bad constraints fail before any work."""
 
@@ -127,16 +127,16 @@ def test_constrained_and_free_rows_share_passes_and_equal_their_solo_runs(loaded
                 GenerationParams(max_new_tokens=32, strategy="lookahead"),
                 GenerationParams(max_new_tokens=32, strategy="jacobi", constraint=CONSTRAINTS[2], sampling=SEEDED),
                 GenerationParams(max_new_tokens=32, strategy="greedy", sampling=SEEDED)]
-    engine = gen._engine(4)
+    batcher = gen._batcher(4)
     mixed = []  # decoding passes whose rows were constrained and free
-    engine.stats.observers.append(lambda record: mixed.append(record.rows) if record.kind == "decode" else None)
+    batcher.stats.observers.append(lambda record: mixed.append(record.rows) if record.kind == "decode" else None)
     try:
-        runs = [gen._on_engine(engine, gen._request(p, None, False, params)) for p, params in zip(prompts, requests)]
+        runs = [gen._on_batcher(batcher, gen._request(p, None, False, params)) for p, params in zip(prompts, requests)]
         while any(not row.finished for row, _ in runs):
-            engine.step()
+            batcher.step()
         batched = [_drained(pieces) for _, pieces in runs]
     finally:
-        engine.close()
+        batcher.close()
     assert max(mixed) >= 3  # constrained and free rows were in one pass
     for prompt, params, result in zip(prompts, requests, batched):
         assert result.ids == gen.generate(prompt, params=params).ids, params

@@ -1,4 +1,4 @@
-"""The server on the batch engine (max_batch): shared passes over real HTTP, each answer its solo greedy's."""
+"""The server on the batcher (max_batch): shared passes over real HTTP, each answer its solo greedy's."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ STRATEGIES = ("greedy", "jacobi", "lookahead", "auto")
 
 @pytest.fixture
 def batched(artifact):
-    """batched(**settings) -> (a started server on its own engine over the tiny llama, its Generator)."""
+    """batched(**settings) -> (a started server on its own batcher over the tiny llama, its Generator)."""
     started = []
 
     def start(**settings):
@@ -73,7 +73,7 @@ def test_sixteen_clients_share_passes_and_each_gets_its_solo_answer(batched):
         assert metric(c, 'vllm:time_to_first_token_seconds_count{model_name="llama"}') == 16
         assert metric(c, 'vllm:num_requests_running{model_name="llama"}') == 0
         assert metric(c, "jacobi_rt_slots") == 4
-    assert gen.engine.running == 0
+    assert gen.batcher.running == 0
 
 
 def test_stop_strings_and_limits_stay_per_request(batched):
@@ -103,17 +103,17 @@ def test_a_prompt_over_the_context_fails_alone(batched):
 
 def test_a_disconnect_frees_its_slot_within_a_pass(batched):
     server, gen = batched(max_batch=1, queue_size=1)
-    gen.engine.stats.observers.append(lambda record: time.sleep(0.02))  # 20 ms a pass: 240 tokens take seconds
+    gen.batcher.stats.observers.append(lambda record: time.sleep(0.02))  # 20 ms a pass: 240 tokens take seconds
     with httpx.Client(base_url=server.url, timeout=60) as c:
         with c.stream("POST", "/v1/completions", json={"prompt": "The quick", "max_tokens": 240, "stream": True,
                                                        "jacobi": {"strategy": "greedy"}}) as response:
             next(response.iter_lines())  # the first piece arrived; then the client leaves
         wait_until(lambda: metric(c, 'jacobi_rt_generations_total{outcome="cancelled"}') == 1)
-        wait_until(lambda: gen.engine.running == 0, seconds=1.0)
-        passes = gen.engine.stats.passes
+        wait_until(lambda: gen.batcher.running == 0, seconds=1.0)
+        passes = gen.batcher.stats.passes
         reply = c.post("/v1/completions", json={"prompt": "The sea", "max_tokens": 3}).json()
         assert reply["choices"][0]["text"] == gen.generate("The sea", max_new_tokens=3, strategy="greedy").text
-        assert gen.engine.stats.passes - passes < 240  # the left stream's generation did not go on
+        assert gen.batcher.stats.passes - passes < 240  # the left stream's generation did not go on
 
 
 def test_max_batch_zero_is_refused_with_a_clear_error():

@@ -224,7 +224,7 @@ def test_an_internal_error_sends_only_a_request_id_and_logs_the_details(artifact
         raise BackendError("node /model/layers.0/attn/MatMul failed reading /srv/secret/model.onnx")
 
     with BackgroundServer(generator, ServerSettings(model_id="llama")) as server, caplog.at_level("ERROR"):
-        generator.engine.ctx.forward = failing_forward  # a backend that fails mid-request, as a broken GPU would
+        generator.batcher.ctx.forward = failing_forward  # a backend that fails mid-request, as a broken GPU would
         whole = httpx.post(server.url + COMPLETIONS, json={"prompt": "hi", "max_tokens": 2})
         with httpx.stream("POST", server.url + COMPLETIONS, json={"prompt": "hi", "stream": True}) as response:
             events, done = read_events(response)

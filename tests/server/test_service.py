@@ -99,7 +99,7 @@ def test_metrics_have_no_created_families_and_the_engines_pass_histograms(each_m
 
 
 def test_health_in_batch_mode_counts_a_cancelled_row_until_its_pass_ends(artifact):
-    """The client leaves, its worker lets go at once; the engine's pass still runs its row, and /health says so."""
+    """The client leaves, its worker lets go at once; the batcher's pass still runs its row, and /health says so."""
     import threading
 
     import httpx
@@ -113,13 +113,13 @@ def test_health_in_batch_mode_counts_a_cancelled_row_until_its_pass_ends(artifac
             httpx.Client(base_url=server.url, timeout=60) as c:
         first_piece_out, held, passes_go_on = threading.Event(), threading.Event(), threading.Event()
 
-        def hold(record) -> None:  # 20 ms a pass; once the first piece has reached the client, the engine waits
+        def hold(record) -> None:  # 20 ms a pass; once the first piece has reached the client, the batcher waits
             if first_piece_out.is_set():
                 held.set()
                 passes_go_on.wait(20)
             time.sleep(0.02)
 
-        gen.engine.stats.observers.append(hold)
+        gen.batcher.stats.observers.append(hold)
         with c.stream("POST", "/v1/completions", json={"prompt": "The quick", "max_tokens": 200, "stream": True,
                                                        "jacobi": {"strategy": "greedy"}}) as response:
             next(response.iter_lines())
@@ -130,6 +130,6 @@ def test_health_in_batch_mode_counts_a_cancelled_row_until_its_pass_ends(artifac
             assert time.monotonic() < limit
             time.sleep(0.02)
         health = c.get("/health").json()
-        running = gen.engine.running
+        running = gen.batcher.running
         passes_go_on.set()
     assert running == 1 and health["running"] == 1, health

@@ -33,7 +33,7 @@ from .decoding import decoding_config, decoding_option
                    "Every strategy gives the same tokens (greedy's, or for a seed the same sample); they differ only "
                    "in speed.")
 @click.option("--max-batch", type=click.IntRange(1), default=None,
-              help="Generations sharing every pass of the model (the engine's slots; more need the in-place graph). "
+              help="Generations sharing every pass of the model (the batcher's slots; more need the in-place graph). "
                    "Default: sized from the artifact and the free memory, at most 16; 1 where the backend's contexts "
                    "hold one row. On 2 CPU cores 16 streams served about 5x the tokens/s of one "
                    "(docs/bench/2026-12-01-continuous-batching.md).")
@@ -46,7 +46,7 @@ from .decoding import decoding_config, decoding_option
                    "and draft cache) until the slot is needed, and a request whose prompt shares its prefix (the next "
                    "turn of a chat) prefills only the rest.")
 @click.option("--workers", type=int, default=None, hidden=True,
-              help="Gone: the server batches every request on one engine. Use --max-batch.")
+              help="Gone: the server batches every request on one batcher. Use --max-batch.")
 @click.option("--queue", "queue_size", type=click.IntRange(0), default=32, show_default=True,
               help="Requests that may wait for a slot; beyond that the server answers 429 with Retry-After.")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
@@ -59,7 +59,7 @@ from .decoding import decoding_config, decoding_option
               help="auto: onnxruntime on CUDA when onnxruntime-gpu and a GPU are present, else CPU. "
                    "tensorrt: the artifact's engine from `jacobi-rt build`.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="onnxruntime CPU threads of the engine's passes (one pass runs at a time). Default: the physical cores.")
+              help="onnxruntime CPU threads of the batcher's passes (one pass runs at a time). Default: the physical cores.")
 @click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
 @click.option("--ray", "on_ray", is_flag=True,
@@ -113,7 +113,7 @@ def serve_command(artifact, draft, host, port, allowed_hosts, docs, model_name, 
 
     config = decoding_config(decoding)
     if workers is not None:  # removed in 0.x: one release of a clear message
-        click.echo(f"--workers is gone: the server batches every request on one engine of slots (--max-batch, default "
+        click.echo(f"--workers is gone: the server batches every request on one batcher of slots (--max-batch, default "
                    f"sized from the artifact and memory); running with --max-batch {max_batch or workers}", err=True)
         max_batch = max_batch or max(1, workers)
     settings = ServerSettings(

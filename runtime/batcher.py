@@ -1,4 +1,4 @@
-"""The engine: the one decoding loop, for a lone generation (a batch of one row) and for many.
+"""The batcher: the one decoding loop, for a lone generation (a batch of one row) and for many.
 
 One backend context holds S slots (rows of the cache, each with its own length; a context of the
 portable graph or TensorRT holds one). Each `step()` is one target pass:
@@ -16,8 +16,8 @@ portable graph or TensorRT holds one). Each `step()` is one target pass:
     5. accept and commit: each row reads its predictions (the in-graph greedy ids, or its sampler on its
        own logits), walks its tree, keeps its own entries, and hands its proposer the one PassResult.
 
-A lone `Generator.generate()` runs `run_alone` in the caller's thread; `Generator.start_engine()` runs
-`Engine.start()`'s thread for every caller. Every committed token is the target's own prediction
+A lone `Generator.generate()` runs `run_alone` in the caller's thread; `Generator.start_batching()` runs
+`Batcher.start()`'s thread for every caller. Every committed token is the target's own prediction
 given its prefix, so each row equals its own one-token decoding (greedy, or seeded sampling).
 
 A constrained row (structured output, runtime/constraints.py) offers the tokens its grammar forces as a
@@ -115,7 +115,7 @@ class Row:
         self.error: BaseException | None = None
         self.finished = False
         self.cancelled = threading.Event()
-        self.admitted_at = self.first_token_at = None  # engine clock
+        self.admitted_at = self.first_token_at = None  # batcher clock
         self._want = 1
         self._offer = Offer()  # the proposer's offer for the next pass (a constrained row's: with the forced run)
         self._constrained: ConstrainedOffer | None = None  # where a constrained offer's guesses came from
@@ -144,7 +144,7 @@ class Row:
 
     def guess(self, width: int) -> None:
         """A decoding row's guesses for a pass `width` wide: its offer cut by the allocator, taken from its
-        proposer (a seated draft's chain is filled by the engine's draft step before `plan`)."""
+        proposer (a seated draft's chain is filled by the batcher's draft step before `plan`)."""
         w = min(self._want, width)
         allocation = allocate(self._offer, w - 1, own_cost(self.proposer))
         if self.matcher is None:
@@ -305,7 +305,7 @@ def masked_pick(masks: Masks, node: int, logits: np.ndarray, greedy_id: int) -> 
 
 @dataclass
 class PassRecord:
-    """What one engine pass did (for metrics and tests)."""
+    """What one batcher pass did (for metrics and tests)."""
 
     kind: str  # "prefill" or "decode"
     rows: int
@@ -315,7 +315,7 @@ class PassRecord:
 
 
 @dataclass
-class EngineStats:
+class BatcherStats:
     passes: int = 0
     rows: int = 0  # sum over passes
     tokens: int = 0
@@ -323,7 +323,7 @@ class EngineStats:
     observers: list[Callable[[PassRecord], None]] = field(default_factory=list)
 
 
-class Engine:
+class Batcher:
     """S slots over one backend context; `submit()` from any thread, `step()` from one (or `start()` a thread)."""
 
     def __init__(self, ctx: BackendContext, prefill_chunk: int, budget: PassBudget | None = None,
@@ -339,7 +339,7 @@ class Engine:
         self.clock = clock
         self.rows: list[Row] = []  # active rows; rows[i].slot == i (packed)
         self.waiting: deque[Row] = deque()
-        self.stats = EngineStats()
+        self.stats = BatcherStats()
         self._owns_context = owns_context
         self._wake = threading.Condition(threading.Lock())
         self._prefill_turn = True
@@ -349,11 +349,11 @@ class Engine:
     @classmethod
     def open(cls, backend: Backend, slots: int, capacity: int | None = None, prefill_chunk: int | None = None,
              budget: PassBudget | None = None, clock: Callable[[], float] = time.perf_counter,
-             cache: PrefixCache | None = None, draft: Backend | None = None) -> "Engine":
-        """An engine of `slots` rows of `capacity` entries each (default the backend's context) on a context of its own;
+             cache: PrefixCache | None = None, draft: Backend | None = None) -> "Batcher":
+        """A batcher of `slots` rows of `capacity` entries each (default the backend's context) on a context of its own;
         with a `draft` backend of rows of their own, the drafting rows share its slots (runtime.draft_slots)."""
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-            raise InputError(f"the engine needs at least 1 slot (max batch), not {slots!r}")
+            raise InputError(f"the batcher needs at least 1 slot (max batch), not {slots!r}")
         if slots > 1 and not backend.batched:
             raise BackendError(f"{slots} slots need rows of their own lengths (the in-place graph); the {backend.name} "
                                "backend's contexts hold one row. Re-export the artifact (it adds model-inplace.onnx) "
@@ -369,7 +369,7 @@ class Engine:
     def submit(self, row: Row) -> Row:
         with self._wake:
             if self._closed:
-                raise BackendError("the engine is closed")
+                raise BackendError("the batcher is closed")
             self.waiting.append(row)
             self._wake.notify()
         return row
@@ -388,14 +388,14 @@ class Engine:
     def queued(self) -> int:
         return len(self.waiting)
 
-    def start(self) -> "Engine":
+    def start(self) -> "Batcher":
         """Run passes on a background thread until close()."""
-        self._thread = threading.Thread(target=self._loop, name="jacobi-rt-engine", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="jacobi-rt-batcher", daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
-        """Stop the loop; rows not finished fail (a cancelled one ends as cancelled); the context is closed if the engine opened it."""
+        """Stop the loop; rows not finished fail (a cancelled one ends as cancelled); the context is closed if the batcher opened it."""
         with self._wake:
             self._closed = True
             self._wake.notify()
@@ -404,7 +404,7 @@ class Engine:
         self._drop_finished()  # a row stopped early (a stop string, a closed stream) still leaves its prefix
         for row in [*self.rows, *self.waiting]:
             if not row.finished and not row.cancelled.is_set():
-                row.fail(BackendError("the engine was closed before this generation ended"))
+                row.fail(BackendError("the batcher was closed before this generation ended"))
             self._release(row)
         self.rows, self.waiting = [], deque()
         if self._owns_context:
@@ -592,11 +592,11 @@ def run_alone(ctx: BackendContext, row: Row, prefill_chunk: int, budget: PassBud
     ([] after each prompt chunk but the last), so the caller can stop between passes. Closing the
     iterator early ends the row (its proposer is closed); `ctx` stays its owner's. cache: what `ctx`'s
     row holds from an earlier call (the prefix cache); the row leaves its own in it."""
-    engine = Engine(ctx, prefill_chunk, budget, clock, cache=cache)
-    engine.submit(row)
+    batcher = Batcher(ctx, prefill_chunk, budget, clock, cache=cache)
+    batcher.submit(row)
     try:
         while True:
-            engine.step()
+            batcher.step()
             while not row.tokens.empty():
                 batch = row.tokens.get_nowait()
                 if batch is END:
@@ -605,8 +605,8 @@ def run_alone(ctx: BackendContext, row: Row, prefill_chunk: int, budget: PassBud
                     return
                 yield batch
     finally:
-        engine.cancel(row)
-        engine.close()
+        batcher.cancel(row)
+        batcher.close()
 
 
 def _pad(planned: list[Planned]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Engine: rows join, leave and decode in shared passes; each row's output equals its solo run."""
+"""Batcher: rows join, leave and decode in shared passes; each row's output equals its solo run."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from jacobi_rt.runtime.config import AutoConfig, CostConfig, DraftConfig
 from jacobi_rt.runtime import Generator
-from jacobi_rt.runtime.engine import END, Engine, Row
+from jacobi_rt.runtime.batcher import END, Batcher, Row
 from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
 from jacobi_rt.runtime.acceptance import PassCosts
 from jacobi_rt.runtime.proposers import JacobiProposer, LookaheadProposer, NoProposer
@@ -35,11 +35,11 @@ def clock():
     return lambda: next(ticks) * 0.01  # every reading 10 ms later: passes have a cost, tests no sleep
 
 
-def engine(gen, slots, chunk=256, wide=False):
+def batcher(gen, slots, chunk=256, wide=False):
     """wide: a flat cost curve (wide passes free, as on a GPU), so every row gets the window it asks for."""
     flat = {1: 1.0, 4096: 1.0}
     budget = PassBudget(costs=PassCosts(CostConfig(flat, learn=False, batch_pass_costs=flat))) if wide else None
-    return Engine.open(gen.backend, slots, prefill_chunk=chunk, budget=budget, clock=clock())
+    return Batcher.open(gen.backend, slots, prefill_chunk=chunk, budget=budget, clock=clock())
 
 
 def row(gen, prompt, max_new=16, strategy="greedy", sampling=None):
@@ -65,12 +65,12 @@ def run_until_done(eng, rows, limit=500):
         if all(r.finished and r.slot < 0 for r in rows):
             return
         eng.step()
-    raise AssertionError("the engine did not finish its rows")
+    raise AssertionError("the batcher did not finish its rows")
 
 
 @pytest.mark.parametrize("wide", [False, True])
 def test_rows_joining_and_leaving_mid_generation_equal_their_solo_greedy(gen, wide):
-    eng = engine(gen, slots=2, wide=wide)
+    eng = batcher(gen, slots=2, wide=wide)
     a, b = eng.submit(row(gen, PROMPTS[0], 24, "jacobi")), eng.submit(row(gen, PROMPTS[1], 6, "lookahead"))
     c = row(gen, PROMPTS[2], 10)
     for _ in range(3):
@@ -85,7 +85,7 @@ def test_rows_joining_and_leaving_mid_generation_equal_their_solo_greedy(gen, wi
 
 
 def test_a_finished_row_in_a_low_slot_is_replaced_by_the_last_one(gen):
-    eng = engine(gen, slots=3)
+    eng = batcher(gen, slots=3)
     rows = [eng.submit(row(gen, p, n)) for p, n in zip(PROMPTS, (3, 20, 20))]
     while not rows[0].finished:
         eng.step()
@@ -97,7 +97,7 @@ def test_a_finished_row_in_a_low_slot_is_replaced_by_the_last_one(gen):
 
 
 def test_a_cancelled_row_frees_its_slot_before_the_next_pass(gen):
-    eng = engine(gen, slots=1)
+    eng = batcher(gen, slots=1)
     a, b = eng.submit(row(gen, PROMPTS[0], 50)), eng.submit(row(gen, PROMPTS[1], 5))
     eng.step()
     eng.step()
@@ -113,7 +113,7 @@ def test_a_cancelled_row_frees_its_slot_before_the_next_pass(gen):
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_passes(gen):
-    eng = engine(gen, slots=2, chunk=8)
+    eng = batcher(gen, slots=2, chunk=8)
     a = eng.submit(row(gen, PROMPTS[0], 30))
     for _ in range(3):
         eng.step()
@@ -134,7 +134,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_passes(gen):
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3", "mistral"])
 def test_mixed_strategies_in_one_batch_equal_solo_greedy(artifact, family):
     gen = Generator.load(artifact(family), graph="inplace", threads=1)
-    eng = engine(gen, slots=4, wide=True)
+    eng = batcher(gen, slots=4, wide=True)
     strategies = ["greedy", "jacobi", "lookahead", "lookahead", "jacobi"]
     rows = [eng.submit(row(gen, p, 20, s)) for p, s in zip(PROMPTS, strategies)]
     widths = []
@@ -147,7 +147,7 @@ def test_mixed_strategies_in_one_batch_equal_solo_greedy(artifact, family):
 
 def test_a_sampling_row_in_a_batch_samples_what_it_samples_alone(gen):
     params = SamplingParams(temperature=0.8, top_k=20, seed=7)
-    eng = engine(gen, slots=3)
+    eng = batcher(gen, slots=3)
     rows = [eng.submit(row(gen, PROMPTS[0], 12, "greedy", params)), eng.submit(row(gen, PROMPTS[1], 12)),
             eng.submit(row(gen, PROMPTS[3], 12, "lookahead", params))]
     run_until_done(eng, rows)
@@ -169,7 +169,7 @@ def test_generate_batch_fails_only_the_prompt_over_the_context(gen):
 def test_the_started_engine_runs_generate_stream_and_start_with_their_own_stop_strings(gen):
     text = gen.generate(PROMPTS[0], max_new_tokens=20, strategy="greedy").text
     stop = text[len(text) // 2 : len(text) // 2 + 3]
-    gen.start_engine(3)
+    gen.start_batching(3)
     try:
         results = {}
 
@@ -186,8 +186,8 @@ def test_the_started_engine_runs_generate_stream_and_start_with_their_own_stop_s
         next(iter(early))
         early.close()  # cancels its row
     finally:
-        engine_ = gen.engine
-        gen.stop_engine()
+        engine_ = gen.batcher
+        gen.stop_batching()
     assert results["plain"].text == results["look"].text == streamed == text
     assert results["stop"].text == text[: text.index(stop)] and results["stop"].stats.finish_reason == "stop"
     assert results["look"].stats.target_passes > 0 and engine_.running == 0
@@ -195,20 +195,20 @@ def test_the_started_engine_runs_generate_stream_and_start_with_their_own_stop_s
 
 def test_bad_engine_requests_are_clear_errors(gen, artifact):
     with pytest.raises(InputError, match="at least 1 slot"):
-        Engine.open(gen.backend, 0)
+        Batcher.open(gen.backend, 0)
     portable = Generator.load(artifact("llama"), graph="portable", threads=1)
     with pytest.raises(BackendError, match="in-place graph"):
-        Engine.open(portable.backend, 2)
+        Batcher.open(portable.backend, 2)
     one_by_one = portable.generate_batch([PROMPTS[0], PROMPTS[2]], max_new_tokens=6, strategy="jacobi")
     assert [r.ids for r in one_by_one] == [solo(gen, PROMPTS[0], 6), solo(gen, PROMPTS[2], 6)]
     with pytest.raises(InputError, match="list of prompts"):
         gen.generate_batch("one prompt")
-    gen.start_engine(1)
+    gen.start_batching(1)
     try:
         with pytest.raises(InputError, match="already runs"):
-            gen.start_engine(1)
+            gen.start_batching(1)
     finally:
-        gen.stop_engine()
+        gen.stop_batching()
 
 
 @pytest.mark.slow
@@ -236,14 +236,14 @@ def test_smollm2_sixteen_rows_equal_their_solo_greedy(artifact, strategy):
 
 
 def test_a_started_engine_with_a_smaller_context_sets_the_limits(gen):
-    gen.start_engine(2, capacity=32)
+    gen.start_batching(2, capacity=32)
     try:
         assert gen.limits.max_context == 32
         with pytest.raises(ContextLimitError, match="holds 32"):
             gen.generate(list(range(3, 40)), max_new_tokens=4)
         assert gen.generate(PROMPTS[0], max_new_tokens=40, strategy="greedy").stats.finish_reason == "context"
     finally:
-        gen.stop_engine()
+        gen.stop_batching()
     assert gen.limits.max_context == gen.backend.limits.max_context
 
 
@@ -253,15 +253,15 @@ def test_the_default_slot_context_is_capped_where_attention_reads_the_capacity(g
     monkeypatch.setattr(module, "DEFAULT_BATCH_CONTEXT", 48)
     for attention, expected in (("scatter", 48), ("gqa", gen.backend.limits.max_context)):
         monkeypatch.setitem(gen.manifest.check, "inplace", {**gen.manifest.check.get("inplace", {}), "attention": attention})
-        gen.start_engine(1)
+        gen.start_batching(1)
         try:
-            assert gen.engine.capacity == expected
+            assert gen.batcher.capacity == expected
         finally:
-            gen.stop_engine()
+            gen.stop_batching()
 
 
 def test_each_row_gets_one_pass_result_timed_once_around_the_batched_forward(gen):
-    eng = engine(gen, 2, wide=True)
+    eng = batcher(gen, 2, wide=True)
     rows = [Row(list(p), 8, Recording(), Sampler(SamplingParams(), len(p)), 4, set(gen.manifest.tokens.eos_ids),
                 gen.limits.max_context) for p in PROMPTS[:2]]
     for r in rows:
@@ -286,7 +286,7 @@ def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifa
 
     proposers = [union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, AutoConfig(warmup=1, probe_every=4)),
                  union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, AutoConfig(warmup=1, probe_every=4))]
-    eng = engine(gen, slots=4, wide=True)
+    eng = batcher(gen, slots=4, wide=True)
     bids, decide = [], eng.budget.decode_window
     eng.budget.decode_window = lambda b: bids.append(b) or decide(b)
     rows = [eng.submit(Row(list(p), 20, proposer, Sampler(SamplingParams(), len(p)), 8, set(gen.manifest.tokens.eos_ids),
@@ -304,7 +304,7 @@ def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifa
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_speculative_rows_share_batched_draft_passes_and_equal_their_solo_output(artifact, sampled):
-    """Seated on the engine's draft slots, rows of different K (one adapting) draft together: each pass of
+    """Seated on the batcher's draft slots, rows of different K (one adapting) draft together: each pass of
     the draft serves several rows, and each row still equals its solo greedy (or seeded sampling) run."""
     from jacobi_rt.runtime.draft import DraftLength, DraftProposer
 
@@ -317,7 +317,7 @@ def test_speculative_rows_share_batched_draft_passes_and_equal_their_solo_output
         return DraftProposer(gen.draft, 128, k=k, length=DraftLength(8, PassCosts(CostConfig(flat, learn=False)), DraftConfig(prior_cost=0.0)))
 
     def batch(slotted):
-        eng = Engine.open(gen.backend, 4, prefill_chunk=256, budget=budget, clock=clock(),
+        eng = Batcher.open(gen.backend, 4, prefill_chunk=256, budget=budget, clock=clock(),
                           draft=gen.draft if slotted else None)
         rows = [eng.submit(Row(list(p), 16, draft(k), Sampler(params, len(p)), 8, set(gen.manifest.tokens.eos_ids),
                                gen.limits.max_context))
