@@ -31,6 +31,7 @@ class Guess:
     margin: float | None = None  # sent only when it beats a greedy pass by this much; None: the offer's margin
     fixed: bool = False  # sent whole within the limit (a fixed-K draft inside a union); Offer.fixed: all are
     part: int = 0  # in a union's offer: the part it comes from (Offer.parts caps each part's branches)
+    free: int = 0  # leading tokens that cost nothing to produce (a grammar's forced run before a draft's chain)
 
 
 @dataclass(frozen=True)
@@ -76,15 +77,15 @@ class Allocation:
         return out
 
 
-def cut(accept: Sequence[float], limit: int, cost: Cost, per_token: float = 0.0) -> tuple[int, float]:
-    """The one length rule: the L in 1..limit maximising (1 + a0 + a0 a1 + ...) / (cost(L + 1) + L * per_token),
-    and that gain (a greedy pass: 1.0); (0, 1.0) when limit < 1."""
+def cut(accept: Sequence[float], limit: int, cost: Cost, per_token: float = 0.0, free: int = 0) -> tuple[int, float]:
+    """The one length rule: the L in 1..limit maximising (1 + a0 + a0 a1 + ...) / (cost(L + 1) + (L - free) * per_token)
+    (the first `free` tokens cost nothing to produce), and that gain (a greedy pass: 1.0); (0, 1.0) when limit < 1."""
     best, best_gain = 0, 0.0
     expected, term = 1.0, 1.0
     for length in range(1, min(limit, len(accept)) + 1):
         term *= accept[length - 1]
         expected += term
-        gain = expected / (cost(length + 1) + length * per_token)
+        gain = expected / (cost(length + 1) + max(0, length - free) * per_token)
         if gain > best_gain:
             best, best_gain = length, gain
     return (best, best_gain) if best else (0, 1.0)
@@ -121,7 +122,7 @@ def _ranked(guess: Guess, limit: int, cost: Cost, margin: float) -> tuple[int, f
     A fixed guess is sent whole and ahead of the others."""
     if guess.fixed:
         return min(limit, len(guess.accept)), float("inf")
-    length, gain = cut(guess.accept, limit, cost, guess.cost)
+    length, gain = cut(guess.accept, limit, cost, guess.cost, guess.free)
     return (length, gain) if gain > 1.0 + (margin if guess.margin is None else guess.margin) else (0, 1.0)
 
 
@@ -146,4 +147,4 @@ def _allocation(offer: Offer, picks: list[tuple[int, int]]) -> Allocation:
     picks = [(i, n) for i, n in picks if n > 0]
     sent = [(offer.guesses[i], n) for i, n in picks]
     expected = max((expected_tokens(g, n) for g, n in sent), default=1.0)  # extra branches: counted as nothing
-    return Allocation(picks, expected, sum(g.cost * n for g, n in sent))
+    return Allocation(picks, expected, sum(g.cost * max(0, n - g.free) for g, n in sent))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -174,6 +175,7 @@ class DraftProposer(Proposer):
         self.kept: list[int] = []  # an adopted cache's tokens (the conversation's previous turn)
         self.tokens: list[int] = []  # the committed sequence: prompt, then every committed token
         self.chain: list[int] = []  # the guesses sent in the pass being verified
+        self.after: list[int] = []  # the tokens the pass sends before the chain (a grammar's forced run)
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
         self.usable = True  # False when the prompt does not fit the draft's context
         self.sampler = None  # with sampling, the draft samples its chain (use_sampler)
@@ -192,15 +194,20 @@ class DraftProposer(Proposer):
     def start(self, prompt: list[int], first: int) -> None:
         self.stats = {**_zero_stats(), "jacobi_tail": self.jacobi}
         self.catchup_seconds = 0.0  # counted in stats["draft_seconds"] too: own_seconds takes it out
-        self.tokens, self.chain, self.jacobi_guesses = [*prompt, first], [], []
+        self.tokens, self.chain, self.jacobi_guesses, self.after = [*prompt, first], [], [], []
         self.ctx.trim(min(matched_prefix(self.kept, prompt), self.ctx.length))  # 0 unless a cache was adopted
         self.stats["cached"], self.kept = self.ctx.length, []
         self.usable = len(prompt) + 1 < self.ctx.capacity
         # No prefill here: the first proposal feeds the prompt (in chunks), so a draft that is
         # never asked (K = 0 throughout, or a losing arm of `auto`) costs nothing.
 
-    def offer(self, limit: int) -> Offer:
+    def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
+        """The chain after the committed tokens, or after them and `after` (the draft runs the forced run
+        in its first pass, so the chain continues it)."""
+        self.after = list(after)
         limit = min(limit, self._room()) if self.usable else 0  # what the draft's own cache can hold
+        if self.max_window is not None and CATCHUP + len(after) >= self.max_window:
+            limit = 0  # the run and what is pending would not fit the draft's first pass
         if self.k is None:
             return self.length.offer(limit)
         k = min(self.k, limit)  # a fixed K: sent whole
@@ -225,10 +232,11 @@ class DraftProposer(Proposer):
         tree, predictions, committed = result.tree, result.predictions, result.committed
         self.jacobi_guesses = []
         if self.chain:
-            chain = self.chain
+            chain = [*self.after, *self.chain]  # the cache holds tokens + chain[:-1]
             accepted = matched_prefix(chain, committed[:-1])
-            self.stats["accepted"] += accepted
-            self.length.observe_acceptance(len(chain), accepted)
+            if accepted >= len(self.after):  # the draft's own tokens were tried
+                self.stats["accepted"] += accepted - len(self.after)
+                self.length.observe_acceptance(len(self.chain), accepted - len(self.after))
             # The cache holds tokens + chain[:-1]; keep the chain entries the target committed,
             # but never the new last token's (it stays pending, so its pass yields the next guess).
             valid = min(matched_prefix(chain[:-1], committed), len(committed) - 1)
@@ -263,23 +271,26 @@ class DraftProposer(Proposer):
     # -- the draft's passes ---------------------------------------------------------------------
 
     def _room(self) -> int:
-        """The most guesses the draft's context can hold: pending tokens + K-1 guesses must fit."""
-        pending = len(self.tokens) - self.ctx.length
+        """The most guesses the draft's context can hold: pending tokens, the forced run and K-1 guesses must fit."""
+        pending = len(self.tokens) - self.ctx.length + len(self.after)
         return self.ctx.capacity - self.ctx.length - pending + 1
 
     def _run_draft(self, k: int) -> list[int]:
-        """K greedy draft tokens after the committed sequence; leaves the KV of the first K-1 cached."""
+        """K greedy draft tokens after the committed sequence (and the forced run `after`); leaves the KV of
+        the forced run and the first K-1 cached."""
         began, passes = time.perf_counter(), 0
         pending = self.tokens[self.ctx.length :]
-        widest = self.max_window or len(pending) + k
+        widest = self.max_window or len(pending) + len(self.after) + k
         if len(pending) > min(CATCHUP, widest):  # the prompt, or what the target committed while the draft sat out
             pending, passes = self._catch_up(pending), passes + 1
-        guesses = self.jacobi_guesses[: max(0, min(k - 1, widest - len(pending)))]
+        pending = [*pending, *self.after]  # the forced run: known, run with the pending tokens
+        guesses = [] if self.after else self.jacobi_guesses[: max(0, min(k - 1, widest - len(pending)))]
         window = [*pending, *guesses]
+        sequence = [*self.tokens, *self.after]
         tick = time.perf_counter()
-        ids = self._forward(window, keep=None, first=len(pending) - 1, sequence=self.tokens)
+        ids = self._forward(window, keep=None, first=len(pending) - 1, sequence=sequence)
         passes += 1
-        # ids[len(pending) - 1] is the draft's token after the last committed one; each Jacobi
+        # ids[len(pending) - 1] is the draft's token after the last known one; each Jacobi
         # guess that equals the draft's own token there lets the next position's id stand too.
         chain = [ids[len(pending) - 1]]
         while len(chain) < k and len(chain) <= len(guesses) and guesses[len(chain) - 1] == chain[-1]:
@@ -289,7 +300,7 @@ class DraftProposer(Proposer):
         narrow = [time.perf_counter() - tick] if len(window) <= 2 else []  # the cost estimate: 1-2 token passes
         while len(chain) < k:
             tick = time.perf_counter()
-            chain.append(self._forward([chain[-1]], keep=1, first=0, sequence=[*self.tokens, *chain])[0])
+            chain.append(self._forward([chain[-1]], keep=1, first=0, sequence=[*sequence, *chain])[0])
             narrow.append(time.perf_counter() - tick)
             passes += 1
         self._count(passes, time.perf_counter() - began)

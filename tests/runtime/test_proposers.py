@@ -28,7 +28,7 @@ class Scripted(Proposer):
     def start(self, prompt, first):
         pass
 
-    def offer(self, limit):
+    def offer(self, limit, after=()):
         tokens = tuple(self.guess[:limit])
         return Offer((Guess((self.p,) * len(tokens), tokens, self.cost),), margin=0.03) if tokens else Offer()
 
@@ -69,9 +69,9 @@ class Flaky(Scripted):
         super().__init__(guess, p)
         self.calls = 0
 
-    def offer(self, limit):
+    def offer(self, limit, after=()):
         self.calls += 1
-        return super().offer(limit) if self.calls % 2 else Offer()
+        return super().offer(limit, after) if self.calls % 2 else Offer()
 
 
 def _pass(proposer, budget=3, truth=(1, 2, 3, 4)):
