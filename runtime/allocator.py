@@ -31,7 +31,7 @@ class Guess:
     margin: float | None = None  # sent only when it beats a greedy pass by this much; None: the offer's margin
     fixed: bool = False  # sent whole within the limit (a fixed-K draft inside a union); Offer.fixed: all are
     part: int = 0  # in a union's offer: the part it comes from (Offer.parts caps each part's branches)
-    free: int = 0  # leading tokens that cost nothing to produce (a grammar's forced run before a draft's chain)
+    free: int = 0  # leading tokens right by construction and free to produce (a grammar's forced run): see _ranked
 
 
 @dataclass(frozen=True)
@@ -77,15 +77,15 @@ class Allocation:
         return out
 
 
-def cut(accept: Sequence[float], limit: int, cost: Cost, per_token: float = 0.0, free: int = 0) -> tuple[int, float]:
-    """The one length rule: the L in 1..limit maximising (1 + a0 + a0 a1 + ...) / (cost(L + 1) + (L - free) * per_token)
-    (the first `free` tokens cost nothing to produce), and that gain (a greedy pass: 1.0); (0, 1.0) when limit < 1."""
+def cut(accept: Sequence[float], limit: int, cost: Cost, per_token: float = 0.0) -> tuple[int, float]:
+    """The one length rule: the L in 1..limit maximising (1 + a0 + a0 a1 + ...) / (cost(L + 1) + L * per_token),
+    and that gain (a greedy pass: 1.0); (0, 1.0) when limit < 1."""
     best, best_gain = 0, 0.0
     expected, term = 1.0, 1.0
     for length in range(1, min(limit, len(accept)) + 1):
         term *= accept[length - 1]
         expected += term
-        gain = expected / (cost(length + 1) + max(0, length - free) * per_token)
+        gain = expected / (cost(length + 1) + length * per_token)
         if gain > best_gain:
             best, best_gain = length, gain
     return (best, best_gain) if best else (0, 1.0)
@@ -119,11 +119,20 @@ def allocate(offer: Offer, limit: int, cost: Cost) -> Allocation:
 
 def _ranked(guess: Guess, limit: int, cost: Cost, margin: float) -> tuple[int, float]:
     """(length, gain) of `guess` within `limit` by the length rule; length 0 when it does not beat greedy by its margin.
-    A fixed guess is sent whole and ahead of the others."""
+    A fixed guess is sent whole and ahead of the others. A guess with a free run (a grammar's forced tokens) sends
+    the run whole, and its tokens past the run by the length rule on what they add to the pass, as if the run were
+    committed (judged against the run's own gain, F + 1 tokens for about one pass, they would never be sent)."""
     if guess.fixed:
         return min(limit, len(guess.accept)), float("inf")
-    length, gain = cut(guess.accept, limit, cost, guess.cost, guess.free)
-    return (length, gain) if gain > 1.0 + (margin if guess.margin is None else guess.margin) else (0, 1.0)
+    margin = margin if guess.margin is None else guess.margin
+    if guess.free:  # a sure run, then the rest judged as if the run were committed: a pass of its own after it
+        run = min(guess.free, limit)
+        past = lambda width: cost(run + width) - cost(run + 1) + cost(1)  # what widening the run's pass costs
+        length, gain = cut(guess.accept[run:], limit - run, past, guess.cost)
+        length = length if gain > 1.0 + margin else 0
+        return run + length, expected_tokens(guess, run + length) / (cost(run + length + 1) + length * guess.cost)
+    length, gain = cut(guess.accept, limit, cost, guess.cost)
+    return (length, gain) if gain > 1.0 + margin else (0, 1.0)
 
 
 def _shared(offer: Offer, ranked: list[tuple[float, int, int]], limit: int, cost: Cost) -> list[tuple[int, int]]:
