@@ -74,6 +74,8 @@ def jacobi_stats(result: GenerationResult, seeds: list[int | None] | None = None
              "finish_reason": s.finish_reason, "seed": s.seed}
     if seeds is not None and len(seeds) > 1:
         stats["seeds"] = seeds  # choice i's seed
+    if s.constraint is not None:  # a constrained output: its masks' seconds and rows, forced tokens sent and committed
+        stats["constraint"] = s.constraint
     return stats
 
 
