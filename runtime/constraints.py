@@ -265,6 +265,7 @@ class MaskCost:
     windows: int = 0  # calls of masks()
     forced_sent: int = 0  # forced tokens put in windows (the engine counts them)
     forced_committed: int = 0  # of those, committed
+    past_forced_sent: int = 0  # proposers' guessed tokens sent after a forced run (Proposer.offer(after=...))
 
     @property
     def per_row_ms(self) -> float:

@@ -164,6 +164,8 @@ class Row:
                 self._masks = self.matcher.masks(tree.tokens, tree.parents)
                 self._forced_nodes = min(len(forced), w - 1)  # nodes 1..F: the forced run, the tree's first chain
                 self.matcher.cost.forced_sent += self._forced_nodes
+                if forced:
+                    self.matcher.cost.past_forced_sent += len(tree.tokens) - 1 - self._forced_nodes
             planned = Planned(tree.tokens, length + np.asarray(tree.positions, dtype=np.int64), tree.window_mask,
                               self.wants_logits, tree)
         self._planned = planned

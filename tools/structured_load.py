@@ -7,8 +7,8 @@ Half the clients ask an extraction item's chat prompt with its JSON schema as `r
 (tools/data/extraction.jsonl); each of the other half asks the same prompt unconstrained (its
 neighbour: the same prompt length, the same server, the same passes). Greedy (temperature 0), every
 request streamed. First each constrained request runs alone (its solo answer); then every round sends
-all the clients' requests at once. Every constrained answer must parse, validate (jsonschema) and equal
-its solo answer. Per pair: each side's stream tokens/s (tokens after the first over the time after the
+all the clients' requests at once. Every constrained answer must equal its solo answer, and parse and
+validate (jsonschema) where it finished ("length": cut short by --max-tokens, answered as such). Per pair: each side's stream tokens/s (tokens after the first over the time after the
 first piece, median over rounds), tokens per pass, and the constrained side's mask share (the server's
 `jacobi.constraint.mask_seconds` over the stream's decode time): a constrained client slower than its
 neighbour by more than that share pays for something besides its masks.
@@ -40,7 +40,7 @@ def stream(url: str, body: dict) -> dict:
         response = conn.getresponse()
         if response.status != 200:
             raise click.ClickException(f"the server answered {response.status}: {response.read()[:300]!r}")
-        pieces, first, last, tokens, stats = [], None, None, 0, {}
+        pieces, first, last, tokens, stats, finish = [], None, None, 0, {}, None
         for raw in response:
             line = raw.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -51,6 +51,7 @@ def stream(url: str, body: dict) -> dict:
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
             for choice in event.get("choices") or ():
+                finish = choice.get("finish_reason") or finish
                 piece = choice.get("delta", {}).get("content") or ""
                 if piece:
                     pieces.append(piece)
@@ -58,7 +59,7 @@ def stream(url: str, body: dict) -> dict:
                     first = first or last
             stats = event.get("jacobi", stats)
         decode = (last - first) if first and last and last > first else 0.0
-        return {"text": "".join(pieces), "tokens": tokens, "first_token": (first or sent) - sent, "decode_seconds": decode,
+        return {"text": "".join(pieces), "finish": finish, "tokens": tokens, "first_token": (first or sent) - sent, "decode_seconds": decode,
                 "tokens_per_second": max(tokens - 1, 0) / decode if decode else 0.0, "jacobi": stats}
     finally:
         conn.close()
@@ -107,7 +108,7 @@ def main(artifact, draft, url, clients, rounds, strategy, max_tokens, threads, o
     if pairs > len(items):
         raise click.BadParameter(f"the extraction set has {len(items)} items: at most {2 * len(items)} clients")
     items = items[:pairs]
-    base = {"model": "any", "max_tokens": max_tokens, "temperature": 0, "jacobi": {"strategy": strategy}}
+    base = {"max_tokens": max_tokens, "temperature": 0, "jacobi": {"strategy": strategy}}
     constrained = [{**base, "messages": [{"role": "user", "content": item.prompt}],
                     "response_format": {"type": "json_schema", "json_schema": {"name": item.id, "schema": item.schema}}}
                    for item in items]
@@ -126,7 +127,7 @@ def main(artifact, draft, url, clients, rounds, strategy, max_tokens, threads, o
     for i, item in enumerate(items):
         mine = [run[i] for run in runs]
         theirs = [run[pairs + i] for run in runs]
-        valid = all(_valid(jsonschema, a["text"], item.schema) for a in mine)
+        valid = "length" if any(a["finish"] != "stop" for a in mine) else all(_valid(jsonschema, a["text"], item.schema) for a in mine)
         same = all(a["text"] == solo[i]["text"] for a in mine)
         mask = [a["jacobi"].get("constraint", {}).get("mask_seconds", 0.0) / a["decode_seconds"] for a in mine if a["decode_seconds"]]
         rows.append(dict(item=item.id, valid=valid, same_as_solo=same, tokens=mine[0]["tokens"],
@@ -140,7 +141,7 @@ def main(artifact, draft, url, clients, rounds, strategy, max_tokens, threads, o
     if out:
         with open(out, "w") as f:
             json.dump({"pairs": rows, "solo": solo, "runs": runs}, f)
-    if not all(r["valid"] and r["same_as_solo"] for r in rows):
+    if not all(r["valid"] and r["same_as_solo"] for r in rows):  # "length": cut short, answered as such (never as complete)
         raise click.ClickException("a constrained answer did not validate or differed from its solo answer (see above)")
 
 
@@ -149,7 +150,8 @@ def table(rows: list[dict]) -> str:
              "neighbour tok/pass | constrained / neighbour |", "|" + "---|" * 11]
     for r in rows:
         ratio = r["tokens_per_second"] / r["neighbour_tokens_per_second"] if r["neighbour_tokens_per_second"] else float("nan")
-        lines.append(f"| {r['item']} | {'yes' if r['valid'] else 'NO'} | {'yes' if r['same_as_solo'] else 'NO'} | {r['tokens']} | "
+        valid = r["valid"] if isinstance(r["valid"], str) else "yes" if r["valid"] else "NO"
+        lines.append(f"| {r['item']} | {valid} | {'yes' if r['same_as_solo'] else 'NO'} | {r['tokens']} | "
                      f"{r['tokens_per_second']:.1f} | {r['tokens_per_pass']:.2f} | {100 * r['mask_share']:.1f}% | "
                      f"{r['neighbour_tokens']} | {r['neighbour_tokens_per_second']:.1f} | {r['neighbour_tokens_per_pass']:.2f} | "
                      f"{ratio:.2f}x |")

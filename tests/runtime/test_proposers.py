@@ -213,3 +213,13 @@ def test_auto_takes_nothing_from_a_pass_without_room():
     auto = AutoProposer({"a": arm, "b": Scripted([1, 2, 3])}, warmup=1)
     auto.start([0], 0)
     assert send(auto, 0) == [] and arm.asked == [] and auto.passes == 0
+
+
+def test_lookahead_guesses_past_a_forced_run():
+    """Its lookups are keyed on the committed tokens followed by the run: "3 4" after 9 is found in the prompt."""
+    from jacobi_rt.runtime.proposers import LookaheadProposer
+
+    proposer = LookaheadProposer(branches=1)
+    proposer.start([1, 2, 3, 4, 5, 6, 7, 8], 9)
+    assert proposer.offer(3).guesses == ()  # nothing follows 9 yet
+    assert [g.tokens for g in proposer.offer(3, after=[3, 4]).guesses] == [(5, 6, 7)]
