@@ -5,7 +5,8 @@
 
 Half the clients ask an extraction item's chat prompt with its JSON schema as `response_format`
 (tools/data/extraction.jsonl); each of the other half asks the same prompt unconstrained (its
-neighbour: the same prompt length, the same server, the same passes). Greedy (temperature 0), every
+neighbour: the same prompt, at most as many tokens as the constrained answer has, so the two rows live
+through the same passes). Greedy (temperature 0), every
 request streamed. First each constrained request runs alone (its solo answer); then every round sends
 all the clients' requests at once. Every constrained answer must equal its solo answer, and parse and
 validate (jsonschema) where it finished ("length": cut short by --max-tokens, answered as such). Per pair: each side's stream tokens/s (tokens after the first over the time after the
@@ -112,12 +113,14 @@ def main(artifact, draft, url, clients, rounds, strategy, max_tokens, threads, o
     constrained = [{**base, "messages": [{"role": "user", "content": item.prompt}],
                     "response_format": {"type": "json_schema", "json_schema": {"name": item.id, "schema": item.schema}}}
                    for item in items]
-    free = [{**base, "messages": [{"role": "user", "content": item.prompt}]} for item in items]
     extra = ["--draft", draft] if draft else []
     server = local_server(artifact, 64, threads, None, max_batch=clients, extra=extra) if url is None else _given(url)
     with server as url:
         solo = [stream(url, body) for body in constrained]
         click.echo(f"solo: {len(solo)} constrained answers", err=True)
+        # each neighbour asks as many tokens as its constrained answer has, so both rows share the same passes
+        free = [{**base, "messages": [{"role": "user", "content": item.prompt}], "max_tokens": max(answer["tokens"], 2)}
+                for item, answer in zip(items, solo)]
         runs = []
         for round_ in range(rounds):
             answers = burst(url, [*constrained, *free])
