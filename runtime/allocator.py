@@ -30,6 +30,7 @@ class Guess:
     margin: float | None = None  # sent only when it beats a greedy pass by this much; None: the offer's margin
     fixed: bool = False  # sent whole within the limit (a fixed-K draft inside a union); Offer.fixed: all are
     part: int = 0  # in a union's offer: the part it comes from (Offer.parts caps each part's branches)
+    free: int = 0  # leading tokens right by construction and free to produce (a grammar's forced run): see _ranked
 
 
 @dataclass(frozen=True)
@@ -117,11 +118,20 @@ def allocate(offer: Offer, limit: int, cost: Cost) -> Allocation:
 
 def _ranked(guess: Guess, limit: int, cost: Cost, margin: float) -> tuple[int, float]:
     """(length, gain) of `guess` within `limit` by the length rule; length 0 when it does not beat greedy by its margin.
-    A fixed guess is sent whole and ahead of the others."""
+    A fixed guess is sent whole and ahead of the others. A guess with a free run (a grammar's forced tokens) sends
+    the run whole, and its tokens past the run by the length rule on what they add to the pass, as if the run were
+    committed (judged against the run's own gain, F + 1 tokens for about one pass, they would never be sent)."""
     if guess.fixed:
         return min(limit, len(guess.accept)), float("inf")
+    margin = margin if guess.margin is None else guess.margin
+    if guess.free:  # a sure run, then the rest judged as if the run were committed: a pass of its own after it
+        run = min(guess.free, limit)
+        past = lambda width: cost(run + width) - cost(run + 1) + cost(1)  # what widening the run's pass costs
+        length, gain = cut(guess.accept[run:], limit - run, past, guess.cost)
+        length = length if gain > 1.0 + margin else 0
+        return run + length, expected_tokens(guess, run + length) / (cost(run + length + 1) + length * guess.cost)
     length, gain = cut(guess.accept, limit, cost, guess.cost)
-    return (length, gain) if gain > 1.0 + (margin if guess.margin is None else guess.margin) else (0, 1.0)
+    return (length, gain) if gain > 1.0 + margin else (0, 1.0)
 
 
 def _shared(offer: Offer, ranked: list[tuple[float, int, int]], limit: int, cost: Cost) -> list[tuple[int, int]]:
@@ -145,4 +155,4 @@ def _allocation(offer: Offer, picks: list[tuple[int, int]]) -> Allocation:
     picks = [(i, n) for i, n in picks if n > 0]
     sent = [(offer.guesses[i], n) for i, n in picks]
     expected = max((expected_tokens(g, n) for g, n in sent), default=1.0)  # extra branches: counted as nothing
-    return Allocation(picks, expected, sum(g.cost * n for g, n in sent))
+    return Allocation(picks, expected, sum(g.cost * max(0, n - g.free) for g, n in sent))

@@ -21,8 +21,8 @@ A lone `Generator.generate()` runs `run_alone` in the caller's thread; `Generato
 given its prefix, so each row equals its own one-token decoding (greedy, or seeded sampling).
 
 A constrained row (structured output, runtime/constraints.py) offers the tokens its grammar forces as a
-guess right with chance 1 (its proposer's guesses cut to the grammar, continuing the run when they
-follow it), masks each node's pick with the grammar's state after that node's prefix, and asks for
+guess right with chance 1, its proposer guessing past them as if they were committed (every guess cut
+to the grammar), masks each node's pick with the grammar's state after that node's prefix, and asks for
 logits; its pick at each node is one-token constrained decoding's, so it stays exact too.
 
 A pass, one row, lookahead (last committed token "a", a guess "b c d" and a side branch "b e"):
@@ -136,9 +136,12 @@ class Row:
         its proposer's offer for it."""
         room = self.max_context - 1 - length
         self._want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
-        self._offer = self.proposer.offer(self._want - 1)
-        if self.matcher is not None:  # the forced run as a sure guess; the proposer's guesses cut to the grammar
-            self._constrained = self.matcher.constrain(self._offer) if self._want > 1 else ConstrainedOffer(Offer(), (), ())
+        if self.matcher is None:
+            self._offer = self.proposer.offer(self._want - 1)
+        else:  # the forced run as a sure guess, the proposer guessing past it; every guess cut to the grammar
+            forced = self.matcher.forced(self._want - 1) if self._want > 1 else []
+            own = self.proposer.offer(self._want - 1 - len(forced), after=forced)
+            self._constrained = self.matcher.constrain(own, forced)
             self._offer = self._constrained.offer
         return Bid(self._want, self._offer, own_cost(self.proposer))
 
@@ -151,7 +154,7 @@ class Row:
             self._guesses = [], self.proposer.take(allocation, w - 1)
         else:
             forced, own = self._constrained.split(allocation)
-            self._guesses = forced, self.proposer.take(own, w - 1)
+            self._guesses = forced, self.proposer.take(own, w - 1 - len(forced))
 
     def plan(self, width: int, length: int) -> Planned:
         """This row's window of at most `width` tokens after its `length` cached entries (after `guess`)."""
@@ -163,14 +166,16 @@ class Row:
         else:
             w = min(self._want, width)
             forced, taken = self._guesses
-            if self.matcher is not None:
-                taken = [g[: self.matcher.cut(g)] for g in taken]  # a draft's chain is cut here
-            guesses = [g for g in [forced, *taken] if g]
+            guesses = taken
+            if self.matcher is not None:  # each guess continues the forced run; a draft's chain is cut here
+                guesses = [g[: self.matcher.cut(g)] for g in ([*forced, *g] for g in taken)] or [forced]
             tree = build_tree(self.last, guesses, max_nodes=w)
             if self.matcher is not None:
                 self._masks = self.matcher.masks(tree.tokens, tree.parents)
                 self._forced_nodes = min(len(forced), w - 1)  # nodes 1..F: the forced run, the tree's first chain
                 self.matcher.cost.forced_sent += self._forced_nodes
+                if forced:
+                    self.matcher.cost.past_forced_sent += len(tree.tokens) - 1 - self._forced_nodes
             planned = Planned(tree.tokens, length + np.asarray(tree.positions, dtype=np.int64), tree.window_mask,
                               self.wants_logits, tree)
         self._planned = planned

@@ -265,6 +265,7 @@ class MaskCost:
     windows: int = 0  # calls of masks()
     forced_sent: int = 0  # forced tokens put in windows (the batcher counts them)
     forced_committed: int = 0  # of those, committed
+    past_forced_sent: int = 0  # proposers' guessed tokens sent after a forced run (Proposer.offer(after=...))
 
     @property
     def per_row_ms(self) -> float:
@@ -273,23 +274,25 @@ class MaskCost:
 
 @dataclass(frozen=True)
 class ConstrainedOffer:
-    """An offer under a constraint: what the allocator sees, and where each of its guesses came from."""
+    """An offer under a constraint: what the allocator sees, and where each of its guesses came from.
+
+    With a forced run, every guess starts with it: the run alone, or the run followed by one of the
+    proposer's guesses past it (made as if the run were committed: Proposer.offer(limit, after=forced)).
+    """
 
     offer: Offer
-    origin: tuple[int | None, ...]  # per guess: its index in the proposer's offer; None: the forced run
+    origin: tuple[int | None, ...]  # per guess: its index in the proposer's offer; None: the forced run alone
     forced: tuple[int, ...]  # the tokens the grammar forces next
 
     def split(self, allocation: Allocation) -> tuple[list[int], Allocation]:
         """(the forced tokens the pass sends, the rest as an allocation of the proposer's own offer,
-        for its `take`)."""
-        forced: list[int] = []
-        picks = []
+        for its `take`: each pick's tokens past the forced run)."""
+        run, sent, picks = len(self.forced), 0, []
         for index, n in allocation.picks:
-            if self.origin[index] is None:
-                forced = list(self.forced[:n])
-            else:
-                picks.append((self.origin[index], n))
-        return forced, replace(allocation, picks=picks)
+            sent = max(sent, min(n, run))
+            if self.origin[index] is not None and n > run:
+                picks.append((self.origin[index], n - run))
+        return list(self.forced[:sent]), replace(allocation, picks=picks)
 
 
 class Matcher:
@@ -343,32 +346,33 @@ class Matcher:
         self._rollback(stop)
         return stop + 1 if complete else stop
 
-    def constrain(self, offer: Offer) -> "ConstrainedOffer":
+    def constrain(self, offer: Offer, forced: Sequence[int] = ()) -> "ConstrainedOffer":
         """A proposer's offer as a constrained row may send it (runtime/allocator.py decides how much).
 
-        The forced run comes first, as a guess right with chance 1; a guess whose tokens are known is
-        cut to what the grammar accepts, dropped if it leaves the forced run (the model took every
-        forced token in the extraction runs), and keeps its own acceptances past the run when it
-        follows it. A guess made later (tokens None: a draft's chain) passes as it is: `cut` it once
-        it exists."""
-        forced = tuple(self.forced())
+        `forced`: the run the grammar forces next (`forced()`), and `offer` the proposer's guesses past it
+        (Proposer.offer(limit, after=forced)). Each guess becomes the run followed by the guess, right with
+        chance 1 through the run and at its own rates after it (a draft's production paid only past it);
+        a guess whose tokens are known is cut to what the grammar accepts and dropped if nothing of it is
+        left. A guess made later (tokens None: a draft's chain) passes as it is: `cut` it once it exists.
+        With no guess left, the run alone is the offer."""
+        forced = tuple(int(t) for t in forced)
+        run = len(forced)
         guesses: list[Guess] = []
         origin: list[int | None] = []
         for index, guess in enumerate(offer.guesses):
+            tokens = None
             if guess.tokens is not None:
-                tokens = tuple(guess.tokens[: self.cut(guess.tokens)])
-                shared = _common(tokens, forced)
-                if not tokens or shared < min(len(tokens), len(forced)):
+                n = self.cut(forced + tuple(guess.tokens)) - run
+                if n < 1:
                     continue
-                guess = replace(guess, tokens=tokens, accept=(1.0,) * shared + guess.accept[shared : len(tokens)])
-            guesses.append(guess)
+                tokens = forced + tuple(guess.tokens[:n])
+            accept = guess.accept if tokens is None else guess.accept[: len(tokens) - run]
+            guesses.append(replace(guess, accept=(1.0,) * run + tuple(accept), tokens=tokens, free=guess.free + run))
             origin.append(index)
-        if forced and not any(g.tokens is not None and len(g.tokens) >= len(forced) for g in guesses):
-            # the known guesses left are prefixes of the run: it replaces them
-            kept = [i for i, g in enumerate(guesses) if g.tokens is None]
-            guesses = [Guess(accept=(1.0,) * len(forced), tokens=forced, margin=0.0), *(guesses[i] for i in kept)]
-            origin = [None, *(origin[i] for i in kept)]
-        return ConstrainedOffer(replace(offer, guesses=tuple(guesses)), tuple(origin), forced)
+        if guesses or not forced:
+            return ConstrainedOffer(replace(offer, guesses=tuple(guesses)), tuple(origin), forced)
+        sure = Guess(accept=(1.0,) * run, tokens=forced, margin=0.0)
+        return ConstrainedOffer(Offer((sure,)), (None,), forced)
 
     def mask(self) -> np.ndarray:
         """int32 [words]: the tokens allowed next (one row; for a one-token pass)."""
@@ -435,10 +439,3 @@ class Matcher:
     def _rollback(self, n: int) -> None:
         if n and not self._m.rollback(n):
             raise ConstraintError(f"llguidance could not roll back {n} tokens: {self._m.get_error()}")
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n

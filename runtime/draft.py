@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -162,6 +163,7 @@ class DraftProposer(Proposer):
         self.kept: list[int] = []  # an adopted cache's tokens (the conversation's previous turn)
         self.tokens: list[int] = []  # the committed sequence: prompt, then every committed token
         self.chain: list[int] = []  # the guesses sent in the pass being verified
+        self.after: list[int] = []  # the tokens the pass sends before the chain (a grammar's forced run)
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
         self.usable = True  # False when the prompt does not fit the draft's context
         self.sampler = None  # with sampling, the draft samples its chain (use_sampler)
@@ -181,15 +183,20 @@ class DraftProposer(Proposer):
     def start(self, prompt: list[int], first: int) -> None:
         self.stats = {**_zero_stats(), "jacobi_tail": self.jacobi}
         self.catchup_seconds = 0.0  # counted in stats["draft_seconds"] too: own_seconds takes it out
-        self.tokens, self.chain, self.jacobi_guesses = [*prompt, first], [], []
+        self.tokens, self.chain, self.jacobi_guesses, self.after = [*prompt, first], [], [], []
         self.ctx.trim(min(matched_prefix(self.kept, prompt), self.ctx.length))  # 0 unless a cache was adopted
         self.stats["cached"], self.kept = self.ctx.length, []
         self.usable = len(prompt) + 1 < self.ctx.capacity
         # No prefill here: the first proposal feeds the prompt (in chunks), so a draft that is
         # never asked (K = 0 throughout, or a losing arm of `auto`) costs nothing.
 
-    def offer(self, limit: int) -> Offer:
+    def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
+        """The chain after the committed tokens, or after them and `after` (the draft runs the forced run
+        in its first pass, so the chain continues it)."""
+        self.after = list(after)
         limit = min(limit, self._room()) if self.usable else 0  # what the draft's own cache can hold
+        if self.max_window is not None and CATCHUP + len(after) >= self.max_window:
+            limit = 0  # the run and what is pending would not fit the draft's first pass
         if self.k is None:
             return self.length.offer(limit)
         k = min(self.k, limit)  # a fixed K: sent whole
@@ -218,10 +225,11 @@ class DraftProposer(Proposer):
         tree, predictions, committed = result.tree, result.predictions, result.committed
         self.jacobi_guesses = []
         if self.chain:
-            chain = self.chain
+            chain = [*self.after, *self.chain]  # the cache holds tokens + chain[:-1]
             accepted = matched_prefix(chain, committed[:-1])
-            self.stats["accepted"] += accepted
-            self.length.observe_acceptance(len(chain), accepted)
+            if accepted >= len(self.after):  # the draft's own tokens were tried
+                self.stats["accepted"] += accepted - len(self.after)
+                self.length.observe_acceptance(len(self.chain), accepted - len(self.after))
             # The cache holds tokens + chain[:-1]; keep the chain entries the target committed,
             # but never the new last token's (it stays pending, so its pass yields the next guess).
             valid = min(matched_prefix(chain[:-1], committed), len(committed) - 1)
@@ -270,21 +278,22 @@ class DraftProposer(Proposer):
     # -- the draft's passes ---------------------------------------------------------------------
 
     def _room(self) -> int:
-        """The most guesses the draft's context can hold: pending tokens + K-1 guesses must fit."""
-        pending = len(self.tokens) - self.ctx.length
+        """The most guesses the draft's context can hold: pending tokens, the forced run and K-1 guesses must fit."""
+        pending = len(self.tokens) - self.ctx.length + len(self.after)
         return self.ctx.capacity - self.ctx.length - pending + 1
 
     def _run_draft(self, k: int) -> list[int]:
-        """K draft tokens after the committed sequence; leaves the KV of the first K-1 cached."""
+        """K draft tokens after the committed sequence and the forced run `after`; leaves the KV of the forced
+        run and the first K-1 cached."""
         window, pending, guesses = self._window(k)
         tick = time.perf_counter()
-        chain = self._chain(pending, guesses, self._forward(window, first=pending - 1, sequence=self.tokens), k)
+        chain = self._chain(pending, guesses, self._forward(window, first=pending - 1, sequence=self.known), k)
         self.ctx.commit(pending + len(chain) - 1)
         narrow = [time.perf_counter() - tick] if len(window) <= 2 else []  # the cost estimate: 1-2 token passes
         passes, seconds = 1, time.perf_counter() - tick
         while len(chain) < k:
             tick = time.perf_counter()
-            chain.append(self._forward([chain[-1]], first=0, sequence=[*self.tokens, *chain])[0])
+            chain.append(self._forward([chain[-1]], first=0, sequence=[*self.known, *chain])[0])
             self.ctx.commit(1)
             narrow.append(time.perf_counter() - tick)
             passes, seconds = passes + 1, seconds + narrow[-1]
@@ -293,15 +302,21 @@ class DraftProposer(Proposer):
             self.length.observe_draft(sum(narrow) / len(narrow))
         return chain
 
+    @property
+    def known(self) -> list[int]:
+        """The tokens the next chain continues: the committed ones and the forced run sent before it."""
+        return [*self.tokens, *self.after]
+
     def _window(self, k: int) -> tuple[list[int], int, list[int]]:
-        """The first draft pass of a K-token chain: (its window, how many of its tokens are pending committed
-        ones, the Jacobi guesses after them). Many pending tokens (the prompt, or what the target committed
+        """The first draft pass of a K-token chain: (its window, how many of its tokens are known ones, the
+        pending committed tokens and the forced run, the Jacobi guesses after them). Many pending tokens (the prompt, or what the target committed
         while the draft sat out) are fed first, all but the last, in prefill chunks."""
         pending = self.tokens[self.ctx.length :]
-        widest = self.max_window or len(pending) + k
+        widest = self.max_window or len(pending) + len(self.after) + k
         if len(pending) > min(CATCHUP, widest):
             pending = self._catch_up(pending)
-        guesses = self.jacobi_guesses[: max(0, min(k - 1, widest - len(pending)))]
+        pending = [*pending, *self.after]  # a grammar's forced run: known, run with the pending tokens
+        guesses = [] if self.after else self.jacobi_guesses[: max(0, min(k - 1, widest - len(pending)))]
         return [*pending, *guesses], len(pending), guesses
 
     def _chain(self, pending: int, guesses: list[int], ids: list[int], k: int) -> list[int]:

@@ -72,7 +72,7 @@ class DraftSlots:
         self._catch_up([draft for draft, _ in wanted])
         firsts = [(draft, k, *draft._window(k)) for draft, k in wanted]
         windows = {draft.seat.row: window for draft, _, window, _, _ in firsts}
-        befores = [draft.before(draft.tokens, pending - 1) for draft, _, _, pending, _ in firsts]
+        befores = [draft.before(draft.known, pending - 1) for draft, _, _, pending, _ in firsts]
         out, lo, seconds = self._pass(windows, any(b is not None for b in befores))
         keeps = [[] for _ in range(out.greedy_ids.shape[0])]
         for (draft, k, window, pending, guesses), before in zip(firsts, befores):
@@ -83,7 +83,7 @@ class DraftSlots:
         self.ctx.commit_each(keeps)
         self._charge([draft for draft, *_ in firsts], seconds, narrow=max(map(len, windows.values())) <= 2)
         while active := [draft for draft, k in wanted if len(draft.chain) < k]:
-            befores = [draft.before([*draft.tokens, *draft.chain], 0) for draft in active]
+            befores = [draft.before([*draft.known, *draft.chain], 0) for draft in active]
             out, lo, seconds = self._pass({d.seat.row: [d.chain[-1]] for d in active}, any(b is not None for b in befores))
             keeps = [[] for _ in range(out.greedy_ids.shape[0])]
             for draft, before in zip(active, befores):

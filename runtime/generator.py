@@ -618,7 +618,7 @@ def _stats(request: Request, row: Row, new_tokens: int, started: float) -> Stats
 def _constraint_stats(matcher: Matcher) -> dict:
     cost = matcher.cost
     return {"mask_seconds": round(cost.seconds, 6), "mask_rows": cost.rows, "forced_sent": cost.forced_sent,
-            "forced_committed": cost.forced_committed, "complete": matcher.can_stop}
+            "forced_committed": cost.forced_committed, "past_forced_sent": cost.past_forced_sent, "complete": matcher.can_stop}
 
 
 def _check_ids(prompt, vocab: int) -> list[int]:

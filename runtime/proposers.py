@@ -6,6 +6,10 @@ of each to send, gets them from `take(allocation, limit)` (one chain, several br
 verifies them all in one target pass as a tree (runtime.tree), and calls `update(result)` with the pass's PassResult (runtime.passes: the tree, what the target
 predicted and committed, and the forward's measured seconds), so a proposer can keep state (the
 Jacobi trajectory, an n-gram pool, a draft model's cache) and learn the pass's cost without timing it.
+
+Under a grammar (structured output) the window starts with the tokens the grammar forces; the loop
+asks `offer(limit, after=forced)`, and the proposer guesses past them as if they were committed
+(its guesses, taken and scored, are the tokens after the run).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from .acceptance import AcceptanceTracker, PassCosts
 from .allocator import Allocation, Guess, Offer, allocate
@@ -37,9 +42,10 @@ class Proposer(ABC):
         """A new sequence: the prompt, and the first token the prefill produced."""
 
     @abstractmethod
-    def offer(self, limit: int) -> Offer:
+    def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
         """Ranked guesses for the next pass, at most `limit` tokens each, with their acceptance estimates
-        (the allocator cuts them)."""
+        (the allocator cuts them). `after`: tokens the pass sends first whatever is guessed (a grammar's
+        forced run): the guesses continue them, and `take` and `update` read this pass that way."""
 
     @abstractmethod
     def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
@@ -92,7 +98,7 @@ class NoProposer(Proposer):
     def start(self, prompt: list[int], first: int) -> None:
         pass
 
-    def offer(self, limit: int) -> Offer:
+    def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
         return Offer()
 
     def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
@@ -121,18 +127,20 @@ class JacobiProposer(Proposer):
         self.offered: list[int] = []  # this pass's guesses: the trajectory, padded
         self.sent: list[list[int]] = []
         self.last = 0
+        self.after: list[int] = []  # this pass's forced run
 
     def cost_curves(self) -> list[PassCosts]:
         return [self.tracker.costs]
 
     def start(self, prompt: list[int], first: int) -> None:
-        self.trajectory, self.offered, self.sent, self.last = [], [], [], first
+        self.trajectory, self.offered, self.sent, self.last, self.after = [], [], [], first, []
 
-    def offer(self, limit: int) -> Offer:
+    def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
+        self.after = list(after)
         if limit < 1:
             return Offer()
-        guesses = self.trajectory[:limit]
-        fill = guesses[-1] if guesses else self.last
+        guesses = _past(self.trajectory, self.after)[:limit]
+        fill = guesses[-1] if guesses else (self.after or [self.last])[-1]
         self.offered = guesses + [fill] * (limit - len(guesses))
         return Offer((Guess((self.tracker.rate("jacobi", 0).p,) * limit, tuple(self.offered)),), fixed=True)
 
@@ -141,8 +149,9 @@ class JacobiProposer(Proposer):
         return self.sent
 
     def update(self, result: PassResult) -> None:
-        for sent in self.sent:
-            self.tracker.score(Candidate(sent, "jacobi", 0), result.committed)
+        committed = _past(result.committed, self.after)
+        for sent in self.sent if committed else ():
+            self.tracker.score(Candidate(sent, "jacobi", 0), committed)
         self.sent = []
         self.last = result.committed[-1]
         self.trajectory = list(result.predictions[len(result.committed) :])  # a chain: nodes in window order
@@ -168,6 +177,7 @@ class LookaheadProposer(Proposer):
         self.pending: list[Candidate] = []  # this pass's candidates, scored in update
         self.sent: list[tuple[str, list[int]]] = []  # (source, tokens) of the branches in this pass
         self.warm: NgramPool | None = None  # a pool handed over by the conversation's previous turn
+        self.after: list[int] = []  # this pass's forced run: the candidates continue it
         self.stats = {"proposed": 0, "accepted": 0, "accepted_by_source": {}}
 
     def cost_curves(self) -> list[PassCosts]:
@@ -189,18 +199,20 @@ class LookaheadProposer(Proposer):
             self.pool.reset()
         self.lookup.extend([*prompt, first])
         self.pool.extend([*prompt, first])
-        self.trajectory, self.pending = [], []
+        self.trajectory, self.pending, self.after = [], [], []
 
-    def candidates(self, k: int) -> list[Candidate]:
-        """Every source's candidates for the next k tokens."""
-        tail = self.lookup.tokens[-self.lookup.n_max :]
+    def candidates(self, k: int, after: Sequence[int] = ()) -> list[Candidate]:
+        """Every source's candidates for the k tokens after the committed ones followed by `after`."""
+        n = self.lookup.n_max
+        tail = [*self.lookup.tokens[-n:], *after][-n:]
         found = self.lookup.lookup(tail, k, self.branches) + self.pool.lookup(tail[-2:], k, self.branches)
-        if self.trajectory:
-            found.append(Candidate(self.trajectory[:k], "jacobi", 0))
+        if trajectory := _past(self.trajectory, after):
+            found.append(Candidate(trajectory[:k], "jacobi", 0))
         return found
 
-    def offer(self, limit: int) -> Offer:
-        self.pending = self.candidates(limit) if limit > 0 else []
+    def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
+        self.after = list(after)
+        self.pending = self.candidates(limit, after) if limit > 0 else []
         rate = self.tracker.rate
         guesses = tuple(Guess((rate(c.source, c.match_len).p,) * len(c.tokens), tuple(c.tokens)) for c in self.pending)
         return Offer(guesses, self.branches, self.tracker.config.margin)
@@ -213,9 +225,10 @@ class LookaheadProposer(Proposer):
     def update(self, result: PassResult) -> None:
         tree, predictions, verdict = result.tree, result.predictions, result.verdict
         committed = verdict.committed
-        self._count_accepted(verdict)
-        for candidate in self.pending:
-            self.tracker.score(candidate, committed)
+        own = _past(committed, self.after)  # what the pass committed past the forced run ([] if it left the run)
+        self._count_accepted(own, len(verdict.path) - len(self.after))
+        for candidate in self.pending if own else ():
+            self.tracker.score(candidate, own)
         context = self.lookup.tokens[-2:]
         for branch in leaf_paths(tree.parents):
             self.pool.observe(context, [tree.tokens[i] for i in branch[1:]], [int(predictions[i]) for i in branch])
@@ -225,15 +238,22 @@ class LookaheadProposer(Proposer):
         self.trajectory = _trajectory_after(tree, predictions, verdict)
         self.pending = []
 
-    def _count_accepted(self, verdict: Verdict) -> None:
-        accepted = len(verdict.path)
+    def _count_accepted(self, committed: list[int], accepted: int) -> None:
+        """committed: the pass's tokens past the forced run; accepted: how many of them were guesses."""
+        accepted = max(0, accepted) if committed else 0
         self.stats["accepted"] += accepted
         for source, tokens in self.sent:
-            if accepted and tokens[:accepted] == verdict.committed[:accepted]:
+            if accepted and tokens[:accepted] == committed[:accepted]:
                 by_source = self.stats["accepted_by_source"]
                 by_source[source] = by_source.get(source, 0) + accepted
                 break
         self.sent = []
+
+
+def _past(tokens: Sequence[int], run: Sequence[int]) -> list[int]:
+    """`tokens` past `run` when they start with it (a forced run the pass committed), else []."""
+    run = list(run)
+    return list(tokens[len(run):]) if list(tokens[: len(run)]) == run else []
 
 
 def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> list[int]:
@@ -291,12 +311,12 @@ class UnionProposer(Proposer):
         self.spans = []
         self.stats = {name: part.stats for name, part in self.parts.items()}  # parts may replace theirs
 
-    def offer(self, limit: int) -> Offer:
+    def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
         guesses: list[Guess] = []
         branches: list[int] = []
         self.spans = []
         for index, part in enumerate(self.parts.values()):
-            offer = part.offer(limit)
+            offer = part.offer(limit, after)
             start = len(guesses)
             guesses += [replace(g, margin=offer.margin if g.margin is None else g.margin, fixed=g.fixed or offer.fixed,
                                 part=index) for g in offer.guesses]
@@ -457,12 +477,14 @@ class AutoProposer(Proposer):
         known = {arm: self.rate(arm) * self.units[arm] / self.predicted[arm] for arm in self.arms if self.seconds[arm]}
         return known.get(name, max(known.values(), default=1.0))
 
-    def offer(self, limit: int) -> Offer:
+    def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
         if limit < 1:
+            for arm in self.arms.values():  # each arm still reads the pass as following `after`
+                arm.offer(0, after)
             self.pending = None
             return Offer()
         self.passes += 1
-        offers = {name: arm.offer(limit) for name, arm in self.arms.items()}
+        offers = {name: arm.offer(limit, after) for name, arm in self.arms.items()}
         self.current, self.on_trial = self.choose(offers, limit)
         warm = all(tried >= self.config.warmup for tried in self.tried.values())
         self.pending = _Pass(self.current, best=warm and not self.on_trial)

@@ -3,6 +3,7 @@ rendered with jinja2, and an incremental detokenizer for streaming."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,15 +36,28 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to `messages`, as Hugging Face's apply_chat_template renders it."""
+    @property
+    def takes_tools(self) -> bool:
+        """The chat template reads a `tools` variable: it shows the model the functions it may call."""
+        return bool(self.chat_template) and "tools" in _variables(self.chat_template)
+
+    @property
+    def tool_call_tags(self) -> tuple[str, str] | None:
+        """How the template tells the model to write a call, when it is a format jacobi-rt reads: a JSON
+        {"name", "arguments"} object between <tool_call> and </tool_call> (Qwen2.5's, Hermes')."""
+        return TOOL_CALL_TAGS if self.takes_tools and TOOL_CALL_TAGS[0] in self.chat_template else None
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """The chat template applied to `messages` (and `tools`, OpenAI's function list, for a template that
+        takes them), as Hugging Face's apply_chat_template renders it."""
         if not self.chat_template:
             raise InputError("this artifact has no chat template; pass a plain prompt instead of chat messages")
         _check_messages(messages)
         template = _compile(self.chat_template)
+        extra = {"tools": tools} if tools else {}
         try:
             return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
         except InputError:
             raise
         except Exception as exc:  # jinja2's errors, or a TypeError from the template's own expressions
@@ -60,22 +74,42 @@ def _check_messages(messages) -> None:
 
 
 _TEMPLATES: dict[str, object] = {}
+TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
+
+
+def _environment():
+    require("jinja2", "pip install jinja2")
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise InputError(f"the chat template refused the messages: {message}")
+
+    # The same environment settings Hugging Face's tokenizers use, so the rendered prompt is identical.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
+    return env
+
+
+@functools.lru_cache(maxsize=16)
+def _variables(source: str) -> frozenset[str]:
+    """The variables a template reads from its caller (jinja2.meta), e.g. messages, tools."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return frozenset(meta.find_undeclared_variables(_environment().parse(source)))
+    except jinja2.TemplateError as exc:
+        raise ArtifactError(f"the artifact's chat template does not compile ({exc}); re-export the artifact") from exc
 
 
 def _compile(source: str):
     if source not in _TEMPLATES:
-        require("jinja2", "pip install jinja2")
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        env = _environment()
+        import jinja2
 
-        def raise_exception(message):
-            raise InputError(f"the chat template refused the messages: {message}")
-
-        # The same environment settings Hugging Face's tokenizers use, so the rendered prompt is identical.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent)
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: __import__("datetime").datetime.now().strftime(fmt)
         try:
             _TEMPLATES[source] = env.from_string(source)
         except jinja2.TemplateError as exc:

@@ -102,7 +102,8 @@ class Server:
         try:
             params = GenerationParams.of(call.params, max_new_tokens=call.max_tokens or default,
                                          strategy=call.strategy or self.settings.default_strategy)
-            stream = Choices([self.generator.start(call.prompt, messages=call.messages, params=params, seed=seed)
+            prompt, messages = self._with_tools(call)
+            stream = Choices([self.generator.start(prompt, messages=messages, params=params, seed=seed)
                               for seed in call.seeds])
         except InputError as exc:
             raise from_input_error(exc, call.prompt_param) from None
@@ -112,6 +113,24 @@ class Server:
                                 f"{stream.prompt_tokens} tokens, so max_tokens can be at most {context - stream.prompt_tokens}, "
                                 f"not {call.max_tokens}", "max_tokens", "context_length_exceeded")
         return stream
+
+    def _with_tools(self, call: GenerationCall) -> tuple[str | list[int] | None, list[dict] | None]:
+        """The prompt and messages to generate from: a chat with tools, on a template that renders them, as the
+        template's text with the tools in it (ids); tool_choice "auto" needs such a template and a call format
+        it can read (else a 400)."""
+        tokenizer = self.generator.tokenizer
+        if not call.tool_specs or call.messages is None or not tokenizer.takes_tools:
+            if call.tools is not None and call.tools.tags is not None:
+                raise APIError(400, "tool_choice \"auto\" (the default with tools) needs a chat template that renders the "
+                                    "tools; this model's does not: send \"required\" or a named function", "tool_choice",
+                               "unsupported_value")
+            return call.prompt, call.messages
+        if call.tools is not None and call.tools.tags is not None and tokenizer.tool_call_tags is None:
+            raise APIError(400, "tool_choice \"auto\": this model's chat template announces no call format jacobi-rt "
+                                "reads (<tool_call>JSON</tool_call>); send \"required\" or a named function", "tool_choice",
+                           "unsupported_value")
+        text = tokenizer.render_chat(call.messages, add_generation_prompt=True, tools=call.tool_specs)
+        return tokenizer.encode(text, add_special_tokens=False), None
 
     def refuse_if_full(self) -> None:
         """429 at once when every place is taken, before the body is even read."""

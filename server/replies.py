@@ -12,6 +12,7 @@ its closing chunk (finish_reason "tool_calls"), since a call exists only once it
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,19 +26,28 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": 
 
 @dataclass(frozen=True)
 class ToolCalls:
-    """How a chat reply constrained by tool_choice is presented: as OpenAI's `tool_calls`.
+    """How a chat reply with tools is presented: as OpenAI's `tool_calls` where the output is a call.
 
     name: the named function (tool_choice {"type": "function", ...}): the output is its arguments
     object. None (tool_choice "required"): the output is a JSON array of {"name", "arguments"}.
+    tags (tool_choice "auto", where the chat template renders the tools): the output is free text, a
+    call being a JSON {"name", "arguments"} object between the two tags the template announced
+    (`names`: the functions offered); the text before the first call is the message's content.
     An output cut short (finish "length") is no call: it stays the message's content.
     """
 
     name: str | None
+    tags: tuple[str, str] | None = None
+    names: tuple[str, ...] = ()
 
     def calls(self, text: str) -> list[dict] | None:
-        """OpenAI's tool_calls for a finished output (None when it does not parse: cut short)."""
+        """OpenAI's tool_calls for a finished output (None when it does not parse: cut short, or plain text)."""
         try:
-            if self.name is not None:
+            if self.tags is not None:
+                pairs = self._tagged(text)
+                if not pairs:
+                    return None
+            elif self.name is not None:
                 json.loads(text)
                 pairs = [(self.name, text)]
             else:
@@ -46,6 +56,26 @@ class ToolCalls:
             return None
         return [{"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
                 for name, arguments in pairs]
+
+    def content(self, text: str) -> str | None:
+        """The message's content beside its calls: the text before the first call ("auto"), else none."""
+        if self.tags is None:
+            return None
+        return text.split(self.tags[0], 1)[0].strip() or None
+
+    def _tagged(self, text: str) -> list[tuple[str, str]]:
+        """(name, arguments JSON) of each tagged call; a block that is no call of an offered function raises ValueError."""
+        opening, closing = self.tags
+        pairs = []
+        for block in re.findall(re.escape(opening) + r"(.*?)" + re.escape(closing), text, re.S):
+            call = json.loads(block)
+            if not isinstance(call, dict) or call.get("name") not in self.names:
+                raise ValueError(f"not a call of one of the tools: {block[:80]!r}")
+            arguments = call.get("arguments", call.get("parameters"))
+            if not isinstance(arguments, dict):
+                raise ValueError(f"not a call of one of the tools: {block[:80]!r}")
+            pairs.append((call["name"], json.dumps(arguments, ensure_ascii=False)))
+        return pairs
 
 
 def _call_id() -> str:
@@ -74,6 +104,8 @@ def jacobi_stats(result: GenerationResult, seeds: list[int | None] | None = None
              "finish_reason": s.finish_reason, "seed": s.seed}
     if seeds is not None and len(seeds) > 1:
         stats["seeds"] = seeds  # choice i's seed
+    if s.constraint is not None:  # a constrained output: its masks' seconds and rows, forced tokens sent and committed
+        stats["constraint"] = s.constraint
     return stats
 
 
@@ -98,7 +130,8 @@ class Reply:
             calls = self._calls(result)
             if calls:
                 finish = "tool_calls"
-                choice = {"index": index, "message": {"role": "assistant", "content": None, "tool_calls": calls}}
+                choice = {"index": index, "message": {"role": "assistant", "content": self.tools.content(result.text),
+                                                      "tool_calls": calls}}
             elif self.chat:
                 choice = {"index": index, "message": {"role": "assistant", "content": result.text}}
             else:
@@ -143,6 +176,8 @@ class Reply:
         if self.tools is not None:
             calls = self._calls(result)
             delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else {"content": result.text}
+            if calls and self.tools.content(result.text):
+                delta = {"content": self.tools.content(result.text), **delta}
             finish = "tool_calls" if calls else finish
         chunk = self._chunk(delta, finish, index, self.logprobs(result))
         return {**chunk, "jacobi": jacobi_stats(result)}

@@ -163,7 +163,8 @@ class GenerationCall:
     include_usage: bool = False
     user: str | None = None
     seeds: list[int | None] = field(default_factory=lambda: [None])  # one per choice (n); None: greedy
-    tools: ToolCalls | None = None  # chat with tool_choice: how the reply presents the constrained output
+    tools: ToolCalls | None = None  # chat with tools: how the reply presents a call
+    tool_specs: list[dict] | None = None  # chat: the request's tools, for a chat template that renders them
 
     @property
     def constraint(self) -> Constraint | None:
@@ -198,6 +199,7 @@ def parse_chat(payload: Any, allow_constraints: bool = False) -> GenerationCall:
     call = _call(request, prompt=None, messages=messages, max_tokens=request.max_completion_tokens or request.max_tokens,
                  logprobs=logprobs, constraint=constraint)
     call.tools = tools
+    call.tool_specs = request.tools or None  # checked by constraint_of
     return call
 
 

@@ -5,8 +5,9 @@
                          or {"json_object": true}
     tools + tool_choice  chat: "required" (a JSON array of calls to the given functions, each's arguments
                          following its `parameters`) or {"type": "function", "function": {"name": N}} (N's
-                         arguments object); "none" constrains nothing; "auto" is refused (phase 1: the
-                         chat template does not render tools yet)
+                         arguments object); "none" constrains nothing; "auto" (or none given) constrains
+                         nothing either: where the chat template renders tools (the server checks, else a
+                         400), calls in the reply, between the tags the template announces, become tool_calls
 
 Every schema, regex and grammar is compiled when parsed, so a bad one is a 400 naming its field
 before any work. At most one of the three may constrain a request.
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from jacobi_rt.runtime.constraints import Constraint
 from jacobi_rt.runtime.errors import InputError, MissingDependencyError
+from jacobi_rt.runtime.tokenizer import TOOL_CALL_TAGS
 
 from .errors import APIError
 from .replies import ToolCalls
@@ -42,15 +44,17 @@ class StructuredOutputs(BaseModel):
 
 def constraint_of(response_format: dict | None, structured: StructuredOutputs | None, tools: list | None = None,
                   tool_choice: Any = None, parallel_tool_calls: bool | None = None) -> tuple[Constraint | None, ToolCalls | None]:
-    """The request's constraint and, for tool calls, how the reply presents the output."""
+    """The request's constraint and, for tool calls, how the reply presents the output (tool_choice "auto"
+    constrains nothing, so another field may constrain its reply)."""
+    calls = _tools(tools, tool_choice, parallel_tool_calls)
     found = [(name, parsed) for name, parsed in (("response_format", _response_format(response_format)),
                                                    ("structured_outputs", _structured(structured)),
-                                                   ("tool_choice", _tools(tools, tool_choice, parallel_tool_calls)))
+                                                   ("tool_choice", calls))
              if parsed[0] is not None]
     if len(found) > 1:
         names = " and ".join(name for name, _ in found)
         raise APIError(400, f"{names} both constrain the output; send one of them", found[1][0], "invalid_value")
-    return found[0][1] if found else (None, None)
+    return (found[0][1][0] if found else None), calls[1]
 
 
 def _response_format(value: dict | None) -> tuple[Constraint | None, None]:
@@ -117,9 +121,8 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
     functions = _functions(tools)
     if choice == "none":
         return None, None
-    if choice in (None, "auto"):
-        raise APIError(400, 'tool_choice "auto" is not supported yet (the chat template does not render tools); send '
-                            '"required" or {"type": "function", "function": {"name": ...}}', "tool_choice", "unsupported_value")
+    if choice in (None, "auto"):  # the model decides; the server checks that the chat template shows it the tools
+        return None, ToolCalls(None, TOOL_CALL_TAGS, tuple(functions))
     if choice == "required":
         calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                   "properties": {"name": {"const": name}, "arguments": parameters}} for name, parameters in functions.items()]

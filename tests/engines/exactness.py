@@ -73,7 +73,7 @@ class BranchOracle(Proposer):
     def start(self, prompt, first):
         self.done = 1
 
-    def offer(self, limit):
+    def offer(self, limit, after=()):
         right = self.truth[self.done : self.done + 3]
         self.offered = [[(t + 1) % self.vocab for t in right], right] if right else []
         return Offer(tuple(Guess((1.0,) * len(g), tuple(g)) for g in self.offered), fixed=True)

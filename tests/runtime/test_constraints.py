@@ -142,8 +142,9 @@ def test_choice_and_regex_masks(smollm2_tokens):
 
 
 def test_an_offer_under_a_constraint(smollm2_tokens):
-    """The forced run is offered as a guess right with chance 1; known guesses are cut to the grammar,
-    those leaving the forced run are dropped, those following it keep their acceptances past it."""
+    """The forced run comes first, right with chance 1; the proposer's guesses past it follow it, cut to
+    the grammar (one the grammar rejects at once is dropped), at their own rates, a draft's production paid
+    only past the run; with no guess left the run alone is the offer."""
     from jacobi_rt.runtime.allocator import Guess, Offer, allocate
 
     tokenizer, bridge = smollm2_tokens
@@ -152,24 +153,27 @@ def test_an_offer_under_a_constraint(smollm2_tokens):
     assert bridge.text(forced) == '{"name":'
     follows = tokenizer.encode('{"name": "Rex", "age"', add_special_tokens=False)
     assert follows[: len(forced)] == forced
-    # the same bytes in other tokens: grammatical, but not the run the grammar forces
-    leaves = tokenizer.encode("{", add_special_tokens=False) + tokenizer.encode('"name": "Rex"', add_special_tokens=False)
-    assert matcher.cut(leaves) == len(leaves) and leaves[0] != forced[0]
-    wrong = tokenizer.encode("hello", add_special_tokens=False)
-    draft = Guess(accept=(0.5, 0.5), tokens=None, cost=0.1)
-    offer = Offer((Guess((0.4,) * len(follows), tuple(follows)), Guess((0.9,) * len(leaves), tuple(leaves)),
-                   Guess((0.9,) * len(wrong), tuple(wrong)), draft), branches=2)
-    constrained = matcher.constrain(offer)
+    past, run = follows[len(forced) :], len(forced)
+    wrong = tokenizer.encode("hello", add_special_tokens=False)  # no JSON string starts so
+    bad_tail = [*past, *wrong]  # right up to the key, then not (a colon must follow it)
+    draft = Guess(accept=(0.9, 0.9), tokens=None, cost=0.1)
+    offer = Offer((Guess((0.9,) * len(bad_tail), tuple(bad_tail)), Guess((0.9,) * len(wrong), tuple(wrong)), draft),
+                  branches=2)
+    constrained = matcher.constrain(offer, forced)
     kept, made = constrained.offer.guesses
-    assert constrained.origin == (0, 3) and constrained.forced == tuple(forced)
-    assert kept.tokens == tuple(follows) and kept.accept == (1.0,) * len(forced) + (0.4,) * (len(follows) - len(forced))
-    assert made is draft
-    alone = matcher.constrain(Offer((Guess((0.9,), tuple(forced[:1])), draft), branches=2))
-    assert [g.tokens for g in alone.offer.guesses] == [tuple(forced), None] and alone.origin == (None, 1)
-    assert alone.offer.guesses[0].accept == (1.0,) * len(forced)
-    allocation = allocate(alone.offer, 15, lambda width: 1 + 0.08 * (width - 1))
-    assert allocation.picks[0] == (0, len(forced))  # sent whole: expected len + 1 tokens for about one pass
-    sent, own = alone.split(allocation)
-    assert sent == forced and [i for i, _ in own.picks] == [1][: len(own.picks)]  # the draft, by its own index
+    assert constrained.origin == (0, 2) and constrained.forced == tuple(forced)
+    assert kept.tokens == tuple(follows) and kept.free == run
+    assert kept.accept == (1.0,) * run + (0.9,) * len(past)
+    assert made.tokens is None and made.accept == (1.0,) * run + (0.9, 0.9) and made.free == run and made.cost == 0.1
+    allocation = allocate(constrained.offer, 15, lambda width: 1 + 0.08 * (width - 1))
+    lengths = dict(allocation.picks)
+    assert lengths[0] == len(follows) and lengths[1] == run + 2  # both past the run
+    assert allocation.production == 0.1 * 2  # the draft runs the forced run in its first pass: only its two tokens cost
+    sent, own = constrained.split(allocation)
+    assert sent == forced and sorted(own.picks) == [(0, len(past)), (2, 2)]  # the proposer's own indices, past the run
+    alone = matcher.constrain(Offer((Guess((0.9,), tuple(wrong[:1])),)), forced)
+    assert alone.origin == (None,) and alone.offer.guesses[0].tokens == tuple(forced)
+    sent, own = alone.split(allocate(alone.offer, 15, lambda width: 1 + 0.08 * (width - 1)))
+    assert sent == forced and own.picks == []
     matcher.commit(follows[:-1])
-    assert matcher.constrain(Offer()).offer.guesses == () or matcher.forced()
+    assert matcher.constrain(Offer(), matcher.forced()).offer.guesses == () or matcher.forced()

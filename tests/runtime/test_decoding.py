@@ -186,7 +186,7 @@ class BranchOracle(Proposer):
     def start(self, prompt, first):
         self.done = 1
 
-    def offer(self, limit):
+    def offer(self, limit, after=()):
         right = self.truth[self.done : self.done + 3]
         wrong = [(t + 1) % 300 for t in right]
         self.offered = [wrong, right] if right else []

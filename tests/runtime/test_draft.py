@@ -464,3 +464,27 @@ def test_jacobi_tail_is_an_option_of_generate_stream_and_start(artifact):
     for strategy, tail in (("lookahead", True), ("greedy", False), ("speculative", "yes")):
         with pytest.raises(InputError, match="jacobi_tail"):
             gen.generate(prompt, max_new_tokens=4, strategy=strategy, jacobi_tail=tail)
+
+
+def test_a_chain_after_a_forced_run_continues_it(backend):
+    """Told the tokens a pass sends first (a grammar's forced run), the draft runs them in its first pass and
+    its chain continues them; after the pass its cache holds what the target committed, and only its own
+    tokens count as its guesses."""
+    from jacobi_rt.runtime.allocator import Allocation
+    from jacobi_rt.runtime.passes import pass_result
+    from jacobi_rt.runtime.tree import build_tree
+
+    target = backend("llama")
+    prompt = [5, 17, 33]
+    expected = greedy(target, prompt, 12)
+    with DraftProposer(target, 64, k=4) as proposer:  # the target drafts for itself: its chain is greedy's
+        proposer.start(prompt, expected[0])
+        run = expected[1:3]
+        assert proposer.offer(8, after=run).guesses[0].accept == (proposer.length.p,) * 4
+        (chain,) = proposer.take(Allocation([(0, 4)]), 8 - len(run))
+        assert chain == expected[3:7] and proposer.stats["draft_passes"] == 4  # the run cost no pass of its own
+        tree = build_tree(expected[0], [run + chain])
+        predictions = expected[1:8]  # the target's pick after each node of the chain
+        proposer.update(pass_result(tree, predictions, tree.accept(predictions), 0.01))
+        assert proposer.tokens == [*prompt, *expected[:8]] and proposer.stats["accepted"] == 4
+        assert_draft_cache_follows(proposer, target)

@@ -29,7 +29,7 @@ class Scripted(Proposer):
     def start(self, prompt, first):
         pass
 
-    def offer(self, limit):
+    def offer(self, limit, after=()):
         tokens = tuple(self.guess[:limit])
         return Offer((Guess((self.p,) * len(tokens), tokens, self.cost),), margin=0.03) if tokens else Offer()
 
@@ -70,9 +70,9 @@ class Flaky(Scripted):
         super().__init__(guess, p)
         self.calls = 0
 
-    def offer(self, limit):
+    def offer(self, limit, after=()):
         self.calls += 1
-        return super().offer(limit) if self.calls % 2 else Offer()
+        return super().offer(limit, after) if self.calls % 2 else Offer()
 
 
 def _pass(proposer, budget=3, truth=(1, 2, 3, 4)):
@@ -214,3 +214,13 @@ def test_auto_takes_nothing_from_a_pass_without_room():
     auto = AutoProposer({"a": arm, "b": Scripted([1, 2, 3])}, AutoConfig(warmup=1))
     auto.start([0], 0)
     assert send(auto, 0) == [] and arm.asked == [] and auto.passes == 0
+
+
+def test_lookahead_guesses_past_a_forced_run():
+    """Its lookups are keyed on the committed tokens followed by the run: "3 4" after 9 is found in the prompt."""
+    from jacobi_rt.runtime.proposers import LookaheadProposer
+
+    proposer = LookaheadProposer(branches=1)
+    proposer.start([1, 2, 3, 4, 5, 6, 7, 8], 9)
+    assert proposer.offer(3).guesses == ()  # nothing follows 9 yet
+    assert [g.tokens for g in proposer.offer(3, after=[3, 4]).guesses] == [(5, 6, 7)]

@@ -89,7 +89,6 @@ def test_tool_choice_shapes_the_reply():
     (parse_completion, {"prompt": "hi", "structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag", ""),
     (parse_completion, {"prompt": "hi", "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
      "structured_outputs", "send one"),
-    (parse_chat, {"messages": HI, "tools": [WEATHER]}, "tool_choice", '"auto"'),
     (parse_chat, {"messages": HI, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice.function.name", "not among"),
     (parse_chat, {"messages": HI, "tools": [{"type": "function", "function": {"name": "bad name"}}], "tool_choice": "required"},
@@ -120,7 +119,7 @@ def result(text: str, finish: str = "eos") -> GenerationResult:
 
     stats = SimpleNamespace(finish_reason=finish, prompt_tokens=3, new_tokens=5, strategy="auto", window=8, adaptive=False,
                             target_passes=2, tokens_per_pass=2.5, prefill_passes=1, decode_tokens_per_second=10.0,
-                            wall_seconds=0.5, seed=None, cached_tokens=0)
+                            wall_seconds=0.5, seed=None, cached_tokens=0, constraint=None)
     return SimpleNamespace(text=text, stats=stats, logprobs=None)
 
 
@@ -147,3 +146,21 @@ def test_streamed_tool_calls_come_whole_in_the_closing_chunk():
     assert closing["finish_reason"] == "tool_calls"
     assert closing["delta"]["tool_calls"][0]["index"] == 0
     assert closing["delta"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
+
+
+def test_auto_reads_calls_between_the_templates_tags():
+    """tool_choice "auto": text stays content; tagged calls of offered tools become tool_calls, the text before
+    them the content; a tagged block that is no call of an offered tool leaves the whole reply as text."""
+    auto = ToolCalls(None, ("<tool_call>", "</tool_call>"), ("get_weather", "get_time"))
+    plain = Reply("m", chat=True, tools=auto).whole([result("It is sunny.")])
+    assert plain["choices"][0]["finish_reason"] == "stop" and plain["choices"][0]["message"]["content"] == "It is sunny."
+    text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' \
+           '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    choice = Reply("m", chat=True, tools=auto).whole([result(text)])["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me look."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]] == \
+        [("get_weather", {"city": "Oslo"}), ("get_time", {})]
+    for bad in ('<tool_call>{"name": "launch", "arguments": {}}</tool_call>', "<tool_call>{not json}</tool_call>",
+                '<tool_call>{"name": "get_time", "arguments": 3}</tool_call>'):
+        choice = Reply("m", chat=True, tools=auto).whole([result(bad)])["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["message"]["content"] == bad

@@ -34,6 +34,8 @@ def test_chat_json_schema_is_the_generators_constrained_output(api, gen):
     value = json.loads(choice.message.content)
     assert set(value) == {"name", "age", "kind"} and value["kind"] in ("cat", "dog", "fish")
     assert reply.model_extra["jacobi"]["tokens_per_pass"] > 1.0  # the forced runs went in as guesses
+    cost = reply.model_extra["jacobi"]["constraint"]  # what the masks cost, for clients measuring it (tools/structured_load)
+    assert cost["mask_seconds"] > 0 and cost["mask_rows"] >= reply.model_extra["jacobi"]["target_passes"] and cost["complete"]
 
 
 def test_completions_structured_outputs_and_json_object(api, gen):
