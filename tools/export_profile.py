@@ -55,7 +55,7 @@ def instrument(timers: Timers) -> None:
     import torch
     from torch.onnx._internal.exporter import _core, _onnx_program
 
-    from jacobi_rt.exporter import check, export, inplace, inplace_check, sources, trace
+    from jacobi_rt.exporter import check, inplace_check, sources, trace
     from jacobi_rt.exporter import weights as weight_step
 
     timers.wrap(sources, "load", "load the model")
@@ -71,9 +71,11 @@ def instrument(timers: Timers) -> None:
     timers.wrap(inplace_check, "check_inplace_against_torch", "check in-place vs PyTorch")
     timers.wrap(weight_step, "quantize_graphs", "weight pass")
     timers.wrap(check, "check_against_onnx", "check quantized vs float")
-    for name in ("derive_inplace_graph",):  # stages of newer exporters, timed when present
-        if hasattr(inplace, name):
-            timers.wrap(inplace, name, name)
+    from jacobi_rt.exporter import graph_optimizer
+
+    timers.wrap(graph_optimizer, "rules_that_fire", "rewrite rules that fire (3 layers)")
+    timers.wrap(graph_optimizer, "optimize", "onnxscript optimizer, those rules")
+    timers.wrap(trace, "extend_layers", "write the other layers")
 
 
 def main(argv=None) -> None:
@@ -82,10 +84,16 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, type=Path, help="the artifact folder (overwritten)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--quantize", choices=["int8", "int4"], help="as `jacobi-rt export --quantize`")
+    parser.add_argument("--trace-all", action="store_true",
+                        help="trace every layer and run onnxscript's full optimizer, as exports did before stitch.py (the A of an A/B)")
     args = parser.parse_args(argv)
 
     timers = Timers()
     instrument(timers)
+    if args.trace_all:
+        from jacobi_rt.exporter import trace
+
+        trace.layers_to_trace = lambda model, num_layers: (num_layers, "--trace-all")
     from jacobi_rt.exporter import ExportOptions, export
 
     with timers.stage("export (total)"):

@@ -98,16 +98,17 @@ def test_unlike_layers_are_traced_whole(family, fields, why):
 
 
 def test_a_layer_index_in_the_graph_fails_the_proof(tmp_path, monkeypatch):
-    """GPT-2 scaling attention by 1 / (layer index + 1): alike modules, a different constant in each
-    layer's graph; the proof sees it and every layer is traced."""
+    """GPT-2 scaling attention by 1 / (layer index + 1): refused from its modules' settings; past
+    them (patched away here) the proof sees the per-layer constant and every layer is traced."""
+    from jacobi_rt.exporter import trace
     from jacobi_rt.exporter.check import check_against_torch
     from jacobi_rt.exporter.stitch import layers_to_trace
-    from jacobi_rt.exporter.trace import probe
 
     model = _model("gpt2", 4, scale_attn_by_inverse_layer_idx=True)
-    shape = probe(model)
-    assert layers_to_trace(model, 4)[0] == 3
-    how = _export("portable", model, shape, tmp_path / "model.onnx", monkeypatch, whole=False)
-    assert how.startswith("traced all 4 layers (") and "counterpart" in how or "is not layer 1" in how, how
+    shape = trace.probe(model)
+    assert layers_to_trace(model, 4) == (4, "layer 1 differs from layer 2 in its modules or settings")
+    monkeypatch.setattr(trace, "layers_to_trace", lambda model, n: (3, None))
+    how = trace.export_onnx(model, shape, tmp_path / "model.onnx", 18)
+    assert how.startswith("traced all 4 layers (") and ("counterpart" in how or "is not layer 1's" in how), how
     report = check_against_torch(model, shape, tmp_path / "model.onnx", "float32")
     assert report.greedy_agree + report.near_ties == report.positions
