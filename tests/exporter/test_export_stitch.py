@@ -3,8 +3,8 @@
 A tiny Llama of 4 layers (3 traced, 1 written) is exported both ways and the two graphs compared
 node for node by what each output computes (op, attributes, inputs, weights' bytes; the names
 differ), then checked against PyTorch like any export. Models whose layers differ are traced
-whole: decided before tracing from the modules, or by the proof when a layer's index reaches
-its graph (GPT-2's `scale_attn_by_inverse_layer_idx`).
+whole: decided before tracing from the modules' settings, and failing that by the proof (layer 2
+against layer 1), shown on a per-layer constant in GPT-2's graph.
 """
 
 from __future__ import annotations
@@ -97,18 +97,36 @@ def test_unlike_layers_are_traced_whole(family, fields, why):
     assert layers == 6 and why in reason, reason
 
 
-def test_a_layer_index_in_the_graph_fails_the_proof(tmp_path, monkeypatch):
+class WholeTrace(Exception):
+    """Raised in place of the whole trace the export falls back to (the test stops there)."""
+
+
+def test_a_layer_index_in_the_graph_fails_the_proof(monkeypatch, tmp_path):
     """GPT-2 scaling attention by 1 / (layer index + 1): refused from its modules' settings; past
-    them (patched away here) the proof sees the per-layer constant and every layer is traced."""
+    them (patched away here) the proof sees the per-layer constant, and the export traces every layer."""
     from jacobi_rt.exporter import trace
-    from jacobi_rt.exporter.check import check_against_torch
-    from jacobi_rt.exporter.stitch import layers_to_trace
+    from jacobi_rt.exporter.stitch import NotStitchable, layers_to_trace
 
     model = _model("gpt2", 4, scale_attn_by_inverse_layer_idx=True)
     shape = trace.probe(model)
     assert layers_to_trace(model, 4) == (4, "layer 1 differs from layer 2 in its modules or settings")
     monkeypatch.setattr(trace, "layers_to_trace", lambda model, n: (3, None))
-    how = trace.export_onnx(model, shape, tmp_path / "model.onnx", 18)
-    assert how.startswith("traced all 4 layers (") and ("counterpart" in how or "is not layer 1's" in how), how
-    report = check_against_torch(model, shape, tmp_path / "model.onnx", "float32")
-    assert report.greedy_agree + report.near_ties == report.positions
+    refusals, extend, traced = [], trace.extend_layers, trace._onnx_program
+
+    def proved(*args, **kwargs):
+        try:
+            return extend(*args, **kwargs)
+        except NotStitchable as exc:
+            refusals.append(str(exc))
+            raise
+
+    def program(wrapper, inputs, dynamic_shapes, opset, num_layers, variant, table, optimize):
+        if num_layers == 4:  # the fallback, a whole trace as before (test_export_graph covers that path)
+            raise WholeTrace
+        return traced(wrapper, inputs, dynamic_shapes, opset, num_layers, variant, table, optimize)
+
+    monkeypatch.setattr(trace, "extend_layers", proved)
+    monkeypatch.setattr(trace, "_onnx_program", program)
+    with pytest.raises(WholeTrace):
+        trace.export_onnx(model, shape, tmp_path / "model.onnx", 18)
+    assert len(refusals) == 1 and ("counterpart" in refusals[0] or "is not layer 1's" in refusals[0]), refusals
