@@ -164,7 +164,7 @@ def _trace_and_check(model, shape, folder: Path, options: ExportOptions, max_con
     step(f"tracing the window graph ({shape.num_layers} layers, opset {options.opset})")
     graph = folder / GRAPH_FILE
     torch.manual_seed(0)
-    export_onnx(model, shape, graph, options.opset)
+    step(f"  {export_onnx(model, shape, graph, options.opset)}")
 
     step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
     report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress), max_context)

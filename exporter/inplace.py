@@ -146,27 +146,34 @@ def sample_inputs(shape, dtype, batch=2, window=3, lengths=(1, 4), capacity=11) 
     )
 
 
-def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = ATTENTION) -> None:
-    """torch.onnx.export (dynamo) of the in-place window graph, then the contract's axis names."""
+def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = ATTENTION) -> str:
+    """torch.onnx.export (dynamo) of the in-place window graph, then the contract's axis names.
+    Returns how its layers were made (stitch.py)."""
+    from dataclasses import asdict
+
     from torch.export import Dim
 
     from .trace import trace_window_graph
 
     dtype = next(model.parameters()).dtype
-    wrapper = InplaceWindowModel(model, shape.num_layers).eval()
-    batch, window, capacity = Dim("batch"), Dim("window"), Dim("capacity")
-    dynamic_shapes = {
-        "input_ids": {0: batch, 1: window},
-        "position_ids": {0: batch, 1: window},
-        "attention_mask": {0: batch, 1: Dim.AUTO},  # total = max(length) + window
-        "window_mask": {0: batch, 1: window, 2: window},
-        "cache_lengths": {0: batch},
-        "past": tuple({0: batch, 2: capacity} for _ in range(2 * shape.num_layers)),
-    }
+
+    def build(layers: int):
+        batch, window, capacity = Dim("batch"), Dim("window"), Dim("capacity")
+        dynamic_shapes = {
+            "input_ids": {0: batch, 1: window},
+            "position_ids": {0: batch, 1: window},
+            "attention_mask": {0: batch, 1: Dim.AUTO},  # total = max(length) + window
+            "window_mask": {0: batch, 1: window, 2: window},
+            "cache_lengths": {0: batch},
+            "past": tuple({0: batch, 2: capacity} for _ in range(2 * layers)),
+        }
+        layer_shape = type(shape)(**{**asdict(shape), "num_layers": layers})
+        return InplaceWindowModel(model, layers).eval(), sample_inputs(layer_shape, dtype), dynamic_shapes
+
     # onnxruntime-only already (the contrib op): skip norms, rotary, GQA's own layout too; the scatter form stays standard ONNX
-    trace_window_graph(wrapper, model, inplace_attention_for, sample_inputs(shape, dtype), dynamic_shapes, path, opset,
-                       shape.num_layers, spec.INPLACE, translation(attention),
-                       partial(onnxruntime_fusions, max_positions=shape.max_positions) if attention == "gqa" else None)
+    return trace_window_graph(build, model, inplace_attention_for, path, opset, shape.num_layers, spec.INPLACE,
+                              translation(attention),
+                              partial(onnxruntime_fusions, max_positions=shape.max_positions) if attention == "gqa" else None)
 
 
 def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
@@ -194,7 +201,7 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
     if reason is None:
         step(f"tracing the in-place graph ({attention} attention, opset {opset})")
         try:
-            export_inplace_onnx(model, shape, path, opset, attention)
+            step(f"  {export_inplace_onnx(model, shape, path, opset, attention)}")
         except JacobiError:
             raise
         except Exception as exc:  # torch.export / onnxscript raise many types for an architecture they cannot trace

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from jacobi_rt.runtime import spec
 
+from . import graph_optimizer
 from .attention import grouped_attention_for
 from .limits import static_rope
 from .norms import fusable_norms
 from .quiet import torchvision_notices_hidden
+from .stitch import TRACED, NotStitchable, decoder_layers, extend_layers, first_layers, layers_to_trace
 from .window_model import WindowModel, output_cache
 
 TWO_GB = 2 * 1024**3
+WRAPPED = "model."  # the wrappers (WindowModel, InplaceWindowModel) hold the model as `.model`: its parameters' names in the graph
 
 
 @dataclass
@@ -60,45 +63,85 @@ def sample_inputs(shape: ModelShape, dtype: torch.dtype, batch=2, window=3, past
     )
 
 
-def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> None:
-    """torch.onnx.export (dynamo) of the window graph, then name every dynamic axis per the contract."""
+def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> str:
+    """torch.onnx.export (dynamo) of the window graph, then name every dynamic axis per the contract.
+    Returns how its layers were made (stitch.py)."""
     from torch.export import Dim
 
     dtype = next(model.parameters()).dtype
-    wrapper = WindowModel(model, shape.num_layers).eval()
-    batch, window, past = Dim("batch"), Dim("window"), Dim("past")
-    dynamic_shapes = {
-        "input_ids": {0: batch, 1: window},
-        "position_ids": {0: batch, 1: window},
-        "attention_mask": {0: batch, 1: Dim.AUTO},  # total = past + window; a sum is not accepted as a Dim
-        "window_mask": {0: batch, 1: window, 2: window},
-        "past": tuple({0: batch, 2: past} for _ in range(2 * shape.num_layers)),
-    }
-    trace_window_graph(wrapper, model, grouped_attention_for, sample_inputs(shape, dtype), dynamic_shapes, path, opset,
-                       shape.num_layers, spec.PORTABLE)
+
+    def build(layers: int):
+        batch, window, past = Dim("batch"), Dim("window"), Dim("past")
+        dynamic_shapes = {
+            "input_ids": {0: batch, 1: window},
+            "position_ids": {0: batch, 1: window},
+            "attention_mask": {0: batch, 1: Dim.AUTO},  # total = past + window; a sum is not accepted as a Dim
+            "window_mask": {0: batch, 1: window, 2: window},
+            "past": tuple({0: batch, 2: past} for _ in range(2 * layers)),
+        }
+        layer_shape = ModelShape(**{**asdict(shape), "num_layers": layers})
+        return WindowModel(model, layers).eval(), sample_inputs(layer_shape, dtype), dynamic_shapes
+
+    return trace_window_graph(build, model, grouped_attention_for, path, opset, shape.num_layers, spec.PORTABLE)
 
 
-def trace_window_graph(wrapper, model, attention, inputs: tuple, dynamic_shapes: dict, path: Path, opset: int,
-                       num_layers: int, variant: str, translation_table: dict | None = None, rewrite=None) -> None:
+def trace_window_graph(build, model, attention, path: Path, opset: int, num_layers: int, variant: str,
+                       translation_table: dict | None = None, rewrite=None) -> str:
     """torch.onnx.export (dynamo) of a window graph with `attention` (a context manager) swapped into
     `model`, saved to `path` (external data past 2 GB) with the contract's names for `variant`;
-    `rewrite(onnx_model)`, if given, edits the graph in the same load and save."""
+    `rewrite(onnx_model)`, if given, edits the graph in the same load and save.
+
+    build(layers) -> (wrapper, example inputs, dynamic shapes) of a graph with that many layers:
+    the first stitch.TRACED layers are traced and the rest written as copies where the layers
+    are alike (stitch.py), else all of them are traced. Returns which, as a line for the log."""
+    traced, why = layers_to_trace(model, num_layers)
+    program = None
     with warnings.catch_warnings(), torch.no_grad(), attention(model), fusable_norms(model), static_rope(model), \
             torchvision_notices_hidden():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            wrapper,
-            inputs,
-            dynamo=True,
-            opset_version=opset,
-            dynamic_shapes=dynamic_shapes,
-            custom_translation_table=translation_table,
-            input_names=spec.input_names(num_layers, variant),
-            output_names=spec.output_names(num_layers, variant),
-            verbose=False,
-        )
+        if traced < num_layers:
+            try:
+                program = _traced_and_written(build, model, traced, num_layers, opset, variant, translation_table)
+                how = f"traced {traced} of {num_layers} layers, wrote the other {num_layers - traced}"
+            except NotStitchable as exc:
+                why = str(exc)
+        if program is None:
+            program = _onnx_program(*build(num_layers), opset, num_layers, variant, translation_table, optimize=True)
+            how = f"traced all {num_layers} layers" + (f" ({why})" if why and num_layers > TRACED else "")
     program.save(str(path), external_data=_weights_bytes(model) > TWO_GB)
     name_axes(path, num_layers, variant, rewrite)
+    return how
+
+
+def _onnx_program(wrapper, inputs: tuple, dynamic_shapes: dict, opset: int, num_layers: int, variant: str,
+                  translation_table: dict | None, optimize: bool):
+    return torch.onnx.export(
+        wrapper,
+        inputs,
+        dynamo=True,
+        opset_version=opset,
+        dynamic_shapes=dynamic_shapes,
+        custom_translation_table=translation_table,
+        input_names=spec.input_names(num_layers, variant),
+        output_names=spec.output_names(num_layers, variant),
+        optimize=optimize,
+        verbose=False,
+    )
+
+
+def _traced_and_written(build, model, traced: int, num_layers: int, opset: int, variant: str, translation_table):
+    """The first `traced` layers traced unoptimized, the rest written into the graph, then optimized."""
+    with first_layers(model, traced):
+        wrapper, inputs, dynamic_shapes = build(traced)
+        program = _onnx_program(wrapper, inputs, dynamic_shapes, opset, traced, variant, translation_table, optimize=False)
+    wrapped = f"{WRAPPED}{decoder_layers(model)[0]}."
+    tensors = {WRAPPED + n: t for n, t in model.named_parameters(remove_duplicate=False)}
+    tensors.update({WRAPPED + n: t for n, t in model.named_buffers(remove_duplicate=False)})
+    rules = graph_optimizer.rules_that_fire(program.model)  # found on the traced layers, where it is cheap
+    extend_layers(program.model, wrapped, num_layers, tensors, spec.input_names(num_layers, variant),
+                  spec.output_names(num_layers, variant))
+    graph_optimizer.optimize(program.model, rules)  # what torch.onnx.export(optimize=True) runs, over the whole graph
+    return program
 
 
 def _weights_bytes(model) -> int:
