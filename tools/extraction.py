@@ -39,3 +39,14 @@ def extraction_set(path: str | Path | None = None) -> list[ExtractionItem]:
             raise InputError(f"{path or 'extraction.jsonl'} line {number}: expected a JSON object with \"id\", \"prompt\" "
                              f"and \"schema\" ({exc})") from exc
     return items
+
+
+def follows_schema(text: str, schema: dict) -> bool:
+    """Whether `text` parses as JSON and validates against `schema` (needs jsonschema: pip install jsonschema)."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False

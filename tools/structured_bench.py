@@ -32,11 +32,11 @@ STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write every run as JSON here.")
 def main(target, draft, path, threads, max_new_tokens, temperature, seed, out):
-    import jsonschema
+    import jsonschema  # noqa: F401  (needed: a missing package fails here, before the model loads)
 
     from jacobi_rt.runtime import Generator
     from jacobi_rt.runtime.constraints import Constraint
-    from jacobi_rt.tools.extraction import extraction_set
+    from jacobi_rt.tools.extraction import extraction_set, follows_schema
 
     # without the prefix cache: the strategies take turns on one prompt, and each should prefill alike
     gen = Generator.load(target, draft=draft, threads=threads, verify=False, prefix_cache=False)
@@ -55,7 +55,7 @@ def main(target, draft, path, threads, max_new_tokens, temperature, seed, out):
                 wall = time.perf_counter() - started
                 s = result.stats
                 runs.append(dict(mode=mode, item=item.id, strategy=strategy, ids=result.ids, text=result.text,
-                                 valid=_valid(jsonschema, result.text, item.schema) if s.finish_reason == "eos" else False,
+                                 valid=follows_schema(result.text, item.schema) if s.finish_reason == "eos" else False,
                                  finish=s.finish_reason, passes=s.target_passes, accepted=round(s.tokens_per_pass * s.target_passes),
                                  new_tokens=s.new_tokens, decode_seconds=max(wall - s.prefill_seconds, 1e-9),
                                  session_seconds=s.session_seconds, prefill_seconds=s.prefill_seconds, **s.constraint))
@@ -66,14 +66,6 @@ def main(target, draft, path, threads, max_new_tokens, temperature, seed, out):
     if out:
         with open(out, "w") as f:
             json.dump(runs, f)
-
-
-def _valid(jsonschema, text: str, schema: dict) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema)
-        return True
-    except (ValueError, jsonschema.ValidationError):
-        return False
 
 
 def _table(mode: str, runs: list[dict], strategies: list[str]) -> None:

@@ -100,9 +100,9 @@ def burst(url: str, bodies: list[dict]) -> list[dict]:
 @click.option("--threads", type=click.IntRange(1), default=2, show_default=True, help="The started server's --threads.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write every answer and figure as JSON here.")
 def main(artifact, draft, url, clients, rounds, strategy, max_tokens, threads, out):
-    import jsonschema
+    import jsonschema  # noqa: F401  (needed: a missing package fails here, before the servers start)
 
-    from .extraction import extraction_set
+    from .extraction import extraction_set, follows_schema
 
     items = extraction_set()
     pairs = clients // 2
@@ -130,7 +130,7 @@ def main(artifact, draft, url, clients, rounds, strategy, max_tokens, threads, o
     for i, item in enumerate(items):
         mine = [run[i] for run in runs]
         theirs = [run[pairs + i] for run in runs]
-        valid = "length" if any(a["finish"] != "stop" for a in mine) else all(_valid(jsonschema, a["text"], item.schema) for a in mine)
+        valid = "length" if any(a["finish"] != "stop" for a in mine) else all(follows_schema(a["text"], item.schema) for a in mine)
         same = all(a["text"] == solo[i]["text"] for a in mine)
         mask = [a["jacobi"].get("constraint", {}).get("mask_seconds", 0.0) / a["decode_seconds"] for a in mine if a["decode_seconds"]]
         rows.append(dict(item=item.id, valid=valid, same_as_solo=same, tokens=mine[0]["tokens"],
@@ -159,14 +159,6 @@ def table(rows: list[dict]) -> str:
                      f"{r['neighbour_tokens']} | {r['neighbour_tokens_per_second']:.1f} | {r['neighbour_tokens_per_pass']:.2f} | "
                      f"{ratio:.2f}x |")
     return "\n".join(lines)
-
-
-def _valid(jsonschema, text: str, schema: dict) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema)
-        return True
-    except (ValueError, jsonschema.ValidationError):
-        return False
 
 
 class _given:
