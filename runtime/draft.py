@@ -195,8 +195,8 @@ class DraftProposer(Proposer):
         in its first pass, so the chain continues it)."""
         self.after = list(after)
         limit = min(limit, self._room()) if self.usable else 0  # what the draft's own cache can hold
-        if self.max_window is not None and CATCHUP + len(after) >= self.max_window:
-            limit = 0  # the run and what is pending would not fit the draft's first pass
+        if after and self.max_window is not None and min(CATCHUP, self.max_window) + len(after) > self.max_window:
+            limit = 0  # the pending tokens (at most CATCHUP, `_window`) and the run would not fit the first pass
         if self.k is None:
             return self.length.offer(limit)
         k = min(self.k, limit)  # a fixed K: sent whole
