@@ -25,7 +25,6 @@ compute_ff_tokens (forced tokens). An optional dependency: the `structured` extr
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 import weakref
@@ -266,10 +265,6 @@ class MaskCost:
     forced_sent: int = 0  # forced tokens put in windows (the batcher counts them)
     forced_committed: int = 0  # of those, committed
     past_forced_sent: int = 0  # proposers' guessed tokens sent after a forced run (Proposer.offer(after=...))
-
-    @property
-    def per_row_ms(self) -> float:
-        return 1e3 * self.seconds / self.rows if self.rows else math.nan
 
 
 @dataclass(frozen=True)
