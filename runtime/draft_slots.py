@@ -27,7 +27,7 @@ import numpy as np
 
 from .backends.base import Backend
 from .draft import CATCHUP, DraftProposer
-from .proposers import Proposer
+from .proposers import Composite, Proposer
 
 SPARE = CATCHUP + 64  # entries past a row's capacity that a pad may write (a window of pending tokens + 63 guesses)
 
@@ -191,7 +191,7 @@ def drafts_in(proposer: Proposer) -> list[DraftProposer]:
     """The draft proposers inside `proposer`: itself, a union's parts, auto's arms."""
     if isinstance(proposer, DraftProposer):
         return [proposer]
-    parts = getattr(proposer, "all_arms", None) or getattr(proposer, "parts", None) or {}
+    parts = proposer.parts if isinstance(proposer, Composite) else {}
     return [draft for part in parts.values() for draft in drafts_in(part)]
 
 

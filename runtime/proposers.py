@@ -265,32 +265,13 @@ def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> l
     return out
 
 
-class UnionProposer(Proposer):
-    """Several proposers' guesses verified in one pass (e.g. a draft's chain plus a prompt-lookup copy).
-
-    Its offer is the parts' offers side by side: each guess keeps its own acceptance, production
-    cost and margin, each part sends at most its own branches, and all of them share the pass's one
-    limit (runtime.allocator). `take` hands each part the share of the allocation that is its own
-    (and the room the other parts left), and sends what they all send. Every part sees every pass's result.
-    """
+class Composite(Proposer):
+    """A proposer made of named parts (a union's, auto's arms): each part samples like the target, hands
+    over and adopts its own state, and is closed with the whole; the cost curves are all the parts'."""
 
     def __init__(self, parts: dict[str, Proposer]) -> None:
         super().__init__()
         self.parts = parts
-        self.spans: list[range] = []  # each part's guesses in the last offer
-        self.stats = {name: part.stats for name, part in parts.items()}
-
-    @property
-    def catchup_seconds(self) -> float:
-        return sum(part.catchup_seconds for part in self.parts.values())
-
-    @catchup_seconds.setter
-    def catchup_seconds(self, value: float) -> None:  # the base class's initial 0.0; parts keep their own
-        pass
-
-    @property
-    def own_seconds(self) -> float:
-        return sum(part.own_seconds for part in self.parts.values())
 
     def cost_curves(self) -> list[PassCosts]:
         return [curve for part in self.parts.values() for curve in part.cost_curves()]
@@ -300,10 +281,36 @@ class UnionProposer(Proposer):
             part.use_sampler(sampler)
 
     def handover(self) -> dict:
-        return handover_parts(self.parts)
+        return {name: part.handover() for name, part in self.parts.items()}
 
     def adopt(self, state: dict) -> None:
-        adopt_parts(self.parts, state)
+        """Each part adopts its own state; what no part takes is released."""
+        for name, part in self.parts.items():
+            part.adopt(state.pop(name, {}))
+        close_state(state)
+
+    def close(self) -> None:
+        for part in self.parts.values():
+            part.close()
+
+
+class UnionProposer(Composite):
+    """Several proposers' guesses verified in one pass (e.g. a draft's chain plus a prompt-lookup copy).
+
+    Its offer is the parts' offers side by side: each guess keeps its own acceptance, production
+    cost and margin, each part sends at most its own branches, and all of them share the pass's one
+    limit (runtime.allocator). `take` hands each part the share of the allocation that is its own
+    (and the room the other parts left), and sends what they all send. Every part sees every pass's result.
+    """
+
+    def __init__(self, parts: dict[str, Proposer]) -> None:
+        super().__init__(parts)
+        self.spans: list[range] = []  # each part's guesses in the last offer
+        self.stats = {name: part.stats for name, part in parts.items()}
+
+    @property
+    def own_seconds(self) -> float:
+        return sum(part.own_seconds for part in self.parts.values())
 
     def start(self, prompt: list[int], first: int) -> None:
         for part in self.parts.values():
@@ -335,10 +342,6 @@ class UnionProposer(Proposer):
     def update(self, result: PassResult) -> None:
         for part in self.parts.values():
             part.update(result)
-
-    def close(self) -> None:
-        for part in self.parts.values():
-            part.close()
 
 
 @dataclass
@@ -395,7 +398,7 @@ class _Pass:
     best: bool = False  # the arm got the pass as the best (not warming up, not probed)
 
 
-class AutoProposer(Proposer):
+class AutoProposer(Composite):
     """Several proposers as arms: each pass goes to the arm whose offer is worth most.
 
     Every arm offers each pass; the allocator cuts each offer and prices it (`Allocation.value`:
@@ -417,9 +420,8 @@ class AutoProposer(Proposer):
 
     def __init__(self, arms: dict[str, Proposer], config: AutoConfig = DEFAULTS.auto,
                  history: ArmHistory | None = None) -> None:
-        super().__init__()
+        super().__init__(arms)  # parts: every arm; arms: those admitted to this call (ArmHistory)
         self.history = history
-        self.all_arms = arms
         self.arms = arms
         self.config = config  # warm-up, probes and their budget, decay (runtime.config.AutoConfig)
         self.tokens: dict[str, float] = {}  # measured, decayed: committed tokens
@@ -436,23 +438,10 @@ class AutoProposer(Proposer):
         self.pending: _Pass | None = None  # the pass being verified
         self.stats = {"passes_by_arm": {name: 0 for name in arms}}
 
-    def use_sampler(self, sampler) -> None:
-        for arm in self.all_arms.values():
-            arm.use_sampler(sampler)
-
-    def handover(self) -> dict:
-        return handover_parts(self.all_arms)
-
-    def adopt(self, state: dict) -> None:
-        adopt_parts(self.all_arms, state)
-
-    def cost_curves(self) -> list[PassCosts]:
-        return [curve for arm in self.all_arms.values() for curve in arm.cost_curves()]
-
     def start(self, prompt: list[int], first: int) -> None:
-        names = list(self.all_arms)
+        names = list(self.parts)
         admitted = self.history.admit(names) if self.history else names
-        self.arms = {name: self.all_arms[name] for name in admitted}
+        self.arms = {name: self.parts[name] for name in admitted}
         self.current = next(iter(self.arms))
         self.stats["sat_out"] = [name for name in names if name not in admitted]
         for arm in self.arms.values():
@@ -465,7 +454,7 @@ class AutoProposer(Proposer):
         self.wait = {name: self.config.probe_every for name in self.arms}
         self.due = {name: self.config.probe_every for name in self.arms}  # just measured in its warmup
         self.passes, self.pending = 0, None
-        self.stats["arms"] = {name: arm.stats for name, arm in self.all_arms.items()}
+        self.stats["arms"] = {name: arm.stats for name, arm in self.parts.items()}
 
     def rate(self, name: str) -> float:
         """Measured committed tokens per second of the passes `name` got."""
@@ -542,8 +531,7 @@ class AutoProposer(Proposer):
             tried = [name for name, count in self.tried.items() if count >= self.config.warmup]
             if len(tried) > 1:
                 self.history.record(tried, max(tried, key=self.won.__getitem__))
-        for arm in self.all_arms.values():
-            arm.close()
+        super().close()
 
 
 _DEFAULT_COSTS = PassCosts(CostConfig(learn=False))  # the prior, for a proposer that reads no curve of its own
@@ -553,18 +541,6 @@ def own_cost(proposer: Proposer) -> PassCosts:
     """The one-row cost curve `proposer`'s guesses are weighed against (the request's one curve)."""
     curves = proposer.cost_curves()
     return curves[0] if curves else _DEFAULT_COSTS
-
-
-def handover_parts(parts: dict[str, Proposer]) -> dict:
-    """A composite proposer's state: each part's, by name."""
-    return {name: part.handover() for name, part in parts.items()}
-
-
-def adopt_parts(parts: dict[str, Proposer], state: dict) -> None:
-    """Each part adopts its own state; what no part takes is released."""
-    for name, part in parts.items():
-        part.adopt(state.pop(name, {}))
-    close_state(state)
 
 
 def close_state(state) -> None:

@@ -135,7 +135,7 @@ def test_a_backend_without_branches_gets_one_chain_proposers(artifact, monkeypat
     with generator._proposer(request, 64) as lookahead:
         assert lookahead.branches == 1
     with generator._proposer(dataclasses.replace(request, strategy="auto"), 64) as auto:
-        arms = auto.all_arms
+        arms = auto.parts
         assert arms["lookahead"].branches == 1 and not isinstance(arms["draft"], UnionProposer)
     greedy = generator.generate("the fox", max_new_tokens=16, strategy="greedy").ids
     assert generator.generate("the fox", max_new_tokens=16, strategy="auto").ids == greedy
