@@ -47,7 +47,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .allocator import Offer, allocate
-from .backends.base import Backend, BackendContext
+from .backends.base import Backend, BackendContext, lower_triangular, padded
 from .constraints import ConstrainedOffer, Masks, Matcher
 from .draft_slots import DraftSlots
 from .errors import BackendError, InputError
@@ -161,7 +161,7 @@ class Row:
         if self.prefilling:
             piece = self.prompt[self.fed : self.fed + width]
             last_chunk = self.fed + len(piece) >= len(self.prompt)
-            planned = Planned(piece, length + np.arange(len(piece), dtype=np.int64), _tril(len(piece)),
+            planned = Planned(piece, length + np.arange(len(piece), dtype=np.int64), lower_triangular(len(piece)),
                               last_chunk and self.wants_logits)
         else:
             w = min(self._want, width)
@@ -565,7 +565,7 @@ class Batcher:
         if self.drafts is not None:
             self.drafts.run()  # every seated draft's chain, in one batched draft step
         planned = [row.plan(width, length) for row, length in zip(rows, before)]
-        ids, positions, mask = _pad(planned)
+        ids, positions, mask = padded([(p.tokens, p.positions, p.mask) for p in planned])
         want_logits = any(p.logits for p in planned)
         self.ctx.select(span.start, span.stop)
         started = self.clock()
@@ -612,28 +612,3 @@ def run_alone(ctx: BackendContext, row: Row, prefill_chunk: int, budget: PassBud
     finally:
         batcher.cancel(row)
         batcher.close()
-
-
-def _pad(planned: list[Planned]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows padded to the widest: padding repeats the row's last token and position and attends to itself only."""
-    if len(planned) == 1:
-        p = planned[0]
-        return np.array([p.tokens], dtype=np.int64), p.positions[None], p.mask[None]
-    k, width = len(planned), max(len(p.tokens) for p in planned)
-    ids = np.empty((k, width), dtype=np.int64)
-    positions = np.empty((k, width), dtype=np.int64)
-    mask = np.zeros((k, width, width), dtype=bool)
-    mask[:, np.arange(width), np.arange(width)] = True
-    for i, p in enumerate(planned):
-        n = len(p.tokens)
-        ids[i, :n], ids[i, n:] = p.tokens, p.tokens[-1]
-        positions[i, :n], positions[i, n:] = p.positions, p.positions[-1]
-        mask[i, :n, :n] = p.mask
-    return ids, positions, mask
-
-
-_TRIL = np.tril(np.ones((512, 512), dtype=bool))
-
-
-def _tril(n: int) -> np.ndarray:
-    return _TRIL[:n, :n] if n <= 512 else np.tril(np.ones((n, n), dtype=bool))

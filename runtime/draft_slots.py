@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from .backends.base import Backend
+from .backends.base import Backend, lower_triangular, padded
 from .draft import CATCHUP, DraftProposer
 from .proposers import Composite, Proposer
 
@@ -115,19 +115,9 @@ class DraftSlots:
     def _pass(self, windows: dict[int, list[int]], want_logits: bool):
         """One draft pass over slots [lo, hi) covering `windows` (slot -> tokens), timed: (output, lo, seconds)."""
         lo, hi = min(windows), max(windows) + 1
-        width = max(map(len, windows.values()))
         lengths = self.ctx.lengths[lo:hi].tolist()
-        ids = np.zeros((hi - lo, width), dtype=np.int64)
-        positions = np.empty((hi - lo, width), dtype=np.int64)
-        mask = np.zeros((hi - lo, width, width), dtype=bool)
-        mask[:, np.arange(width), np.arange(width)] = True  # padding attends to itself only
-        for i, length in enumerate(lengths):
-            window = windows.get(lo + i, [0])
-            n = len(window)
-            ids[i, :n], ids[i, n:] = window, window[-1]
-            positions[i, :n] = length + np.arange(n)
-            positions[i, n:] = length + n - 1
-            mask[i, :n, :n] = np.tril(np.ones((n, n), dtype=bool))
+        rows = [windows.get(lo + i, [0]) for i in range(hi - lo)]  # a row in range that wants nothing runs a pad
+        ids, positions, mask = padded([(w, n + np.arange(len(w)), lower_triangular(len(w))) for w, n in zip(rows, lengths)])
         self.ctx.select(lo, hi)
         started = self.clock()
         out = self.ctx.forward(ids, positions, mask, want_logits=want_logits)

@@ -33,6 +33,31 @@ from .exact_rows import UNCHECKED, RowsCheck
 
 
 PREFILL_CHUNK = 256  # prompt tokens per prefill pass, unless a backend's limits allow fewer
+_TRIL = np.tril(np.ones((512, 512), dtype=bool))  # windows and prefill chunks: read, never written
+
+
+def lower_triangular(n: int) -> np.ndarray:
+    """The causal mask of an n-token window, [n, n]."""
+    return _TRIL[:n, :n] if n <= 512 else np.tril(np.ones((n, n), dtype=bool))
+
+
+def padded(rows: list[tuple[list[int], np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows (tokens, positions, mask) as one pass's [B, W] ids and positions and [B, W, W] mask, padded to the
+    widest: padding repeats the row's last token and position and attends to itself only (never committed)."""
+    if len(rows) == 1:
+        tokens, positions, mask = rows[0]
+        return np.array([tokens], dtype=np.int64), positions[None], mask[None]
+    k, width = len(rows), max(len(tokens) for tokens, _, _ in rows)
+    ids = np.empty((k, width), dtype=np.int64)
+    out_positions = np.empty((k, width), dtype=np.int64)
+    out_mask = np.zeros((k, width, width), dtype=bool)
+    out_mask[:, np.arange(width), np.arange(width)] = True
+    for i, (tokens, positions, mask) in enumerate(rows):
+        n = len(tokens)
+        ids[i, :n], ids[i, n:] = tokens, tokens[-1]
+        out_positions[i, :n], out_positions[i, n:] = positions, positions[-1]
+        out_mask[i, :n, :n] = mask
+    return ids, out_positions, out_mask
 
 
 @dataclass(frozen=True)

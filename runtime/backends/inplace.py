@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import BackendError
 from ..spec import kv_inputs, kv_outputs
-from .base import BackendContext, StepOutput
+from .base import BackendContext, StepOutput, lower_triangular
 from .exact_rows import pad_if_needed
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -72,7 +72,6 @@ class OrtInplaceContext(BackendContext):
         spare = backend.spare_entries
         self._kv = zeroed_pages((2 * arch.num_layers, batch, arch.kv_heads, capacity + spare, arch.head_dim), dtype)
         self._ones = np.ones(batch * (capacity + spare), dtype=np.int64)  # any prefix is an all-ones [B, T] mask
-        self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))
         self._greedy = np.empty(batch * (capacity + spare), dtype=np.int64)
         self._logits_bound = False
         self._rows = (0, batch)  # the rows the next pass runs on (select)
@@ -131,7 +130,7 @@ class OrtInplaceContext(BackendContext):
             positions = self._lengths[:, None] + np.arange(window, dtype=np.int64)
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         if window_mask is None:
-            window_mask = self._lower_triangular(window)
+            window_mask = lower_triangular(window)[None]
         if window_mask.shape != (batch, window, window) or window_mask.dtype != bool or not window_mask.flags.c_contiguous:
             window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
         ids, positions, window_mask, self.padding = pad_if_needed(self.backend.pad_rows, ids, positions, window_mask)
@@ -187,11 +186,6 @@ class OrtInplaceContext(BackendContext):
                 f"of {self.capacity}; open the context with a larger capacity"
             )
         return rows, window, longest
-
-    def _lower_triangular(self, window: int) -> np.ndarray:
-        if window <= self._tril.shape[0]:
-            return self._tril[:window, :window][None]
-        return np.tril(np.ones((window, window), dtype=bool))[None]
 
     def commit(self, n) -> None:
         """Keep the first n entries of the last window: one n for every row, or one per row."""

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BackendError, require
 from ..manifest import Manifest
 from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
-from .base import Backend, BackendContext, BackendLimits, StepOutput
+from .base import Backend, BackendContext, BackendLimits, StepOutput, lower_triangular
 from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext, release
 from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, pad_if_needed
@@ -229,7 +229,6 @@ class OrtContext(BackendContext):
         self._allocate(rows, elements)
         self._current = 0
         self._ones = np.ones((batch, capacity + backend.spare_entries), dtype=np.int64)
-        self._tril = np.tril(np.ones((min(capacity, 512),) * 2, dtype=bool))  # windows and prefill chunks
         self._greedy = np.empty((batch, capacity + backend.spare_entries), dtype=np.int64)
         self.binding = backend.session.io_binding()
         self._bind_in, self._bind_out = _binders(self.binding, self.device)
@@ -248,7 +247,7 @@ class OrtContext(BackendContext):
             positions = np.broadcast_to(np.arange(past, total, dtype=np.int64), (batch, window))
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         if window_mask is None:
-            window_mask = self._lower_triangular(window)
+            window_mask = lower_triangular(window)[None]
         window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
         ids, positions, window_mask, self.padding = pad_if_needed(self.backend.pad_rows, ids, positions, window_mask)
         width, total = window + self.padding, total + self.padding
@@ -290,11 +289,6 @@ class OrtContext(BackendContext):
             offset = i * self.row_bytes
             bind_in(inp, dtype, shape_past, src + offset)
             bind_out(out, dtype, shape_total, dst + offset)
-
-    def _lower_triangular(self, window: int) -> np.ndarray:
-        if window <= self._tril.shape[0]:
-            return self._tril[:window, :window][None]
-        return np.tril(np.ones((window, window), dtype=bool))[None]
 
     def commit(self, n: int) -> None:
         if not 0 <= n <= self.pending:
