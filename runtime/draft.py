@@ -5,8 +5,8 @@ verifies the K guesses in one pass, and the draft's cache is rolled back to what
 committed. The output is the target's own (greedy, or sampled for the seed) whatever the draft
 says; the draft only decides how many target passes it takes.
 
-    proposer = DraftProposer(draft_backend, capacity=len(prompt) + max_new_tokens)
-    ... decoding.decode(ctx, prompt, proposer, window=proposer.k_max + 1, ...) ...
+    proposer = DraftProposer(draft_backend, capacity=len(prompt) + max_new_tokens, config=DraftConfig(length=4))
+    ... the batcher's row runs it: windows of up to config.max_length + 1 ...
     proposer.close()
 
 The draft's cache holds the KV of a prefix of the committed sequence (`tokens`) and, between
@@ -73,7 +73,6 @@ class DraftLength:
     sent whatever its gain, since acceptance and costs drift with the text and context.
     """
 
-    k_max: int
     costs: PassCosts = field(default_factory=PassCosts)  # target pass costs, learned on this machine
     config: DraftConfig = field(default_factory=DraftConfig)  # priors, decay, margin, probes (runtime.config)
     right: float = 0.0
@@ -97,11 +96,11 @@ class DraftLength:
         return self.draft_seconds / unit
 
     def offer(self, limit: int) -> Offer:
-        """One chain of up to min(k_max, limit) draft tokens, each right with chance p, each costing a
+        """One chain of up to min(config.max_length, limit) draft tokens, each right with chance p, each costing a
         draft pass: the allocator cuts it by the one length rule, or drops it when it does not beat
         greedy by `margin`. After `probe_every` - 1 passes without the draft, the chain is a probe: sent
         at its best length whatever its gain (the text may have become predictable)."""
-        limit = min(self.k_max, limit)
+        limit = min(self.config.max_length, limit)
         if limit < 1:
             return Offer()
         probe = -1.0 if self.idle + 1 >= self.config.probe_every else None
@@ -130,8 +129,8 @@ class DraftProposer(Proposer):
 
     backend: the draft's loaded model (check_draft it against the target first).
     capacity: KV entries of the draft's context (prompt + new tokens, as the target's).
-    k: a fixed number of guesses per pass (0..k_max); None adapts K (DraftLength).
-    jacobi: speculative Jacobi. The target's predictions past the first rejected guess guess
+    config: `length`, a fixed number of guesses per pass (0..max_length; None adapts K: DraftLength);
+    `jacobi_tail`, speculative Jacobi. The target's predictions past the first rejected guess guess
         the tokens after the new last token (from a wrong prefix, so often wrong); the draft's
         first pass of the next proposal runs them too and keeps those that match its own
         predictions, so it gets several draft tokens from one pass. The guesses sent are the
@@ -142,23 +141,17 @@ class DraftProposer(Proposer):
         self,
         backend: Backend,
         capacity: int,
-        k: int | None = None,
-        k_max: int = DEFAULTS.draft.max_length,
-        jacobi: bool = False,
+        config: DraftConfig = DEFAULTS.draft,
         prefill_chunk: int = PREFILL_CHUNK,
         length: DraftLength | None = None,
         max_window: int | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max < 1:
-            raise InputError(f"k_max (the most draft tokens per pass) must be a positive integer, not {k_max!r}")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= k_max):
-            raise InputError(f"draft length k must be an integer from 0 to k_max={k_max} (or None to adapt), not {k!r}")
         self.backend = backend
-        self.k, self.k_max, self.jacobi = k, int(k_max), jacobi
+        self.k, self.jacobi = config.length, config.jacobi_tail  # both checked by DraftConfig
         self.prefill_chunk = prefill_chunk
         self.max_window = max_window  # the draft backend's widest pass (Backend.limits); None: any
-        self.length = length or DraftLength(self.k_max)
+        self.length = length or DraftLength(config=config)
         self.ctx = backend.context(capacity)
         self.kept: list[int] = []  # an adopted cache's tokens (the conversation's previous turn)
         self.tokens: list[int] = []  # the committed sequence: prompt, then every committed token

@@ -82,9 +82,8 @@ class Request:
     window: int
     adaptive: bool
     stop: list[str]
-    jacobi_tail: bool  # speculative: the target's predictions past a rejected guess seed the draft's next pass
     sampling: SamplingParams = SamplingParams()
-    config: DecodingConfig = DEFAULTS  # the generator's, with the request's overrides
+    config: DecodingConfig = DEFAULTS  # the generator's, with the request's overrides (window, draft.jacobi_tail)
     exactness: str = ""  # the backend's exact_rows mode when the request was made
     matcher: Matcher | None = None  # the grammar's state for this request's output (params.constraint)
 
@@ -360,7 +359,6 @@ class Generator:
             window=window,
             adaptive=adaptive,
             stop=list(params.stop),
-            jacobi_tail=tail,
             sampling=sampling,
             config=replace(decoding, window=window, draft=replace(decoding.draft, jacobi_tail=tail)),
             exactness=self.backend.rows.mode,
@@ -519,10 +517,8 @@ class Generator:
 
         def draft() -> DraftProposer:
             chunk = min(self.prefill_chunk, self.draft.limits.prefill_chunk)
-            length = DraftLength(config.draft.max_length, costs, config.draft)
-            return DraftProposer(self.draft, capacity, k=config.draft.length, k_max=config.draft.max_length,
-                                 jacobi=request.jacobi_tail, prefill_chunk=chunk, length=length,
-                                 max_window=self.draft.limits.max_window)
+            return DraftProposer(self.draft, capacity, config.draft, prefill_chunk=chunk,
+                                 length=DraftLength(costs, config.draft), max_window=self.draft.limits.max_window)
 
         if strategy == "speculative":
             return draft()

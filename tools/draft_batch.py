@@ -38,7 +38,8 @@ def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
     def proposer():
         if not k:
             return NoProposer()
-        return DraftProposer(gen.draft, capacity, k=k, length=DraftLength(k, PassCosts(CostConfig(flat, learn=False)), DraftConfig(prior_cost=0.0)))
+        length = DraftLength(PassCosts(CostConfig(flat, learn=False)), DraftConfig(prior_cost=0.0))
+        return DraftProposer(gen.draft, capacity, DraftConfig(length=k), length=length)
 
     eos = set(gen.manifest.tokens.eos_ids)
     rows = [Row(list(p), max_tokens, proposer(), Sampler(SamplingParams(), len(p)), k + 1, eos, capacity) for p in prompts]

@@ -314,7 +314,8 @@ def test_speculative_rows_share_batched_draft_passes_and_equal_their_solo_output
     budget = PassBudget(costs=PassCosts(CostConfig(flat, learn=False, batch_pass_costs=flat)))
 
     def draft(k):  # wide passes and draft passes free (as on a GPU): the budget sends every row's chain
-        return DraftProposer(gen.draft, 128, k=k, length=DraftLength(8, PassCosts(CostConfig(flat, learn=False)), DraftConfig(prior_cost=0.0)))
+        length = DraftLength(PassCosts(CostConfig(flat, learn=False)), DraftConfig(prior_cost=0.0))
+        return DraftProposer(gen.draft, 128, DraftConfig(length=k), length=length)
 
     def batch(slotted):
         eng = Batcher.open(gen.backend, 4, prefill_chunk=256, budget=budget, clock=clock(),

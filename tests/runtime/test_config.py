@@ -69,7 +69,7 @@ def test_cli_assignments_are_json_values():
 
 
 def test_the_classes_take_their_group_whole_with_the_config_defaults():
-    tracker, costs, length = AcceptanceTracker(), PassCosts(), DraftLength(DEFAULTS.draft.max_length)
+    tracker, costs, length = AcceptanceTracker(), PassCosts(), DraftLength()
     assert tracker.config == DEFAULTS.lookahead and costs.config == DEFAULTS.costs and length.config == DEFAULTS.draft
     assert costs.table == dict(DEFAULTS.costs.pass_costs)
     assert LookaheadProposer().branches == DEFAULTS.lookahead.branches
@@ -88,7 +88,7 @@ def test_each_group_reaches_what_it_tunes():
     tracker = AcceptanceTracker(costs, config.lookahead)
     assert (tracker.config.prior, tracker.config.margin, tracker.costs.config.learn, tracker.costs.table) == (
         0.2, 0.1, False, {1: 1.0, 8: 1.1})
-    length = DraftLength(config.draft.max_length, costs, config.draft)
+    length = DraftLength(costs, config.draft)
     assert (length.relative_cost, length.config.probe_every) == (0.9, 3)
     assert AdaptiveWindow(4, config.jacobi).config.probe_every == 7
     budget = PassBudget.of(config, prefill_chunk=256)

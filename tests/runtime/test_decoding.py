@@ -6,7 +6,7 @@ import pytest
 from alone import decode, send, tokens
 from text_helpers import clean_substring
 
-from jacobi_rt.runtime.config import JacobiConfig
+from jacobi_rt.runtime.config import DraftConfig, JacobiConfig
 from jacobi_rt.runtime.allocator import Guess, Offer
 from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer
@@ -262,7 +262,7 @@ def test_tokens_after_an_eos_are_not_counted_as_accepted(artifact):
         free = tokens(ctx, prompt, NoProposer(), 1, 40, chunk=16)
     # an EOS in the middle of the first 9-token pass (the target drafts for itself: every guess is right)
     cut = next(i for i in range(2, 8) if free.index(free[i]) == i)
-    with backend.context(64) as ctx, DraftProposer(backend, 64, k=8) as proposer:
+    with backend.context(64) as ctx, DraftProposer(backend, 64, DraftConfig(length=8)) as proposer:
         row, batches = decode(ctx, prompt, proposer, 9, 40, eos={free[cut]}, chunk=16)
     ids, progress = [t for b in batches for t in b], row.progress
     assert ids == free[: cut + 1] and progress.finish_reason == "eos"

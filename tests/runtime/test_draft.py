@@ -179,7 +179,7 @@ def test_draft_equals_greedy(backend, family, kind):
             expected = greedy(target, prompt, new)
             for k in (None, 1, 3, 8):
                 for jacobi in (False, True):
-                    with DraftProposer(draft, len(prompt) + new, k=k, jacobi=jacobi) as proposer:
+                    with DraftProposer(draft, len(prompt) + new, DraftConfig(length=k, jacobi_tail=jacobi)) as proposer:
                         ids, progress = generate(target, prompt, new, proposer, 9)
                     assert ids == expected, (family, kind, prompt, new, k, jacobi)
                     assert progress.target_passes <= max(new - 1, 0)
@@ -187,7 +187,7 @@ def test_draft_equals_greedy(backend, family, kind):
 
 def test_full_acceptance_takes_one_pass_per_k_plus_one_tokens(backend):
     target = backend("llama")
-    with DraftProposer(target, 64, k=3) as proposer:  # the target drafts for itself: every guess right
+    with DraftProposer(target, 64, DraftConfig(length=3)) as proposer:  # the target drafts for itself: every guess right
         ids, progress = generate(target, [5, 17, 33], 41, proposer, 4)
     assert ids == greedy(target, [5, 17, 33], 41)
     assert progress.target_passes == 10  # 1 from the prefill + 10 passes x 4 tokens
@@ -197,7 +197,7 @@ def test_full_acceptance_takes_one_pass_per_k_plus_one_tokens(backend):
 
 def test_budget_caps_the_chain(backend):
     target = backend("llama")
-    with DraftProposer(target, 64, k=8) as proposer:
+    with DraftProposer(target, 64, DraftConfig(length=8)) as proposer:
         proposer.start([5, 17, 33], greedy(target, [5, 17, 33], 1)[0])
         assert send(proposer, 0) == [] and proposer.stats["draft_passes"] == 0  # nothing asked: no draft work
         assert [len(c) for c in send(proposer, 2)] == [2]
@@ -229,7 +229,8 @@ def test_draft_cache_equals_the_committed_sequence_after_every_pass(backend, kin
     target, draft = backend("llama"), _draft(backend, "llama", kind)
     for prompt in PROMPTS[:3]:
         expected = greedy(target, prompt, 60)
-        with target.context(len(prompt) + 80) as ctx, DraftProposer(draft, len(prompt) + 80, k=8, jacobi=jacobi) as proposer:
+        config = DraftConfig(length=8, jacobi_tail=jacobi)
+        with target.context(len(prompt) + 80) as ctx, DraftProposer(draft, len(prompt) + 80, config) as proposer:
             out = []
             row, batches = passes(ctx, prompt, proposer, RandomBudget(rng, proposer), 60, chunk=16)
             for new in batches:
@@ -248,20 +249,20 @@ def test_draft_cache_equals_the_committed_sequence_after_every_pass(backend, kin
 
 
 @pytest.mark.parametrize("k", [-1, 9, 2.0, True])
-def test_k_out_of_range_is_refused(backend, k):
-    with pytest.raises(InputError, match="k_max=8"):
-        DraftProposer(backend("llama"), 32, k=k)
+def test_k_out_of_range_is_refused(k):  # 9: past draft.max_length (8)
+    with pytest.raises(InputError, match="draft.length"):
+        DraftConfig(length=k)
 
 
 @pytest.mark.parametrize("k_max", [0, -3, 1.5])
-def test_k_max_must_be_positive(backend, k_max):
-    with pytest.raises(InputError, match="k_max"):
-        DraftProposer(backend("llama"), 32, k_max=k_max)
+def test_k_max_must_be_positive(k_max):
+    with pytest.raises(InputError, match="draft.max_length"):
+        DraftConfig(max_length=k_max)
 
 
 def test_k_zero_is_greedy_with_no_draft_pass(backend):
     target = backend("llama")
-    with DraftProposer(target, 64, k=0) as proposer:
+    with DraftProposer(target, 64, DraftConfig(length=0)) as proposer:
         ids, progress = generate(target, [5, 17, 33], 20, proposer, 9)
     assert ids == greedy(target, [5, 17, 33], 20) and progress.target_passes == 19
     assert proposer.stats["draft_passes"] == 0 and proposer.stats["proposed"] == 0  # never asked: never run
@@ -276,7 +277,7 @@ def choose(length: DraftLength, limit: int) -> int:
 
 
 def test_length_grows_with_acceptance_and_cheap_drafts():
-    length = DraftLength(k_max=8)
+    length = DraftLength()
     length.draft_seconds, length.costs.seconds = 0.1, {(1, 1): 1.0}
     for _ in range(40):
         length.observe_acceptance(8, 8)
@@ -285,7 +286,7 @@ def test_length_grows_with_acceptance_and_cheap_drafts():
 
 
 def test_length_is_zero_when_the_draft_does_not_pay_then_probes():
-    length = DraftLength(k_max=8, config=DraftConfig(probe_every=5))
+    length = DraftLength(config=DraftConfig(probe_every=5))
     length.draft_seconds, length.costs.seconds = 1.0, {(1, 1): 1.0}  # the draft costs a target pass
     for _ in range(40):
         length.observe_acceptance(4, 1)
@@ -294,7 +295,7 @@ def test_length_is_zero_when_the_draft_does_not_pay_then_probes():
 
 
 def test_length_follows_measured_costs():
-    length = DraftLength(k_max=8)
+    length = DraftLength()
     for _ in range(40):
         length.observe_acceptance(8, 6)
     length.costs.observe(1, 0.030)
@@ -310,7 +311,7 @@ def test_adaptive_proposer_stops_drafting_when_the_draft_is_as_slow_as_the_targe
     """A draft pass that costs a target pass (pinned: on a loaded machine a measured cost curve can make
     wide passes look free, and then even rare hits pay) and guesses that are wrong: mostly greedy passes."""
     target = backend("llama")
-    length = DraftLength(8, PassCosts(CostConfig(learn=False)), DraftConfig(prior_cost=1.0))  # no measured costs: the priors decide
+    length = DraftLength(PassCosts(CostConfig(learn=False)), DraftConfig(prior_cost=1.0))  # no measured costs: the priors decide
     with DraftProposer(backend("qwen2"), 200, length=length) as proposer:  # unrelated weights: guesses are wrong
         generate(target, [5, 17, 33], 120, proposer, 9)
     assert proposer.stats["proposed"] < 40  # mostly greedy passes, with a probe now and then
@@ -384,7 +385,7 @@ def test_smollm2_with_a_draft_equals_greedy(artifact, name):
     for text, (k, jacobi) in zip(SMOL_PROMPTS, [(None, False), (4, True), (None, True)]):
         prompt = tokenizer.encode(text, add_special_tokens=False)
         expected = greedy(target, prompt, 48)
-        with DraftProposer(draft, len(prompt) + 48, k=k, jacobi=jacobi) as proposer:
+        with DraftProposer(draft, len(prompt) + 48, DraftConfig(length=k, jacobi_tail=jacobi)) as proposer:
             ids, progress = generate(target, prompt, 48, proposer, 9)
         assert ids == expected, (name, text, k, jacobi)
         # 96% agreement: a fixed K must cut the target's passes. A learned K is timed and may rightly
@@ -477,7 +478,7 @@ def test_a_chain_after_a_forced_run_continues_it(backend):
     target = backend("llama")
     prompt = [5, 17, 33]
     expected = greedy(target, prompt, 12)
-    with DraftProposer(target, 64, k=4) as proposer:  # the target drafts for itself: its chain is greedy's
+    with DraftProposer(target, 64, DraftConfig(length=4)) as proposer:  # the target drafts for itself: its chain is greedy's
         proposer.start(prompt, expected[0])
         run = expected[1:3]
         assert proposer.offer(8, after=run).guesses[0].accept == (proposer.length.p,) * 4
