@@ -100,7 +100,7 @@ class OrtBackend(Backend):
     def spare_entries(self) -> int:
         """Cache entries past the capacity that a pass may write: the in-place graph's extra attention row,
         a pad row."""
-        return int(self.graph == INPLACE and attention_extra_row(self.manifest)) + int(self.pad_rows)
+        return int(self.graph == INPLACE and self.manifest.attention_extra_row) + int(self.pad_rows)
 
     def _check_graph(self) -> None:
         layers = self.manifest.architecture.num_layers
@@ -143,16 +143,9 @@ def int8_activations(manifest: Manifest) -> bool:
     own greedy on 2 of 12 bench prompts), and a side branch's masked gap changes the rounding of its
     attention sums on either graph (BackendLimits.branches). The portable graph's rows of one chain are
     bitwise those of one-token passes at every window, and so are the in-place graph's when its attention
-    never takes the one-row path (`attention_extra_row`). So `auto` runs such artifacts on the in-place
+    never takes the one-row path (`Manifest.attention_extra_row`). So `auto` runs such artifacts on the in-place
     graph only when it has the extra row (else on the portable one), and their windows one chain: exact first."""
     return manifest.accuracy_level == 4
-
-
-def attention_extra_row(manifest: Manifest) -> bool:
-    """The in-place graph's GroupQueryAttention runs one extra query row (exporter/gqa_rows.py), so its
-    windows are bitwise one-token passes at level 4 too; its cache needs one spare entry, which the
-    extra row's key and value are written into when a window ends at the capacity."""
-    return manifest.attention_extra_row
 
 
 def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
@@ -165,7 +158,7 @@ def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
         raise BackendError(f"graph must be auto, {PORTABLE} or {INPLACE}, not {graph!r}")
     has_inplace = INPLACE in manifest.graphs
     if graph == "auto":
-        exact = not int8_activations(manifest) or attention_extra_row(manifest)
+        exact = not int8_activations(manifest) or manifest.attention_extra_row
         return INPLACE if has_inplace and device == "cpu" and exact else PORTABLE
     if graph == INPLACE and not has_inplace:
         skipped = manifest.inplace_skipped
