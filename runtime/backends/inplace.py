@@ -233,17 +233,7 @@ class OrtInplaceContext(BackendContext):
 
     def commit_rows(self, rows: list[int], row: int | None = None) -> None:
         """Keep the last window's entries `rows` (ascending, distinct) of batch row `row` (every row when None)."""
-        window = self.pending
-        if any(not 0 <= r < window for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
-            raise BackendError(f"commit_rows({list(rows)}) needs ascending, distinct rows of the last window of {window}")
-        targets = range(*self._rows) if row is None else [row]
-        keep = np.asarray(rows, dtype=np.int64)
-        if list(rows) != list(range(len(rows))):
-            for b in targets:
-                self._gather(b, keep)
-        for b in targets:
-            self.lengths[b] += len(rows)
-        self.pending = 0
+        self.commit_each([list(rows) if row in (None, b) else [] for b in range(*self._rows)])
 
     def trim(self, length) -> None:
         """Rewind to `length` entries: one length for every row, or one per row."""
