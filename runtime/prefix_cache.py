@@ -76,12 +76,7 @@ class PrefixCache:
         if not self.enabled:
             return Choice(first, 0, None)
         self.queries += 1
-        best, best_n = None, 0
-        for slot in idle:
-            kept = self.kept.get(slot)
-            n = 0 if kept is None else matched_prefix(kept.tokens, prompt)
-            if n > best_n:
-                best, best_n = slot, n
+        best, best_n = longest_prefix(prompt, [(slot, self.kept[slot].tokens) for slot in idle if slot in self.kept])
         reuse = min(best_n, len(prompt) - 1)
         free = [slot for slot in idle if slot not in self.kept]
         # A hit that would throw away more of a kept conversation than it reuses waits for the slots to run out.
@@ -127,8 +122,8 @@ class KeptContexts:
     def take(self, prompt: Sequence[int], capacity: int, open_context) -> tuple[Any, PrefixCache]:
         """A context of at least `capacity` for `prompt`, and the one-slot cache the batcher seats the row with."""
         with self._lock:
-            scored = [(matched_prefix(kept.tokens, prompt), i) for i, (_, kept) in enumerate(self.entries)]
-            n, i = max(scored, default=(0, -1))
+            latest_first = [(i, kept.tokens) for i, (_, kept) in reversed(list(enumerate(self.entries)))]
+            i, n = longest_prefix(prompt, latest_first)
             hit = min(n, len(prompt) - 1) >= self.config.min_tokens
             ctx, kept = self.entries.pop(i) if hit else (None, None)
         cache = PrefixCache(config=self.config)
@@ -167,6 +162,17 @@ class KeptContexts:
         for ctx, kept in entries:
             ctx.close()
             _close(kept)
+
+
+def longest_prefix(prompt: Sequence[int], candidates: list[tuple[Any, list[int]]]) -> tuple[Any, int]:
+    """Of `candidates` (key, tokens), the key sharing the longest prefix with `prompt` (the first of equals)
+    and that prefix's length; (None, 0) when none shares a token. PrefixCache.choose and KeptContexts.take."""
+    best, best_n = None, 0
+    for key, tokens in candidates:
+        n = matched_prefix(tokens, prompt)
+        if n > best_n:
+            best, best_n = key, n
+    return best, best_n
 
 
 def _close(kept: Kept) -> None:
