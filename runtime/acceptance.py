@@ -99,6 +99,11 @@ class Rate:
         """Chance that a guess is right given the guesses before it were (geometric model)."""
         return self.right / self.tried
 
+    def observe(self, right: int, tried: int, decay: float) -> None:
+        """One pass's guesses: `tried` up to and including the first wrong one, `right` of them right."""
+        self.right = self.right * decay + right
+        self.tried = self.tried * decay + tried
+
 
 @dataclass
 class AcceptanceTracker:
@@ -131,7 +136,4 @@ class AcceptanceTracker:
         tried = right + (right < min(len(candidate.tokens), len(committed)))
         if tried == 0:
             return
-        rate = self.rate(candidate.source, candidate.match_len)
-        decay = self.config.decay
-        rate.right = rate.right * decay + right
-        rate.tried = rate.tried * decay + tried
+        self.rate(candidate.source, candidate.match_len).observe(right, tried, self.config.decay)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .acceptance import PassCosts, matched_prefix
+from .acceptance import PassCosts, Rate, matched_prefix
 from .allocator import Allocation, Guess, Offer
 from .backends.base import PREFILL_CHUNK, Backend
 from .config import DEFAULTS, DraftConfig
@@ -75,17 +75,16 @@ class DraftLength:
 
     costs: PassCosts = field(default_factory=PassCosts)  # target pass costs, learned on this machine
     config: DraftConfig = field(default_factory=DraftConfig)  # priors, decay, margin, probes (runtime.config)
-    right: float = 0.0
-    tried: float = 0.0
+    acceptance: Rate = field(init=False)  # per draft token, from the config's prior
     draft_seconds: float | None = None  # one draft pass
     idle: int = 0  # target passes since the draft last proposed
 
     def __post_init__(self) -> None:
-        self.right, self.tried = self.config.prior_acceptance * self.config.prior_weight, self.config.prior_weight
+        self.acceptance = Rate(self.config.prior_acceptance * self.config.prior_weight, self.config.prior_weight)
 
     @property
     def p(self) -> float:
-        return self.right / self.tried
+        return self.acceptance.p
 
     @property
     def relative_cost(self) -> float:
@@ -111,10 +110,7 @@ class DraftLength:
         self.idle = 0 if k else self.idle + 1
 
     def observe_acceptance(self, sent: int, accepted: int) -> None:
-        """A guess is tried up to and including the first wrong one."""
-        decay = self.config.decay
-        self.right = self.right * decay + accepted
-        self.tried = self.tried * decay + accepted + (accepted < sent)
+        self.acceptance.observe(accepted, accepted + (accepted < sent), self.config.decay)
 
     def observe_draft(self, seconds: float) -> None:
         self.draft_seconds = _average(self.draft_seconds, seconds, self.config.smoothing)
