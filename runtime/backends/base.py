@@ -104,9 +104,12 @@ class BackendContext(ABC):
         Must be followed by commit(n) before the next forward.
         """
 
-    @abstractmethod
     def commit(self, n: int) -> None:
         """Keep the KV of the last window's first n entries (0 <= n <= W); the rest are dropped."""
+        if not 0 <= n <= self.pending:
+            raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
+        old, self.pending = self.length + self.pending + self.padding, 0
+        self._compact(old, self.length + n)
 
     def commit_rows(self, rows: list[int]) -> None:
         """Keep the KV of the last window's entries `rows` (ascending, distinct), in that order.
@@ -115,9 +118,17 @@ class BackendContext(ABC):
         """
         raise BackendError(f"{type(self).__name__} cannot gather window rows; verify a single branch and commit(n)")
 
-    @abstractmethod
     def trim(self, length: int) -> None:
         """Rewind the committed cache to its first `length` entries."""
+        if self.pending:
+            raise BackendError("trim() while a window is pending; commit(n) it first")
+        if not 0 <= length <= self.length:
+            raise BackendError(f"trim({length}) is outside the committed cache of {self.length} entries")
+        self._compact(self.length, length)
+
+    def _compact(self, old: int, new: int) -> None:
+        """Keep the first `new` of the `old` cache entries the current buffers hold (commit and trim)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps entries its own way")
 
     # -- the row contract (runtime/batcher.py): a context of one row; OrtInplaceContext holds many ------
 

@@ -112,31 +112,21 @@ def kept_runs(past: int, window: int, rows: list[int]) -> list[tuple[int, int]]:
 
 
 class DeviceKVContext(BackendContext):
-    """commit / commit_rows / trim / kv on a DeviceKV; the backend's forward() binds
-    `self._kv.addresses(self._current, past)` as the past and the other side as the present, then
-    flips `self._current`, so after a pass the current side holds length + pending entries."""
+    """commit / commit_rows / trim (BackendContext's, through `_compact`) / kv on a DeviceKV; the backend's
+    forward() binds `self._kv.addresses(self._current, past)` as the past and the other side as the
+    present, then flips `self._current`, so after a pass the current side holds length + pending entries."""
 
     _kv: DeviceKV
     _current: int
     kv_dtype: np.dtype
-
-    def commit(self, n: int) -> None:
-        if not 0 <= n <= self.pending:
-            raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
-        old, self.pending = self.length + self.pending + self.padding, 0
-        self._keep(old, [(0, self.length + n)])
 
     def commit_rows(self, rows: list[int]) -> None:
         runs = kept_runs(self.length, self.pending, rows)
         old, self.pending = self.length + self.pending + self.padding, 0
         self._keep(old, runs)
 
-    def trim(self, length: int) -> None:
-        if self.pending:
-            raise BackendError("trim() while a window is pending; commit(n) it first")
-        if not 0 <= length <= self.length:
-            raise BackendError(f"trim({length}) is outside the committed cache of {self.length} entries")
-        self._keep(self.length, [(0, length)] if length else [])
+    def _compact(self, old: int, new: int) -> None:
+        self._keep(old, [(0, new)] if new else [])
 
     def _keep(self, old: int, runs: list[tuple[int, int]]) -> None:
         self._check_open()

@@ -283,13 +283,6 @@ class OrtContext(BackendContext):
             bind_in(inp, dtype, shape_past, src + offset)
             bind_out(out, dtype, shape_total, dst + offset)
 
-    def commit(self, n: int) -> None:
-        if not 0 <= n <= self.pending:
-            raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
-        old = self.length + self.pending + self.padding
-        self.pending = 0
-        self._compact(old, self.length + n)
-
     def commit_rows(self, rows: list[int]) -> None:
         window = self.pending
         if list(rows) == list(range(len(rows))):
@@ -305,13 +298,6 @@ class OrtContext(BackendContext):
             blocks[:, past : past + len(rows)] = blocks[:, keep]  # the gather reads a copy: W rows, not the cache
         self.pending = 0
         self._compact(old, past + len(rows))
-
-    def trim(self, length: int) -> None:
-        if self.pending:
-            raise BackendError("trim() while a window is pending; commit(n) it first")
-        if not 0 <= length <= self.length:
-            raise BackendError(f"trim({length}) is outside the committed cache of {self.length} entries")
-        self._compact(self.length, length)
 
     def _compact(self, old: int, new: int) -> None:
         """[B*H, old, D] -> [B*H, new, D] in every row of the current side: block bh moves down."""
