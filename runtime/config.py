@@ -267,6 +267,8 @@ LOAD_FIELDS = frozenset(path for path, f in _LEAVES if f.metadata["load"])
 def with_hint(name: str) -> str:
     """An unknown field's name, with the field it was probably meant to be (the flat names before the groups:
     draft_max_length -> draft.max_length)."""
+    if name in GROUPS:
+        return f"{name} (a group: set its fields, {', '.join(path for path in FIELDS if path.startswith(name + '.'))})"
     close = difflib.get_close_matches(name, FIELDS, 1, 0.6)
     return f"{name} (did you mean {close[0]}?)" if close else name
 

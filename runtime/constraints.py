@@ -366,7 +366,7 @@ class Matcher:
             origin.append(index)
         if guesses or not forced:
             return ConstrainedOffer(replace(offer, guesses=tuple(guesses)), tuple(origin), forced)
-        sure = Guess(accept=(1.0,) * run, tokens=forced, margin=0.0)
+        sure = Guess(accept=(1.0,) * run, tokens=forced, margin=0.0, free=run)
         return ConstrainedOffer(Offer((sure,)), (None,), forced)
 
     def mask(self) -> np.ndarray:

@@ -7,6 +7,8 @@ the rows' offers pay for it:
 
     value(W) = sum_b expected_b(W) / (cost(k, W) + sum_b production_b(W))
 
+over W in {1, 2, 4, 8, 16, 32, the widest asked} and each row's sure width (`Bid.sure`: the window that
+holds a grammar's forced run, where that row's expected tokens step by its whole run).
 expected_b(W) and production_b(W) are the expected committed tokens and guess-production cost of
 what row b would send in min(W, wanted_b) tokens: its proposer's offer cut by the allocator
 (runtime.allocator.allocate, the rule a single generation uses), for every strategy (a union's
@@ -45,6 +47,12 @@ class Bid:
             self._memo[w] = allocation.expected, allocation.production
         return self._memo[w]
 
+    @property
+    def sure(self) -> int:
+        """The window holding its offer's sure run after the last token (`Guess.free`: a grammar's forced tokens,
+        right by construction): every width below it leaves some of the run for later passes."""
+        return min(self.want, 1 + max((guess.free for guess in self.offer.guesses), default=0))
+
 
 @dataclass
 class PassBudget:
@@ -62,7 +70,7 @@ class PassBudget:
             return bids[0].want  # a lone row decodes exactly as a single generation would
         k, widest = len(bids), max(bid.want for bid in bids)
         best, best_value = 1, -1.0
-        for w in sorted({1, 2, 4, 8, 16, 32, widest} - {0}):
+        for w in sorted({1, 2, 4, 8, 16, 32, widest, *(bid.sure for bid in bids)} - {0}):
             if w > widest:
                 continue
             gain = production = 0.0

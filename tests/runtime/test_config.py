@@ -42,6 +42,7 @@ def test_the_fields_are_grouped_by_the_method_they_tune():
     ({"windoww": 4}, "unknown decoding config field\\(s\\) windoww \\(did you mean window\\?\\); the fields are window, "),
     ({"draft_max_length": 4}, "draft_max_length \\(did you mean draft.max_length\\?\\)"),  # the flat names of before
     ({"lookahead": {"brunches": 1}}, "lookahead.brunches \\(did you mean lookahead.branches\\?\\)"),
+    ({"draft": 4}, "draft \\(a group: set its fields, draft.max_length, draft.length, "),  # a group given a value
 ])
 def test_bad_fields_are_refused_with_what_to_do(overrides, message):
     with pytest.raises(InputError, match=message):

@@ -78,3 +78,19 @@ def test_the_width_follows_the_rows_offers():
 def test_a_guess_producers_own_cost_counts_against_a_wider_pass():
     assert budget().decode_window([offering(8, 0.7)] * 4) > 1
     assert budget().decode_window([offering(8, 0.7, cost=1.0)] * 4) == 1  # a draft as slow as the target
+
+
+def forced(want: int, run: int, p: float = 0.05) -> Bid:
+    """A constrained row whose grammar forces `run` tokens next (runtime.constraints.Matcher.constrain's offer:
+    right with chance 1 and free), its proposer's guesses past the run rarely right."""
+    return Bid(want, Offer((Guess((1.0,) * run + (p,) * (want - 1 - run), free=run, margin=0.03),), margin=0.03), SOLO)
+
+
+def test_a_forced_run_widens_the_pass_to_just_hold_it():
+    # two rows (priors: 2 x 1 tokens 1.09, 2 x 2 1.27, 2 x 3 1.48, 2 x 4 1.68 W=1 passes): the run of 2 gives
+    # 2 / 1.09 = 1.8 tokens a unit at W=1, 3 / 1.27 = 2.4 at W=2, 4 / 1.48 = 2.7 at W=3, 4 / 1.68 = 2.4 at W=4:
+    # W=1 would ignore the run's value, W=2 or 4 (the grid) cut it or pad past it
+    assert budget().decode_window([forced(8, 2), offering(8, 0.05)]) == 3
+    assert forced(8, 2).sure == 3 and forced(4, 6).sure == 4 and offering(8, 0.9).sure == 1
+    # 16 rows, half holding runs of 4: 40 tokens / 6.8 at W=4 < 16 / 2.5 at W=1; the padded pass costs every row
+    assert budget().decode_window([forced(8, 4)] * 8 + [offering(8, 0.05)] * 8) == 1

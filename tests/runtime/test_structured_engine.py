@@ -144,6 +144,32 @@ def test_constrained_and_free_rows_share_passes_and_equal_their_solo_runs(loaded
             assert result.ids == oracle(gen, prompt, params.constraint, 32, None if params.sampling.greedy else params.sampling)
 
 
+def test_a_batch_widens_for_a_constrained_rows_forced_run(loaded):
+    """A constrained row whose grammar forces its whole answer (one choice: 14 tokens) beside a free greedy row (a
+    window of 1): the batch's pass widens to hold the run (runtime.scheduler's Bid.sure) and the row commits it in
+    that pass; both rows equal their solo runs. A budget that ignored the run's value would decode both at width 1."""
+    gen = loaded("llama")
+    choice = Constraint.choice(["the quick brown fox jumps over the lazy dog"])
+    prompts = [gen.tokenizer.encode(text, add_special_tokens=False) for text in ("a pick:", "the cat sat on the mat")]
+    requests = [GenerationParams(max_new_tokens=32, strategy="lookahead", constraint=choice),
+                GenerationParams(max_new_tokens=32, strategy="greedy")]
+    batcher = gen._batcher(2)
+    widths = []  # decoding passes of both rows
+    batcher.stats.observers.append(lambda r: widths.append(r.window) if r.kind == "decode" and r.rows == 2 else None)
+    try:
+        runs = [gen._on_batcher(batcher, gen._request(p, None, False, q)) for p, q in zip(prompts, requests)]
+        while any(not row.finished for row, _ in runs):
+            batcher.step()
+        results = [_drained(pieces) for _, pieces in runs]
+    finally:
+        batcher.close()
+    run = len(gen.grammars().matcher(choice).forced())
+    assert run > 8 and widths[0] == run  # the first token came from the prefill: the other run - 1 and the EOS
+    assert results[0].stats.target_passes <= 2  # the run in one pass (and its EOS, committed without a pass)
+    for prompt, q, result in zip(prompts, requests, results):
+        assert result.ids == gen.generate(prompt, params=q).ids
+
+
 def _drained(pieces):
     while True:
         try:
