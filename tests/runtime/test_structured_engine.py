@@ -127,16 +127,8 @@ def test_constrained_and_free_rows_share_passes_and_equal_their_solo_runs(loaded
                 GenerationParams(max_new_tokens=32, strategy="lookahead"),
                 GenerationParams(max_new_tokens=32, strategy="jacobi", constraint=CONSTRAINTS[2], sampling=SEEDED),
                 GenerationParams(max_new_tokens=32, strategy="greedy", sampling=SEEDED)]
-    batcher = gen._batcher(4)
     mixed = []  # decoding passes whose rows were constrained and free
-    batcher.stats.observers.append(lambda record: mixed.append(record.rows) if record.kind == "decode" else None)
-    try:
-        runs = [gen._on_batcher(batcher, gen._request(p, None, False, params)) for p, params in zip(prompts, requests)]
-        while any(not row.finished for row, _ in runs):
-            batcher.step()
-        batched = [_drained(pieces) for _, pieces in runs]
-    finally:
-        batcher.close()
+    batched = _batched(gen, prompts, requests, lambda record: mixed.append(record.rows) if record.kind == "decode" else None)
     assert max(mixed) >= 3  # constrained and free rows were in one pass
     for prompt, params, result in zip(prompts, requests, batched):
         assert result.ids == gen.generate(prompt, params=params).ids, params
@@ -153,21 +145,27 @@ def test_a_batch_widens_for_a_constrained_rows_forced_run(loaded):
     prompts = [gen.tokenizer.encode(text, add_special_tokens=False) for text in ("a pick:", "the cat sat on the mat")]
     requests = [GenerationParams(max_new_tokens=32, strategy="lookahead", constraint=choice),
                 GenerationParams(max_new_tokens=32, strategy="greedy")]
-    batcher = gen._batcher(2)
     widths = []  # decoding passes of both rows
-    batcher.stats.observers.append(lambda r: widths.append(r.window) if r.kind == "decode" and r.rows == 2 else None)
-    try:
-        runs = [gen._on_batcher(batcher, gen._request(p, None, False, q)) for p, q in zip(prompts, requests)]
-        while any(not row.finished for row, _ in runs):
-            batcher.step()
-        results = [_drained(pieces) for _, pieces in runs]
-    finally:
-        batcher.close()
+    results = _batched(gen, prompts, requests, lambda r: widths.append(r.window) if r.kind == "decode" and r.rows == 2 else None)
     run = len(gen.grammars().matcher(choice).forced())
     assert run > 8 and widths[0] == run  # the first token came from the prefill: the other run - 1 and the EOS
     assert results[0].stats.target_passes <= 2  # the run in one pass (and its EOS, committed without a pass)
     for prompt, q, result in zip(prompts, requests, results):
         assert result.ids == gen.generate(prompt, params=q).ids
+
+
+def _batched(gen, prompts, requests, observer):
+    """Each prompt with its params as one row of one batcher, stepped until every row finishes; `observer`
+    sees every pass's record. -> each row's result."""
+    batcher = gen._batcher(len(prompts))
+    batcher.stats.observers.append(observer)
+    try:
+        runs = [gen._on_batcher(batcher, gen._request(p, None, False, params)) for p, params in zip(prompts, requests)]
+        while any(not row.finished for row, _ in runs):
+            batcher.step()
+        return [_drained(pieces) for _, pieces in runs]
+    finally:
+        batcher.close()
 
 
 def _drained(pieces):
