@@ -32,6 +32,7 @@ Without --url it starts `jacobi-rt serve ARTIFACT --max-batch CLIENTS` itself (l
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import statistics
@@ -128,7 +129,7 @@ def main(artifact, draft, url, clients, rounds, pairing, strategy, prefix_cache,
         raise click.BadParameter(f"the extraction set has {len(items)} items: at most {2 * len(items)} clients")
     base = {"max_tokens": max_tokens, "temperature": 0, "jacobi": {"strategy": strategy}}
     extra = (["--draft", draft] if draft else []) + ([] if prefix_cache else ["--no-prefix-cache"])
-    server = local_server(artifact, 64, threads, None, max_batch=clients, extra=extra) if url is None else _given(url)
+    server = local_server(artifact, 64, threads, None, max_batch=clients, extra=extra) if url is None else contextlib.nullcontext(url)
     with server as url:
         paired = (schema_pairs if pairing == "schema" else same_text_pairs)(url, items, base, pairs)
         click.echo(f"solo: {len(paired)} pairs, each side alone", err=True)
@@ -238,19 +239,6 @@ def table(rows: list[dict]) -> str:
 
 def _over(loaded: float, alone: float) -> str:
     return f"{loaded / alone:.2f}" if alone else "n/a"
-
-
-class _given:
-    """A server already running, as a context like local_server's."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def __enter__(self) -> str:
-        return self.url
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 if __name__ == "__main__":
