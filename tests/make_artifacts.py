@@ -17,6 +17,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -93,31 +94,37 @@ def export_tiny(family: str, outdir: Path) -> None:
     export_draft(family, outdir / f"{family}-draft1")
 
 
-def _run(job) -> str:
+class Job(NamedTuple):
+    name: str
+    function: Callable
+    args: tuple
+    after: str | None = None  # the job whose artifact this one reads
+
+
+def _run(job: Job) -> str:
     """One job in a worker process: exports are mostly one-threaded Python (tracing), so two workers
     on two cores take about half the time; each worker's torch keeps to one thread."""
     import torch
 
     torch.set_num_threads(1)
-    name, function, args, _ = job
-    function(*args)
-    return name
+    job.function(*job.args)
+    return job.name
 
 
-def jobs(outdir: Path, smollm2: bool) -> list[tuple]:
-    """(name, function, args, the job it waits for) for every artifact, the longest first."""
+def jobs(outdir: Path, smollm2: bool) -> list[Job]:
+    """Every artifact's export, the longest first."""
     listed = []
     if smollm2:
-        listed.append((SMOLLM2, export_smollm2, (outdir / SMOLLM2,), None))
-        listed += [(name, export_smollm2_variant, (name, outdir), options.get("graphs_from"))
+        listed.append(Job(SMOLLM2, export_smollm2, (outdir / SMOLLM2,)))
+        listed += [Job(name, export_smollm2_variant, (name, outdir), options.get("graphs_from"))
                    for name, options in SMOLLM2_VARIANTS.items()]
-    listed += [(family, export_tiny, (family, outdir), None) for family in FAMILIES]
-    listed.append(("llama-othervocab-draft1", export_draft, ("llama", outdir / "llama-othervocab-draft1", True), None))
-    listed.append((TINY_GGUF, export_tiny_gguf, (outdir / TINY_GGUF,), None))
+    listed += [Job(family, export_tiny, (family, outdir)) for family in FAMILIES]
+    listed.append(Job("llama-othervocab-draft1", export_draft, ("llama", outdir / "llama-othervocab-draft1", True)))
+    listed.append(Job(TINY_GGUF, export_tiny_gguf, (outdir / TINY_GGUF,)))
     return listed
 
 
-def run_parallel(todo: list[tuple], workers: int, outdir: Path) -> None:
+def run_parallel(todo: list[Job], workers: int, outdir: Path) -> None:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -125,9 +132,11 @@ def run_parallel(todo: list[tuple], workers: int, outdir: Path) -> None:
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         running: set = set()
         while todo or running:
-            ready = [job for job in todo if job[3] is None or job[3] in done]
+            ready = [job for job in todo if job.after is None or job.after in done]
             todo = [job for job in todo if job not in ready]
             running |= {pool.submit(_run, job) for job in ready}
+            if not running:
+                raise RuntimeError(f"{[job.name for job in todo]} wait for jobs that are not listed")
             finished, running = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 done.add(future.result())
@@ -143,9 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     todo = jobs(args.outdir, args.smollm2)
     if args.jobs > 1:
         return run_parallel(todo, args.jobs, args.outdir)
-    for name, function, job_args, _ in todo:
-        print(f"exporting {name} -> {args.outdir}", flush=True)
-        function(*job_args)
+    for job in todo:
+        print(f"exporting {job.name} -> {args.outdir}", flush=True)
+        job.function(*job.args)
 
 
 if __name__ == "__main__":
