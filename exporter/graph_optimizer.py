@@ -20,6 +20,14 @@ def _default(node):
     return None  # onnxscript's own folding rules for every node
 
 
+def _folding(constant_folding):
+    """onnxscript's constant folding pass, with the settings its optimize_ir uses."""
+    return constant_folding.FoldConstantsPass(shape_inference=True,
+                                              input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+                                              output_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+                                              should_fold=_default)
+
+
 def _internals():
     """onnxscript's pass pieces, or None where this onnxscript lacks them."""
     try:
@@ -45,9 +53,7 @@ def rules_that_fire(model) -> list | None:
     copy = model.clone()
     fired = []
     for _ in range(1 + ROUNDS):  # a rule may only match after another fired
-        constant_folding.FoldConstantsPass(shape_inference=True, input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-                                           output_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-                                           should_fold=_default)(copy)
+        _folding(constant_folding)(copy)
         new = [rule for rule in rewriter._DEFAULT_REWRITE_RULES
                if rule not in fired and pattern.RewriteRuleSet([rule]).apply_to_model(copy)]
         if not new:
@@ -68,9 +74,7 @@ def optimize(model, rules: list | None) -> None:
     import onnx_ir as ir
 
     common_passes, onnx_fusions, rewriter, constant_folding, _ = parts
-    step = [constant_folding.FoldConstantsPass(shape_inference=True, input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-                                               output_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-                                               should_fold=_default)]
+    step = [_folding(constant_folding)]
     if rules:
         step.append(rewriter.RewritePass(rules))
     step += [common_passes.RemoveUnusedNodesPass(), common_passes.RemoveUnusedFunctionsPass(), common_passes.RemoveUnusedOpsetsPass()]
