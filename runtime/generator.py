@@ -479,8 +479,10 @@ class Generator:
 
     def _row(self, request: Request, capacity: int, max_context: int) -> Row:
         sampler = Sampler(request.sampling, len(request.prompt_ids))
+        # each pass's window: adaptive between 1 and the window for plain Jacobi without a window, else fixed
+        policy = AdaptiveWindow(request.window, request.config.jacobi) if request.adaptive else FixedWindow(request.window)
         return Row(request.prompt_ids, request.max_new_tokens, self._proposer(request, capacity), sampler,
-                   _policy(request), set(self.manifest.tokens.eos_ids), max_context, request.matcher)
+                   policy, set(self.manifest.tokens.eos_ids), max_context, request.matcher)
 
     def _pieces(self, row: Row, request: Request, batches: Iterator[list[int]], started: float) -> Iterator[str]:
         """The row's text pieces ("" for a pass without text, so a caller can stop between passes); ends at
@@ -541,11 +543,6 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _policy(request: Request) -> AdaptiveWindow | FixedWindow:
-    """Each pass's window: adaptive between 1 and the window for plain Jacobi without a window, else fixed."""
-    return AdaptiveWindow(request.window, request.config.jacobi) if request.adaptive else FixedWindow(request.window)
-
-
 def _drain(pieces: Iterator[str]) -> GenerationResult:
     while True:
         try:
@@ -576,26 +573,16 @@ def _closing_texts(text: "_StopText", detok: Detokenizer) -> Iterator[str]:
 
 
 def _result(request: Request, row: Row, ids: list[int], started: float, text: "_StopText") -> GenerationResult:
-    stats = _stats(request, row, len(ids), started)
-    if text.stopped:
-        stats.finish_reason = "stop"
-    sampler = row.sampler
-    stats.seed = sampler.params.seed if sampler.params.sampled else None
-    logprobs = sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
-    return GenerationResult(ids, text.text, stats, logprobs)
-
-
-def _stats(request: Request, row: Row, new_tokens: int, started: float) -> Stats:
     wall = time.perf_counter() - started
-    progress, session = row.progress, row.session_seconds
+    progress, session, sampling = row.progress, row.session_seconds, row.sampler.params
     decode_seconds = max(wall - progress.prefill_seconds, 1e-9)
-    return Stats(
+    stats = Stats(
         strategy=request.strategy,
         window=request.window,
         adaptive=request.adaptive,
         prompt_tokens=len(request.prompt_ids),
-        new_tokens=new_tokens,
-        finish_reason=progress.finish_reason,
+        new_tokens=len(ids),
+        finish_reason="stop" if text.stopped else progress.finish_reason,
         prefill_passes=progress.prefill_passes,
         target_passes=progress.target_passes,
         tokens_per_pass=round(progress.accepted / progress.target_passes, 3) if progress.target_passes else 0.0,
@@ -603,12 +590,15 @@ def _stats(request: Request, row: Row, new_tokens: int, started: float) -> Stats
         prefill_seconds=round(progress.prefill_seconds, 4),
         session_seconds=round(session, 4),
         overhead_share=round(max(wall - session, 0.0) / wall, 4) if wall > 0 else 0.0,
-        decode_tokens_per_second=round(max(new_tokens - 1, 0) / decode_seconds, 2),
+        decode_tokens_per_second=round(max(len(ids) - 1, 0) / decode_seconds, 2),
         proposer=dict(row.proposer.stats),
+        seed=sampling.seed if sampling.sampled else None,
         exactness=request.exactness,
         cached_tokens=row.cached,
         constraint=None if row.matcher is None else _constraint_stats(row.matcher),
     )
+    logprobs = row.sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
+    return GenerationResult(ids, text.text, stats, logprobs)
 
 
 def _constraint_stats(matcher: Matcher) -> dict:

@@ -30,7 +30,7 @@ TINY_GGUF = "llama-gguf-q4_1"  # level-4 weights: what runtime/backends/exact_ro
 
 def export_family(family: str, out: Path) -> Path:
     """Tiny random `family` model -> artifact folder `out` (replaced if present)."""
-    from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.exporter import export
 
     with tempfile.TemporaryDirectory(prefix=f"tiny-{family}-") as source:
         tiny_models.make_tiny_model(family, Path(source) / family)
@@ -64,7 +64,7 @@ def export_tiny_gguf(out: Path) -> Path:
 
 
 def export_smollm2(out: Path) -> Path:
-    from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.exporter import export
 
     export(SMOLLM2, out, overwrite=True)
     return out
