@@ -533,11 +533,6 @@ class Batcher:
     def _choose(self) -> tuple[str, range, int]:
         """The pass's kind, its rows (a range of slots) and its width."""
         lengths = self.ctx.lengths
-        if len(self.rows) == 1:  # alone: the row's own prompt chunk or window
-            row = self.rows[0]
-            if row.prefilling:
-                return "prefill", range(1), min(self.prefill_chunk, len(row.prompt) - row.fed)
-            return "decode", range(1), self.budget.decode_window([row.bid(int(lengths[0]))])
         prefill = [r.slot for r in self.rows if r.prefilling]
         decode = [r.slot for r in self.rows if not r.prefilling]
         if prefill and (not decode or self._prefill_turn):
