@@ -201,18 +201,15 @@ class LookaheadProposer(Proposer):
         self.pool.extend([*prompt, first])
         self.trajectory, self.pending, self.after = [], [], []
 
-    def candidates(self, k: int, after: Sequence[int] = ()) -> list[Candidate]:
-        """Every source's candidates for the k tokens after the committed ones followed by `after`."""
-        n = self.lookup.n_max
-        tail = [*self.lookup.tokens[-n:], *after][-n:]
-        found = self.lookup.lookup(tail, k, self.branches) + self.pool.lookup(tail[-2:], k, self.branches)
-        if trajectory := _past(self.trajectory, after):
-            found.append(Candidate(trajectory[:k], "jacobi", 0))
-        return found
-
     def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
-        self.after = list(after)
-        self.pending = self.candidates(limit, after) if limit > 0 else []
+        """Every source's candidates for the `limit` tokens after the committed ones followed by `after`."""
+        self.after, self.pending, n = list(after), [], self.lookup.n_max
+        if limit > 0:
+            tail = [*self.lookup.tokens[-n:], *after][-n:]
+            self.pending = self.lookup.lookup(tail, limit, self.branches)
+            self.pending += self.pool.lookup(tail[-2:], limit, self.branches)
+            if trajectory := _past(self.trajectory, after):
+                self.pending.append(Candidate(trajectory[:limit], "jacobi", 0))
         rate = self.tracker.rate
         guesses = tuple(Guess((rate(c.source, c.match_len).p,) * len(c.tokens), tuple(c.tokens)) for c in self.pending)
         return Offer(guesses, self.branches, self.tracker.config.margin)
@@ -226,7 +223,13 @@ class LookaheadProposer(Proposer):
         tree, predictions, verdict = result.tree, result.predictions, result.verdict
         committed = verdict.committed
         own = _past(committed, self.after)  # what the pass committed past the forced run ([] if it left the run)
-        self._count_accepted(own, len(verdict.path) - len(self.after))
+        accepted = max(0, len(verdict.path) - len(self.after)) if own else 0  # of `own`, the guessed ones
+        self.stats["accepted"] += accepted
+        by_source = self.stats["accepted_by_source"]
+        for source, tokens in self.sent:
+            if accepted and tokens[:accepted] == own[:accepted]:
+                by_source[source] = by_source.get(source, 0) + accepted
+                break
         for candidate in self.pending if own else ():
             self.tracker.score(candidate, own)
         context = self.lookup.tokens[-2:]
@@ -236,18 +239,7 @@ class LookaheadProposer(Proposer):
         self.pool.extend(committed)
         # the trajectory past the accepted node: the predictions of its descendants along the first branch
         self.trajectory = _trajectory_after(tree, predictions, verdict)
-        self.pending = []
-
-    def _count_accepted(self, committed: list[int], accepted: int) -> None:
-        """committed: the pass's tokens past the forced run; accepted: how many of them were guesses."""
-        accepted = max(0, accepted) if committed else 0
-        self.stats["accepted"] += accepted
-        for source, tokens in self.sent:
-            if accepted and tokens[:accepted] == committed[:accepted]:
-                by_source = self.stats["accepted_by_source"]
-                by_source[source] = by_source.get(source, 0) + accepted
-                break
-        self.sent = []
+        self.pending, self.sent = [], []
 
 
 def _past(tokens: Sequence[int], run: Sequence[int]) -> list[int]:
@@ -344,12 +336,6 @@ class UnionProposer(Composite):
             part.update(result)
 
 
-@dataclass
-class ArmRecord:
-    losses: int = 0  # consecutive calls in which the arm was tried and was not the best
-    sit_out: int = 0  # calls it still skips
-
-
 class ArmHistory:
     """What `auto`'s arms did in earlier calls of one Generator, so a losing arm is not re-tried
     on every call. Trying a draft costs its prefill over the whole prompt, which on short
@@ -360,7 +346,8 @@ class ArmHistory:
 
     def __init__(self, max_sit_out: int = DEFAULTS.auto.max_sit_out) -> None:
         self.max_sit_out = max_sit_out
-        self.records: dict[str, ArmRecord] = {}
+        self.losses: dict[str, int] = {}  # per arm: consecutive calls in which it was tried and was not the best
+        self.sit_out: dict[str, int] = {}  # and the calls it still skips
         self._lock = threading.Lock()
 
     def admit(self, names: list[str]) -> list[str]:
@@ -368,9 +355,8 @@ class ArmHistory:
         with self._lock:
             admitted = names[:1]
             for name in names[1:]:
-                record = self.records.setdefault(name, ArmRecord())
-                if record.sit_out > 0:
-                    record.sit_out -= 1
+                if self.sit_out.get(name, 0) > 0:
+                    self.sit_out[name] -= 1
                 else:
                     admitted.append(name)
             return admitted
@@ -379,12 +365,8 @@ class ArmHistory:
         """After a call: the arms that got a fair trial, and the one that won (`AutoProposer.close`)."""
         with self._lock:
             for name in tried:
-                record = self.records.setdefault(name, ArmRecord())
-                if name == best:
-                    record.losses = record.sit_out = 0
-                else:
-                    record.losses += 1
-                    record.sit_out = min(2 ** (record.losses - 1), self.max_sit_out)
+                self.losses[name] = 0 if name == best else self.losses.get(name, 0) + 1
+                self.sit_out[name] = min(2 ** (self.losses[name] - 1), self.max_sit_out) if self.losses[name] else 0
 
 
 @dataclass
