@@ -384,6 +384,7 @@ class Matcher:
         width = len(tokens)
         bits = np.full((width, self.bridge.words), -1, dtype=np.int32)
         live = np.zeros(width, dtype=bool)
+        masks = Masks(bits, live, self.vocab_size)
         depth = np.zeros(width, dtype=np.int64)
         consumed = 0  # tokens consumed on top of the committed state: the current node's depth
         for node in range(width):
@@ -393,23 +394,22 @@ class Matcher:
             if node:
                 token = int(tokens[node])
                 depth[node] = depth[parent] + 1
-                if token in self.eos_ids or not self._allowed_bit(bits[parent], token):
+                if token in self.eos_ids or not masks.allows(parent, token):
                     continue  # an EOS ends the generation there: the row's pick is never committed
                 self._rollback(consumed - int(depth[parent]))
-                consumed = int(depth[parent])
                 if not self._m.consume_token(token):
                     raise ConstraintError(f"llguidance refused an allowed token {token}: {self._m.get_error()}")
-                consumed += 1
+                consumed = int(depth[node])
             elif self.ended:
                 continue
             live[node] = True
-            self._fill(bits[node])
+            self._m.unsafe_compute_mask_ptr(bits[node].ctypes.data, bits[node].nbytes)
         self._rollback(consumed)
-        seconds = time.perf_counter() - start
-        self.cost.seconds += seconds
+        masks.seconds = time.perf_counter() - start
+        self.cost.seconds += masks.seconds
         self.cost.rows += int(live.sum())
         self.cost.windows += 1
-        return Masks(bits, live, self.vocab_size, seconds)
+        return masks
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Advance past the tokens a pass committed (the Verdict's `committed`); an EOS ends the output."""
@@ -423,13 +423,6 @@ class Matcher:
                 self.ended = True
             elif not self._m.consume_token(token):
                 raise ConstraintError(f"token {token} committed against the grammar: {self._m.get_error()}")
-
-    def _fill(self, row: np.ndarray) -> None:
-        self._m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-
-    @staticmethod
-    def _allowed_bit(row: np.ndarray, token: int) -> bool:
-        return bool((int(row[token >> 5]) >> (token & 31)) & 1)
 
     def _rollback(self, n: int) -> None:
         if n and not self._m.rollback(n):
