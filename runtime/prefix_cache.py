@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from .acceptance import matched_prefix
 from .config import PrefixCacheConfig
+from .proposers import close_state
 
 
 @dataclass
@@ -65,7 +66,7 @@ class PrefixCache:
 
     def keep(self, slot: int, tokens: list[int], proposer: Any = None) -> None:
         if not self.config.guesses and proposer:
-            _close(Kept(tokens, proposer))
+            close_state(proposer)
             proposer = None
         if self.enabled and tokens:
             self.kept[slot] = Kept(tokens, proposer, next(self._clock))
@@ -90,7 +91,7 @@ class PrefixCache:
     def evict(self, slots: range) -> int:
         """Forget the least recently kept of `slots` (all kept); returns its slot."""
         oldest = min(slots, key=lambda slot: self.kept[slot].used)
-        _close(self.kept.pop(oldest))
+        close_state(self.kept.pop(oldest).proposer)
         return oldest
 
     def swap(self, a: int, b: int) -> None:
@@ -134,7 +135,7 @@ class KeptContexts:
             if bigger.load_prefix(ctx, n):
                 kept = Kept(kept.tokens[:n], kept.proposer, kept.used)
             else:
-                _close(kept)
+                close_state(kept.proposer)
                 kept = None
             ctx.close()
             ctx = bigger
@@ -154,14 +155,14 @@ class KeptContexts:
             del self.entries[: len(evicted)]
         for old, old_kept in evicted:
             old.close()
-            _close(old_kept)
+            close_state(old_kept.proposer)
 
     def close(self) -> None:
         with self._lock:
             entries, self.entries = self.entries, []
         for ctx, kept in entries:
             ctx.close()
-            _close(kept)
+            close_state(kept.proposer)
 
 
 def longest_prefix(prompt: Sequence[int], candidates: list[tuple[Any, list[int]]]) -> tuple[Any, int]:
@@ -173,9 +174,3 @@ def longest_prefix(prompt: Sequence[int], candidates: list[tuple[Any, list[int]]
         if n > best_n:
             best, best_n = key, n
     return best, best_n
-
-
-def _close(kept: Kept) -> None:
-    from .proposers import close_state
-
-    close_state(kept.proposer)
