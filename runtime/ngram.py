@@ -52,24 +52,21 @@ class PromptLookup:
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append committed tokens; indexes only the n-grams they complete."""
-        for token in tokens:
-            self._append(int(token))
-
-    def _append(self, token: int) -> None:
         seq = self.tokens
-        end = len(seq)  # the new token's position = where the continuation of n-grams ending just before starts
-        seq.append(token)
-        for n in range(self.n_min, min(self.n_max, end) + 1):
-            starts = self.index.setdefault(tuple(seq[end - n : end]), [])
-            # One position per distinct next token: the newest occurrence replaces an older one.
-            for i, start in enumerate(starts):
-                if seq[start] == token:
-                    del starts[i]
-                    break
-            starts.append(end)
-            if len(starts) > self.occurrences:
-                del starts[0]
-            self.work += 1
+        for token in map(int, tokens):
+            end = len(seq)  # the new token's position = where the continuation of n-grams ending just before starts
+            seq.append(token)
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                starts = self.index.setdefault(tuple(seq[end - n : end]), [])
+                # One position per distinct next token: the newest occurrence replaces an older one.
+                for i, start in enumerate(starts):
+                    if seq[start] == token:
+                        del starts[i]
+                        break
+                starts.append(end)
+                if len(starts) > self.occurrences:
+                    del starts[0]
+                self.work += 1
 
     def lookup(self, tail: Sequence[int] | None, k: int, limit: int = 1) -> list[Candidate]:
         """Up to `limit` distinct continuations (each up to k tokens) of the longest matching suffix of `tail`.
@@ -87,22 +84,17 @@ class PromptLookup:
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
             starts = self.index.get(tuple(tail[len(tail) - n :]), ())
             for start in reversed(starts):
-                tokens = self._continuation(start, k)
+                # Past the sequence's end, keep copying with the same offset: a match that overlaps the
+                # end is a repeat, and its continuation repeats too ("a b a b" -> "a b a b ...").
+                tokens = self.tokens[start : start + k]
+                while len(tokens) < k:
+                    tokens.append(tokens[start + len(tokens) - len(self.tokens)])
                 if tuple(tokens) not in seen:
                     seen.add(tuple(tokens))
                     found.append(Candidate(tokens, "prompt", n))
                     if len(found) == limit:
                         return found
         return found
-
-    def _continuation(self, start: int, k: int) -> list[int]:
-        # Past the sequence's end, keep copying with the same offset: a match that overlaps the
-        # end is a repeat, and its continuation repeats too ("a b a b" -> "a b a b ...").
-        seq, end = self.tokens, len(self.tokens)
-        out = seq[start : start + k]
-        while len(out) < k:
-            out.append(out[start + len(out) - end])
-        return out
 
 
 # ---------------------------------------------------------------------------------------------
