@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .allocator import cut
 from .config import CPU_PASS_COSTS, CostConfig, LookaheadConfig
 from .ngram import Candidate
 
