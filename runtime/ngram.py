@@ -54,7 +54,7 @@ class PromptLookup:
         """Append committed tokens; indexes only the n-grams they complete."""
         seq = self.tokens
         for token in map(int, tokens):
-            end = len(seq)  # the new token's position = where the continuation of n-grams ending just before starts
+            end = len(seq)  # the new token's position: where the continuation of the n-grams before it starts
             seq.append(token)
             for n in range(self.n_min, min(self.n_max, end) + 1):
                 starts = self.index.setdefault(tuple(seq[end - n : end]), [])
