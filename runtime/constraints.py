@@ -369,10 +369,6 @@ class Matcher:
         sure = Guess(accept=(1.0,) * run, tokens=forced, margin=0.0, free=run)
         return ConstrainedOffer(Offer((sure,)), (None,), forced)
 
-    def mask(self) -> np.ndarray:
-        """int32 [words]: the tokens allowed next (one row; for a one-token pass)."""
-        return self.masks([0], [-1]).bits[0]
-
     def masks(self, tokens: Sequence[int], parents: Sequence[int]) -> Masks:
         """The mask after each node of a window in depth-first order (runtime/tree.Tree's tokens and
         parents; node 0 the last committed token, which the state already holds).
