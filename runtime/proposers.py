@@ -24,7 +24,7 @@ from .allocator import Allocation, Guess, Offer, allocate
 from .config import DEFAULTS, AutoConfig, CostConfig
 from .ngram import Candidate, NgramPool, PromptLookup
 from .passes import PassResult
-from .tree import Tree, Verdict, leaf_paths
+from .tree import leaf_paths
 
 
 class Proposer(ABC):
@@ -35,7 +35,6 @@ class Proposer(ABC):
 
     def __init__(self) -> None:
         self.stats = {}
-        self.catchup_seconds = 0.0
 
     @abstractmethod
     def start(self, prompt: list[int], first: int) -> None:
@@ -237,8 +236,11 @@ class LookaheadProposer(Proposer):
             self.pool.observe(context, [tree.tokens[i] for i in branch[1:]], [int(predictions[i]) for i in branch])
         self.lookup.extend(committed)
         self.pool.extend(committed)
-        # the trajectory past the accepted node: the predictions of its descendants along the first branch
-        self.trajectory = _trajectory_after(tree, predictions, verdict)
+        # the trajectory past the accepted node: the predictions of its descendants along the first-listed branch
+        node, self.trajectory = (verdict.path[-1] if verdict.path else 0), []
+        first_child = {p: i for i, p in reversed(list(enumerate(tree.parents)))}
+        while (node := first_child.get(node)) is not None:
+            self.trajectory.append(int(predictions[node]))
         self.pending, self.sent = [], []
 
 
@@ -246,15 +248,6 @@ def _past(tokens: Sequence[int], run: Sequence[int]) -> list[int]:
     """`tokens` past `run` when they start with it (a forced run the pass committed), else []."""
     run = list(run)
     return list(tokens[len(run):]) if list(tokens[: len(run)]) == run else []
-
-
-def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> list[int]:
-    """Predictions along the first-listed branch below the accepted node (the Jacobi guesses)."""
-    node, out = (verdict.path[-1] if verdict.path else 0), []
-    children = {p: i for i, p in reversed(list(enumerate(tree.parents)))}  # first child of each node
-    while (node := children.get(node)) is not None:
-        out.append(int(predictions[node]))
-    return out
 
 
 class Composite(Proposer):
