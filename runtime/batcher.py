@@ -97,7 +97,7 @@ class Row:
         self.max_new_tokens = max_new_tokens
         self.proposer = proposer
         self.sampler = sampler or Sampler(SamplingParams(), len(prompt))
-        self.sampling = not self.sampler.greedy  # logits reach the host and the sampler picks
+        self.sampling = not self.sampler.params.greedy  # logits reach the host and the sampler picks
         self.matcher = matcher
         self.wants_logits = self.sampling or matcher is not None  # a constrained pick may not be the in-graph one
         self.policy = FixedWindow(window) if isinstance(window, int) else window

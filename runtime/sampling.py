@@ -191,10 +191,6 @@ class Sampler:
         self.prompt_len = prompt_len
         self.logprobs: list[TokenLogprob] = []  # one per committed token, when params.logprobs is set
 
-    @property
-    def greedy(self) -> bool:
-        return self.params.greedy
-
     def independent(self) -> "Sampler":
         """The same sampling with noise of its own (another seed): for an uncoupled draft."""
         if not self.params.sampled:
