@@ -237,11 +237,13 @@ class Row:
                masks: Masks | None) -> list[int]:
         """The target's pick at each window node: the in-graph greedy id, or the sampler's, node i's prefix being the
         history and its ancestors' tokens below the root plus its own, at position len(history) + depth (the root is
-        history[-1]); under a constraint, among the tokens each live node's mask allows."""
+        history[-1]); under a constraint, among the tokens each live node's mask allows (constrained greedy reads
+        the logits only where the mask refuses the greedy id; a dead node, never reached, keeps it)."""
         if not self.sampling and masks is None:
             return greedy.tolist()
         if not self.sampling:
-            return [masked_pick(masks, i, logits[i], int(g)) for i, g in enumerate(greedy)]
+            return [g if not masks.live[i] or masks.allows(i, g) else masked_greedy(logits[i], g, masks.allowed(i))
+                    for i, g in enumerate(greedy.tolist())]
         paths: list[list[int]] = []
         picks = []
         for node, parent in enumerate(parents):
@@ -290,14 +292,6 @@ class Row:
     def fail(self, error: BaseException) -> None:
         self.error = error
         self.finished = True
-
-
-def masked_pick(masks: Masks, node: int, logits: np.ndarray, greedy_id: int) -> int:
-    """Constrained greedy's pick at `node`: the in-graph greedy id when the mask allows it (no unpacking),
-    else the most likely allowed token; a dead node's (never reached by the accept walk) is the greedy id."""
-    if not masks.live[node] or masks.allows(node, greedy_id):
-        return greedy_id
-    return masked_greedy(logits, greedy_id, masks.allowed(node))
 
 
 @dataclass
