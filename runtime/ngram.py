@@ -3,14 +3,9 @@
 Token ids only; every structure is updated incrementally (no rescans of the sequence), so
 proposing costs microseconds, not milliseconds, at a few thousand tokens of context.
 
-    lookup, pool, tracker = PromptLookup(), NgramPool(), AcceptanceTracker()
+    lookup, pool = PromptLookup(), NgramPool()
     lookup.extend(prompt); pool.extend(prompt)
-    cands = lookup.lookup(None, k=15) + pool.lookup(lookup.tokens[-2:], k=15)
-    best = cands[0]
-    length, _ = allocator.cut((tracker.rate(best.source, best.match_len).p,) * 15, 15, tracker.costs)
-    tree = build_tree(last, [best.tokens[:length]])      # or several candidates at once
-    ... one target pass over tree.tokens with tree.positions and tree.window_mask ...
-    verdict = tree.accept(predictions)                   # committed tokens == greedy decoding
+    found = lookup.lookup(None, k=15) + pool.lookup(lookup.tokens[-2:], k=15)   # then runtime.proposers
 """
 
 from __future__ import annotations
