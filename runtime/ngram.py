@@ -74,22 +74,18 @@ class PromptLookup:
             tail = self.tokens[-self.n_max :]
         if k <= 0 or limit <= 0 or not tail:
             return []
-        found: list[Candidate] = []
-        seen: set[tuple[int, ...]] = set()
+        found: dict[tuple[int, ...], Candidate] = {}  # by tokens: the first of equal continuations
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
-            starts = self.index.get(tuple(tail[len(tail) - n :]), ())
-            for start in reversed(starts):
+            for start in reversed(self.index.get(tuple(tail[len(tail) - n :]), ())):
                 # Past the sequence's end, keep copying with the same offset: a match that overlaps the
                 # end is a repeat, and its continuation repeats too ("a b a b" -> "a b a b ...").
                 tokens = self.tokens[start : start + k]
                 while len(tokens) < k:
                     tokens.append(tokens[start + len(tokens) - len(self.tokens)])
-                if tuple(tokens) not in seen:
-                    seen.add(tuple(tokens))
-                    found.append(Candidate(tokens, "prompt", n))
-                    if len(found) == limit:
-                        return found
-        return found
+                found.setdefault(tuple(tokens), Candidate(tokens, "prompt", n))
+                if len(found) == limit:
+                    return list(found.values())
+        return list(found.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,19 +175,14 @@ class NgramPool:
         """
         if k <= 0 or limit <= 0 or not last_tokens:
             return []
-        found: list[Candidate] = []
-        seen: set[tuple[int, ...]] = set()
-        for n in (2, 1):
-            if len(last_tokens) < n:
-                continue
+        found: dict[tuple[int, ...], Candidate] = {}  # by tokens: the first of equal continuations
+        for n in (2, 1) if len(last_tokens) >= 2 else (1,):
             for entry in self.table.get(tuple(last_tokens[-n:]), ()):
                 tokens = self._chain(list(last_tokens[-2:]), entry, k) if chain else entry[:k]
-                if tuple(tokens) not in seen:
-                    seen.add(tuple(tokens))
-                    found.append(Candidate(tokens, "pool", n))
-                    if len(found) == limit:
-                        return found
-        return found
+                found.setdefault(tuple(tokens), Candidate(tokens, "pool", n))
+                if len(found) == limit:
+                    return list(found.values())
+        return list(found.values())
 
     def _chain(self, context: list[int], entry: list[int], k: int) -> list[int]:
         seq, head = context + entry, len(context)
