@@ -135,12 +135,11 @@ class Row:
         its proposer's offer for it."""
         room = self.max_context - 1 - length
         want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
-        if self.matcher is None:
-            offer = self.proposer.offer(want - 1)
-        else:  # the forced run as a sure guess, the proposer guessing past it; every guess cut to the grammar
-            forced = self.matcher.forced(want - 1) if want > 1 else []
-            own = self.proposer.offer(want - 1 - len(forced), after=forced)
-            self._constrained = self.matcher.constrain(own, forced)
+        # under a grammar, the forced run as a sure guess, the proposer guessing past it; every guess cut to the grammar
+        forced = self.matcher.forced(want - 1) if self.matcher is not None and want > 1 else []
+        offer = self.proposer.offer(want - 1 - len(forced), after=forced)
+        if self.matcher is not None:
+            self._constrained = self.matcher.constrain(offer, forced)
             offer = self._constrained.offer
         self._bid = Bid(want, offer, own_cost(self.proposer))
         return self._bid
@@ -150,11 +149,8 @@ class Row:
         proposer (a seated draft's chain is filled by the batcher's draft step before `plan`)."""
         w = min(self._bid.want, width)
         allocation = allocate(self._bid.offer, w - 1, self._bid.cost)
-        if self.matcher is None:
-            self._guesses = [], self.proposer.take(allocation, w - 1)
-        else:
-            forced, own = self._constrained.split(allocation)
-            self._guesses = forced, self.proposer.take(own, w - 1 - len(forced))
+        forced, own = ([], allocation) if self.matcher is None else self._constrained.split(allocation)
+        self._guesses = forced, self.proposer.take(own, w - 1 - len(forced))
 
     def plan(self, width: int, length: int) -> Planned:
         """This row's window of at most `width` tokens after its `length` cached entries (after `guess`)."""
@@ -165,10 +161,9 @@ class Row:
                               last_chunk and self.wants_logits)
         else:
             w = min(self._bid.want, width)
-            forced, taken = self._guesses
-            guesses = taken
+            forced, guesses = self._guesses
             if self.matcher is not None:  # each guess continues the forced run; a draft's chain is cut here
-                guesses = [g[: self.matcher.cut(g)] for g in ([*forced, *g] for g in taken)] or [forced]
+                guesses = [g[: self.matcher.cut(g)] for g in ([*forced, *g] for g in guesses)] or [forced]
             tree, masks = build_tree(self.last, guesses, max_nodes=w), None
             if self.matcher is not None:
                 masks = self.matcher.masks(tree.tokens, tree.parents)
