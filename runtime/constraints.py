@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
 
@@ -37,8 +37,8 @@ from .allocator import Allocation, Guess, Offer
 from .errors import InputError, JacobiError, require
 
 LLGUIDANCE_HINT = 'pip install "jacobi-rt[structured]" (or: pip install llguidance)'
-KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 Kind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+KINDS = get_args(Kind)
 
 # JSON on one line with Python's separators and no optional whitespace. Flexible whitespace lets a
 # small model spend its tokens on newlines and indentation (a known way for it to never finish),
@@ -299,9 +299,7 @@ class Matcher:
 
     def __init__(self, inner, bridge: GrammarTokenizer):
         self._m = inner
-        self.bridge = bridge
-        self.vocab_size = bridge.vocab_size
-        self.eos_ids = bridge.eos_ids
+        self.bridge = bridge  # the vocabulary: its size, its EOS ids
         self.ended = False  # an EOS was committed
         self.cost = MaskCost()
 
@@ -330,7 +328,7 @@ class Matcher:
         if self.ended:
             return 0
         guess = [int(t) for t in guess]
-        stop = next((i for i, t in enumerate(guess) if t in self.eos_ids), len(guess))
+        stop = next((i for i, t in enumerate(guess) if t in self.bridge.eos_ids), len(guess))
         n = self._m.validate_tokens(guess[:stop]) if stop else 0
         if n < stop or stop == len(guess):
             return n
@@ -380,7 +378,7 @@ class Matcher:
         width = len(tokens)
         bits = np.full((width, self.bridge.words), -1, dtype=np.int32)
         live = np.zeros(width, dtype=bool)
-        masks = Masks(bits, live, self.vocab_size)
+        masks = Masks(bits, live, self.bridge.vocab_size)
         depth = np.zeros(width, dtype=np.int64)
         consumed = 0  # tokens consumed on top of the committed state: the current node's depth
         for node in range(width):
@@ -390,7 +388,7 @@ class Matcher:
             if node:
                 token = int(tokens[node])
                 depth[node] = depth[parent] + 1
-                if token in self.eos_ids or not masks.allows(parent, token):
+                if token in self.bridge.eos_ids or not masks.allows(parent, token):
                     continue  # an EOS ends the generation there: the row's pick is never committed
                 self._rollback(consumed - int(depth[parent]))
                 if not self._m.consume_token(token):
@@ -413,7 +411,7 @@ class Matcher:
             token = int(token)
             if self.ended:
                 raise ConstraintError(f"token {token} committed after the end of the constrained output")
-            if token in self.eos_ids:
+            if token in self.bridge.eos_ids:
                 if not self._m.is_accepting():
                     raise ConstraintError("EOS committed before the constrained output is complete")
                 self.ended = True
