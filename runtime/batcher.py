@@ -268,19 +268,17 @@ class Row:
 
     def _emit(self, new: list[int], length: int) -> None:
         """Send the pass's tokens; finish on EOS (tokens after it are dropped), max_new_tokens or the context."""
-        cut = next((i for i, t in enumerate(new) if t in self.eos_ids), None)
-        if cut is not None:
-            self.progress.accepted -= len(new) - cut - 1
-            self.generated += new[: cut + 1]
-            self.tokens.put(new[: cut + 1])
+        end = next((i + 1 for i, t in enumerate(new) if t in self.eos_ids), None)
+        if end is not None:
+            self.progress.accepted -= len(new) - end
+            new = new[:end]
             self.progress.finish_reason = "eos"
-        else:
-            self.generated += new
-            self.tokens.put(new)
-            if self.produced >= self.max_new_tokens:
-                self.progress.finish_reason = "length"
-            elif self.max_context - 1 - length < 1:
-                self.progress.finish_reason = "context"
+        elif self.produced >= self.max_new_tokens:
+            self.progress.finish_reason = "length"
+        elif self.max_context - 1 - length < 1:
+            self.progress.finish_reason = "context"
+        self.generated += new
+        self.tokens.put(new)
         if self.progress.finish_reason:
             self.finished = True
 
