@@ -529,8 +529,5 @@ def close_state(state) -> None:
 
 def observe_costs(proposer: Proposer, result: PassResult) -> None:
     """Teach each distinct cost curve `proposer` reads the pass's measured seconds, once."""
-    seen: set[int] = set()
-    for curve in proposer.cost_curves():
-        if id(curve) not in seen:
-            seen.add(id(curve))
-            curve.observe(result.width, result.seconds, result.rows)
+    for curve in {id(curve): curve for curve in proposer.cost_curves()}.values():
+        curve.observe(result.width, result.seconds, result.rows)
