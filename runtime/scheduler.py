@@ -96,6 +96,5 @@ class PassBudget:
         return n, width
 
     def observe(self, shape: tuple[int, int], seconds: float) -> None:
-        """A pass of shape (rows, width) took `seconds`."""
-        rows, width = shape
+        rows, width = shape  # a pass of this shape took `seconds`
         self.costs.observe(width, seconds, rows)
