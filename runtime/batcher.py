@@ -199,8 +199,6 @@ class Row:
         new = verdict.committed
         if self.matcher is not None:
             new = self._constrained_commit(new, verdict.path)
-        self.last = new[-1]
-        self.produced += len(new)
         self.progress.target_passes += 1
         self.progress.accepted += len(new)
         self._emit(new, length + len(verdict.keep))
@@ -223,8 +221,6 @@ class Row:
         self.proposer.use_sampler(self.sampler if self.sampling else None)
         self.proposer.start(self.prompt, first)
         new = [first] if self.matcher is None else self._constrained_commit([first], [])
-        self.last = new[-1]
-        self.produced = len(new)
         self._emit(new, len(self.prompt))
         return list(range(n))
 
@@ -268,6 +264,8 @@ class Row:
 
     def _emit(self, new: list[int], length: int) -> None:
         """Send the pass's tokens; finish on EOS (tokens after it are dropped), max_new_tokens or the context."""
+        self.last = new[-1]
+        self.produced += len(new)
         end = next((i + 1 for i, t in enumerate(new) if t in self.eos_ids), None)
         if end is not None:
             self.progress.accepted -= len(new) - end
