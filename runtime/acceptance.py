@@ -127,6 +127,5 @@ class AcceptanceTracker:
         """
         right = matched_prefix(candidate.tokens, committed)
         tried = right + (right < min(len(candidate.tokens), len(committed)))
-        if tried == 0:
-            return
-        self.rate(candidate.source, candidate.match_len).observe(right, tried, self.config.decay)
+        if tried:
+            self.rate(candidate.source, candidate.match_len).observe(right, tried, self.config.decay)

@@ -73,9 +73,8 @@ class PrefixCache:
 
     def choose(self, prompt: Sequence[int], idle: range) -> Choice:
         """The idle slot for a new row of `prompt`, and how much of the prompt it already holds."""
-        first = idle.start
         if not self.enabled:
-            return Choice(first, 0, None)
+            return Choice(idle.start, 0, None)
         self.queries += 1
         best, best_n = longest_prefix(prompt, [(slot, self.kept[slot].tokens) for slot in idle if slot in self.kept])
         reuse = min(best_n, len(prompt) - 1)
