@@ -63,14 +63,11 @@ class PassBudget:
         return cls(config.batch.prefill_tokens or max(prefill_chunk, 16), PassCosts(config.costs))
 
     def decode_window(self, bids: list[Bid]) -> int:
-        """The pass's window for decoding rows with these bids."""
         if len(bids) == 1:
             return bids[0].want  # a lone row decodes exactly as a single generation would
         k, widest = len(bids), max(bid.want for bid in bids)
         best, best_value = 1, -1.0
-        for w in sorted({1, 2, 4, 8, 16, 32, widest, *(bid.sure for bid in bids)} - {0}):
-            if w > widest:
-                continue
+        for w in sorted(w for w in {1, 2, 4, 8, 16, 32, widest, *(bid.sure for bid in bids)} if 0 < w <= widest):
             gain, production = map(sum, zip(*(bid.expected(w) for bid in bids)))
             value = gain / (self.costs(w, k) + production)
             if value >= best_value:  # ties go to the wider window: its guesses come free
