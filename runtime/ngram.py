@@ -117,19 +117,15 @@ class NgramPool:
     def add(self, before: Sequence[int], continuation: Sequence[int]) -> None:
         """Record that `continuation` followed `before` (its last 1 and 2 tokens become the keys)."""
         continuation = list(continuation[: self.span])
-        if not continuation or not before:
-            return
-        self._insert((before[-1],), continuation)
-        if len(before) >= 2:
-            self._insert((before[-2], before[-1]), continuation)
+        for n in (1, 2)[: len(before)] if continuation else ():
+            self._insert(tuple(before[-n:]), continuation)
 
     def _insert(self, key: tuple[int, ...], continuation: list[int]) -> None:
         entries = self.table.setdefault(key, [])
         for i, old in enumerate(entries):
             # A continuation that extends a known one (or is extended by it) is the same n-gram: keep the longer.
             if old[: len(continuation)] == continuation or continuation[: len(old)] == old:
-                if len(old) > len(continuation):
-                    continuation = old
+                continuation = max(continuation, old, key=len)
                 del entries[i]
                 break
         entries.insert(0, continuation)
