@@ -94,7 +94,6 @@ class PrefixCache:
         return oldest
 
     def swap(self, a: int, b: int) -> None:
-        """Slots a and b traded contents."""
         ka, kb = self.kept.pop(a, None), self.kept.pop(b, None)
         if ka is not None:
             self.kept[b] = ka

@@ -388,9 +388,9 @@ class AutoProposer(Composite):
     so trying a slow draft stays cheap; an arm that has not been the best for `probe_every` passes is
     probed (when its offer sends anything), and the wait doubles each time it is probed and still
     not the best. Totals decay slowly, so one lucky pass cannot decide. The arms not chosen still
-    see every pass, so their state follows the sequence and they can take over at once. With a
-    `history` (one per Generator), an arm that lost earlier calls sits
-    some calls out: the arm whose passes as the best committed the most tokens won the call.
+    see every pass, so their state follows the sequence and they can take over at once. With a `history`
+    (one per Generator), an arm that lost earlier calls sits some calls out: the arm whose passes as the
+    best committed the most tokens won the call.
     """
 
     def __init__(self, arms: dict[str, Proposer], config: AutoConfig = DEFAULTS.auto,
