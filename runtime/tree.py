@@ -48,9 +48,8 @@ class Tree:
 def build_tree(root: int, candidates: Sequence[Sequence[int]], max_nodes: int | None = None) -> Tree:
     """Merge candidates into a trie under `root`; stop adding nodes at `max_nodes` (root counted).
 
-    Duplicates and candidates that are prefixes of others add no nodes. Nodes are numbered depth first
-    (children in insertion order), so the first candidate's path stays a window prefix even when a
-    later candidate branches off early.
+    Duplicates and candidates that are prefixes of others add no nodes; the nodes are numbered depth
+    first (see Tree: children in insertion order), also where a later candidate branches off early.
     """
     trie: dict[int, dict] = {}  # token -> the subtrie below it
     size = 1
@@ -86,11 +85,8 @@ def ancestor_mask(parents: Sequence[int]) -> np.ndarray:
 
 def leaf_paths(parents: Sequence[int]) -> list[list[int]]:
     """Every root-to-leaf path of a tree, as node lists starting at the root (0)."""
-    is_parent = set(parents)
     paths = []
-    for leaf in range(len(parents)):
-        if leaf in is_parent:
-            continue
+    for leaf in sorted(set(range(len(parents))) - set(parents)):
         path = [leaf]
         while parents[path[-1]] >= 0:
             path.append(parents[path[-1]])
