@@ -215,7 +215,7 @@ class LookaheadProposer(Proposer):
 
     def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
         self.sent = [(self.pending[i].source, self.pending[i].tokens[:n]) for i, n in allocation.picks]
-        self.stats["proposed"] += sum(n for _, n in allocation.picks)
+        self.stats["proposed"] += allocation.sent
         return [tokens for _, tokens in self.sent]
 
     def update(self, result: PassResult) -> None:
