@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from .config import CPU_PASS_COSTS, CostConfig, LookaheadConfig
 from .ngram import Candidate
