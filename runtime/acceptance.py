@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
-from .allocator import cut
 from .config import CPU_PASS_COSTS, CostConfig, LookaheadConfig
 from .ngram import Candidate
 
@@ -16,9 +15,9 @@ def pass_cost(window: int, costs: dict[int, float] = CPU_PASS_COSTS) -> float:
     if len(points) == 1:
         return points[0][1]
     for (w0, c0), (w1, c1) in zip(points, points[1:]):
-        if window <= w1 or (w1, c1) == points[-1]:
-            return c0 + (c1 - c0) * (window - w0) / (w1 - w0)
-    raise AssertionError("unreachable")
+        if window <= w1:
+            break  # else the last segment, extrapolated
+    return c0 + (c1 - c0) * (window - w0) / (w1 - w0)
 
 
 @dataclass
@@ -49,12 +48,10 @@ class PassCosts:
             least = self.config.min_samples
             if self.samples.get(key, 0) >= least and self.samples.get((1, 1), 0) >= least:
                 self._memo[key] = self.seconds[key] / self.seconds[(1, 1)]
-            else:
-                self._memo[key] = self.prior(width, rows)
+            else:  # the prior
+                prior = (width, self.table) if rows == 1 else (rows * width, self.batch_table)
+                self._memo[key] = pass_cost(*prior)
         return self._memo[key]
-
-    def prior(self, width: int, rows: int = 1) -> float:
-        return pass_cost(width, self.table) if rows == 1 else pass_cost(rows * width, self.batch_table)
 
     def observe(self, width: int, seconds: float, rows: int = 1) -> None:
         if not self.config.learn:
@@ -79,12 +76,8 @@ class PassCosts:
 
 def matched_prefix(tokens: Sequence[int], committed: Sequence[int]) -> int:
     """How many leading tokens of a guess equal the committed tokens."""
-    n = 0
-    for guess, token in zip(tokens, committed):
-        if guess != token:
-            break
-        n += 1
-    return n
+    return next((n for n, (guess, token) in enumerate(zip(tokens, committed)) if guess != token),
+                min(len(tokens), len(committed)))
 
 
 @dataclass
@@ -134,6 +127,5 @@ class AcceptanceTracker:
         """
         right = matched_prefix(candidate.tokens, committed)
         tried = right + (right < min(len(candidate.tokens), len(committed)))
-        if tried == 0:
-            return
-        self.rate(candidate.source, candidate.match_len).observe(right, tried, self.config.decay)
+        if tried:
+            self.rate(candidate.source, candidate.match_len).observe(right, tried, self.config.decay)

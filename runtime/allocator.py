@@ -68,13 +68,6 @@ class Allocation:
         """Expected committed tokens per target W=1 pass of cost (a greedy pass: 1 / cost(1))."""
         return self.expected / self.units(cost)
 
-    def lengths(self, count: int) -> list[int]:
-        """Tokens sent per guess of an offer of `count` guesses (0: not sent)."""
-        out = [0] * count
-        for i, n in self.picks:
-            out[i] = n
-        return out
-
 
 def cut(accept: Sequence[float], limit: int, cost: Cost, per_token: float = 0.0) -> tuple[int, float]:
     """The one length rule: the L in 1..limit maximising (1 + a0 + a0 a1 + ...) / (cost(L + 1) + L * per_token),

@@ -46,7 +46,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .allocator import Offer, allocate
+from .allocator import allocate
 from .backends.base import Backend, BackendContext, lower_triangular, padded
 from .constraints import ConstrainedOffer, Masks, Matcher
 from .draft_slots import DraftSlots
@@ -82,6 +82,7 @@ class Planned:
     mask: np.ndarray  # bool [w, w]
     logits: bool  # the row samples (or picks under a constraint) from this pass's logits
     tree: Tree | None = None  # a decoding window (None: a prompt chunk)
+    masks: Masks | None = None  # a constrained row's masks for the window
 
 
 class Row:
@@ -96,7 +97,7 @@ class Row:
         self.max_new_tokens = max_new_tokens
         self.proposer = proposer
         self.sampler = sampler or Sampler(SamplingParams(), len(prompt))
-        self.sampling = not self.sampler.greedy  # logits reach the host and the sampler picks
+        self.sampling = not self.sampler.params.greedy  # logits reach the host and the sampler picks
         self.matcher = matcher
         self.wants_logits = self.sampling or matcher is not None  # a constrained pick may not be the in-graph one
         self.policy = FixedWindow(window) if isinstance(window, int) else window
@@ -116,10 +117,8 @@ class Row:
         self.finished = False
         self.cancelled = threading.Event()
         self.admitted_at = self.first_token_at = None  # batcher clock
-        self._want = 1
-        self._offer = Offer()  # the proposer's offer for the next pass (a constrained row's: with the forced run)
+        self._bid: Bid | None = None  # for the next pass (a constrained row's offer: with the forced run)
         self._constrained: ConstrainedOffer | None = None  # where a constrained offer's guesses came from
-        self._masks: Masks | None = None  # a constrained row's masks for the planned window
         self._forced_nodes = 0  # of the planned window: the forced run's nodes (1..F)
         self._guesses: tuple[list[int], list[list[int]]] = ([], [])  # the forced run, the proposer's guesses (guess)
         self._planned: Planned | None = None
@@ -135,26 +134,23 @@ class Row:
         and the context (the new last token sits at `length`; a pass of w predicts up to length + w), and
         its proposer's offer for it."""
         room = self.max_context - 1 - length
-        self._want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
-        if self.matcher is None:
-            self._offer = self.proposer.offer(self._want - 1)
-        else:  # the forced run as a sure guess, the proposer guessing past it; every guess cut to the grammar
-            forced = self.matcher.forced(self._want - 1) if self._want > 1 else []
-            own = self.proposer.offer(self._want - 1 - len(forced), after=forced)
-            self._constrained = self.matcher.constrain(own, forced)
-            self._offer = self._constrained.offer
-        return Bid(self._want, self._offer, own_cost(self.proposer))
+        want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
+        # under a grammar, the forced run as a sure guess, the proposer guessing past it; every guess cut to the grammar
+        forced = self.matcher.forced(want - 1) if self.matcher is not None and want > 1 else []
+        offer = self.proposer.offer(want - 1 - len(forced), after=forced)
+        if self.matcher is not None:
+            self._constrained = self.matcher.constrain(offer, forced)
+            offer = self._constrained.offer
+        self._bid = Bid(want, offer, own_cost(self.proposer))
+        return self._bid
 
     def guess(self, width: int) -> None:
         """A decoding row's guesses for a pass `width` wide: its offer cut by the allocator, taken from its
         proposer (a seated draft's chain is filled by the batcher's draft step before `plan`)."""
-        w = min(self._want, width)
-        allocation = allocate(self._offer, w - 1, own_cost(self.proposer))
-        if self.matcher is None:
-            self._guesses = [], self.proposer.take(allocation, w - 1)
-        else:
-            forced, own = self._constrained.split(allocation)
-            self._guesses = forced, self.proposer.take(own, w - 1 - len(forced))
+        w = min(self._bid.want, width)
+        allocation = allocate(self._bid.offer, w - 1, self._bid.cost)
+        forced, own = ([], allocation) if self.matcher is None else self._constrained.split(allocation)
+        self._guesses = forced, self.proposer.take(own, w - 1 - len(forced))
 
     def plan(self, width: int, length: int) -> Planned:
         """This row's window of at most `width` tokens after its `length` cached entries (after `guess`)."""
@@ -164,20 +160,19 @@ class Row:
             planned = Planned(piece, length + np.arange(len(piece), dtype=np.int64), lower_triangular(len(piece)),
                               last_chunk and self.wants_logits)
         else:
-            w = min(self._want, width)
-            forced, taken = self._guesses
-            guesses = taken
+            w = min(self._bid.want, width)
+            forced, guesses = self._guesses
             if self.matcher is not None:  # each guess continues the forced run; a draft's chain is cut here
-                guesses = [g[: self.matcher.cut(g)] for g in ([*forced, *g] for g in taken)] or [forced]
-            tree = build_tree(self.last, guesses, max_nodes=w)
+                guesses = [g[: self.matcher.cut(g)] for g in ([*forced, *g] for g in guesses)] or [forced]
+            tree, masks = build_tree(self.last, guesses, max_nodes=w), None
             if self.matcher is not None:
-                self._masks = self.matcher.masks(tree.tokens, tree.parents)
+                masks = self.matcher.masks(tree.tokens, tree.parents)
                 self._forced_nodes = min(len(forced), w - 1)  # nodes 1..F: the forced run, the tree's first chain
                 self.matcher.cost.forced_sent += self._forced_nodes
                 if forced:
                     self.matcher.cost.past_forced_sent += len(tree.tokens) - 1 - self._forced_nodes
             planned = Planned(tree.tokens, length + np.asarray(tree.positions, dtype=np.int64), tree.window_mask,
-                              self.wants_logits, tree)
+                              self.wants_logits, tree, masks)
         self._planned = planned
         return planned
 
@@ -190,13 +185,8 @@ class Row:
         planned, self._planned = self._planned, None
         if planned.tree is None:
             return self._settle_prefill(planned, greedy, logits)
-        tree, masks, self._masks = planned.tree, self._masks, None
-        if self.sampling:
-            predictions = sampled_predictions(self.sampler, logits, tree.tokens, tree.parents, self.history, masks)
-        elif masks is not None:
-            predictions = [masked_pick(masks, i, logits[i], int(g)) for i, g in enumerate(greedy)]
-        else:
-            predictions = greedy.tolist()
+        tree = planned.tree
+        predictions = self._picks(greedy, logits, tree.tokens, tree.parents, planned.masks)
         verdict = tree.accept(predictions)  # the walk down the target's own predictions
         if self.sampling:
             for entry, token in zip(verdict.keep, verdict.committed):
@@ -209,8 +199,6 @@ class Row:
         new = verdict.committed
         if self.matcher is not None:
             new = self._constrained_commit(new, verdict.path)
-        self.last = new[-1]
-        self.produced += len(new)
         self.progress.target_passes += 1
         self.progress.accepted += len(new)
         self._emit(new, length + len(verdict.keep))
@@ -224,22 +212,37 @@ class Row:
             self.tokens.put([])  # the caller gets control between prefill passes
             return list(range(n))
         masks = None if self.matcher is None else self.matcher.masks([self.prompt[-1]], [-1])
+        self.history = list(self.prompt) if self.sampling else None
+        last = slice(n - 1, n)  # the pick after the prompt's last token
+        first = self._picks(greedy[last], logits if logits is None else logits[last], [self.prompt[-1]], [-1], masks)[0]
         if self.sampling:
-            allowed = () if masks is None else (masks.allowed(0),)
-            first = self.sampler.sample(logits[n - 1], self.prompt, len(self.prompt), *allowed)
             self.sampler.record(logits[n - 1], first)
-            self.history = [*self.prompt, first]
-        elif masks is not None:
-            first = masked_pick(masks, 0, logits[n - 1], int(greedy[n - 1]))
-        else:
-            first = int(greedy[n - 1])
+            self.history.append(first)
         self.proposer.use_sampler(self.sampler if self.sampling else None)
         self.proposer.start(self.prompt, first)
         new = [first] if self.matcher is None else self._constrained_commit([first], [])
-        self.last = new[-1]
-        self.produced = len(new)
         self._emit(new, len(self.prompt))
         return list(range(n))
+
+    def _picks(self, greedy: np.ndarray, logits: np.ndarray | None, tokens: list[int], parents: list[int],
+               masks: Masks | None) -> list[int]:
+        """The target's pick at each window node: the in-graph greedy id, or the sampler's, node i's prefix being the
+        history and its ancestors' tokens below the root plus its own, at position len(history) + depth (the root is
+        history[-1]); under a constraint, among the tokens each live node's mask allows (constrained greedy reads
+        the logits only where the mask refuses the greedy id; a dead node, never reached, keeps it)."""
+        if not self.sampling and masks is None:
+            return greedy.tolist()
+        if not self.sampling:
+            return [g if not masks.live[i] or masks.allows(i, g) else masked_greedy(logits[i], g, masks.allowed(i))
+                    for i, g in enumerate(greedy.tolist())]
+        paths: list[list[int]] = []
+        picks = []
+        for node, parent in enumerate(parents):
+            paths.append([] if parent < 0 else [*paths[parent], tokens[node]])
+            prefix = self.history + paths[-1]
+            allowed = (masks.allowed(node),) if masks is not None and masks.live[node] else ()
+            picks.append(self.sampler.sample(logits[node], prefix, len(prefix), *allowed))
+        return picks
 
     def _constrained_commit(self, new: list[int], path: list[int]) -> list[int]:
         """Advance the grammar past the committed tokens (through the first EOS). Where the grammar then
@@ -261,51 +264,25 @@ class Row:
 
     def _emit(self, new: list[int], length: int) -> None:
         """Send the pass's tokens; finish on EOS (tokens after it are dropped), max_new_tokens or the context."""
-        cut = next((i for i, t in enumerate(new) if t in self.eos_ids), None)
-        if cut is not None:
-            self.progress.accepted -= len(new) - cut - 1
-            self.generated += new[: cut + 1]
-            self.tokens.put(new[: cut + 1])
+        self.last = new[-1]
+        self.produced += len(new)
+        end = next((i + 1 for i, t in enumerate(new) if t in self.eos_ids), None)
+        if end is not None:
+            self.progress.accepted -= len(new) - end
+            new = new[:end]
             self.progress.finish_reason = "eos"
-        else:
-            self.generated += new
-            self.tokens.put(new)
-            if self.produced >= self.max_new_tokens:
-                self.progress.finish_reason = "length"
-            elif self.max_context - 1 - length < 1:
-                self.progress.finish_reason = "context"
+        elif self.produced >= self.max_new_tokens:
+            self.progress.finish_reason = "length"
+        elif self.max_context - 1 - length < 1:
+            self.progress.finish_reason = "context"
+        self.generated += new
+        self.tokens.put(new)
         if self.progress.finish_reason:
             self.finished = True
 
     def fail(self, error: BaseException) -> None:
         self.error = error
         self.finished = True
-
-
-def sampled_predictions(sampler: Sampler, logits: np.ndarray, tokens: list[int], parents: list[int],
-                        history: list[int], masks: Masks | None = None) -> list[int]:
-    """The token sampled at each window node: node i's prefix is the history and its ancestors' tokens
-    below the root plus its own, its position len(history) + depth (the root is history[-1]). With
-    `masks` (a constrained row), each live node samples among the tokens its mask allows."""
-    paths: list[list[int]] = []
-    predictions = []
-    for node, parent in enumerate(parents):
-        path = [] if parent < 0 else [*paths[parent], tokens[node]]
-        paths.append(path)
-        prefix = history + path
-        if masks is not None and masks.live[node]:
-            predictions.append(sampler.sample(logits[node], prefix, len(prefix), masks.allowed(node)))
-        else:
-            predictions.append(sampler.sample(logits[node], prefix, len(prefix)))
-    return predictions
-
-
-def masked_pick(masks: Masks, node: int, logits: np.ndarray, greedy_id: int) -> int:
-    """Constrained greedy's pick at `node`: the in-graph greedy id when the mask allows it (no unpacking),
-    else the most likely allowed token; a dead node's (never reached by the accept walk) is the greedy id."""
-    if not masks.live[node] or masks.allows(node, greedy_id):
-        return greedy_id
-    return masked_greedy(logits, greedy_id, masks.allowed(node))
 
 
 @dataclass

@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
 
@@ -37,8 +37,8 @@ from .allocator import Allocation, Guess, Offer
 from .errors import InputError, JacobiError, require
 
 LLGUIDANCE_HINT = 'pip install "jacobi-rt[structured]" (or: pip install llguidance)'
-KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 Kind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+KINDS = get_args(Kind)
 
 # JSON on one line with Python's separators and no optional whitespace. Flexible whitespace lets a
 # small model spend its tokens on newlines and indentation (a known way for it to never finish),
@@ -299,9 +299,7 @@ class Matcher:
 
     def __init__(self, inner, bridge: GrammarTokenizer):
         self._m = inner
-        self.bridge = bridge
-        self.vocab_size = bridge.vocab_size
-        self.eos_ids = bridge.eos_ids
+        self.bridge = bridge  # the vocabulary: its size, its EOS ids
         self.ended = False  # an EOS was committed
         self.cost = MaskCost()
 
@@ -330,7 +328,7 @@ class Matcher:
         if self.ended:
             return 0
         guess = [int(t) for t in guess]
-        stop = next((i for i, t in enumerate(guess) if t in self.eos_ids), len(guess))
+        stop = next((i for i, t in enumerate(guess) if t in self.bridge.eos_ids), len(guess))
         n = self._m.validate_tokens(guess[:stop]) if stop else 0
         if n < stop or stop == len(guess):
             return n
@@ -369,10 +367,6 @@ class Matcher:
         sure = Guess(accept=(1.0,) * run, tokens=forced, margin=0.0, free=run)
         return ConstrainedOffer(Offer((sure,)), (None,), forced)
 
-    def mask(self) -> np.ndarray:
-        """int32 [words]: the tokens allowed next (one row; for a one-token pass)."""
-        return self.masks([0], [-1]).bits[0]
-
     def masks(self, tokens: Sequence[int], parents: Sequence[int]) -> Masks:
         """The mask after each node of a window in depth-first order (runtime/tree.Tree's tokens and
         parents; node 0 the last committed token, which the state already holds).
@@ -384,6 +378,7 @@ class Matcher:
         width = len(tokens)
         bits = np.full((width, self.bridge.words), -1, dtype=np.int32)
         live = np.zeros(width, dtype=bool)
+        masks = Masks(bits, live, self.bridge.vocab_size)
         depth = np.zeros(width, dtype=np.int64)
         consumed = 0  # tokens consumed on top of the committed state: the current node's depth
         for node in range(width):
@@ -393,23 +388,22 @@ class Matcher:
             if node:
                 token = int(tokens[node])
                 depth[node] = depth[parent] + 1
-                if token in self.eos_ids or not self._allowed_bit(bits[parent], token):
+                if token in self.bridge.eos_ids or not masks.allows(parent, token):
                     continue  # an EOS ends the generation there: the row's pick is never committed
                 self._rollback(consumed - int(depth[parent]))
-                consumed = int(depth[parent])
                 if not self._m.consume_token(token):
                     raise ConstraintError(f"llguidance refused an allowed token {token}: {self._m.get_error()}")
-                consumed += 1
+                consumed = int(depth[node])
             elif self.ended:
                 continue
             live[node] = True
-            self._fill(bits[node])
+            self._m.unsafe_compute_mask_ptr(bits[node].ctypes.data, bits[node].nbytes)
         self._rollback(consumed)
-        seconds = time.perf_counter() - start
-        self.cost.seconds += seconds
+        masks.seconds = time.perf_counter() - start
+        self.cost.seconds += masks.seconds
         self.cost.rows += int(live.sum())
         self.cost.windows += 1
-        return Masks(bits, live, self.vocab_size, seconds)
+        return masks
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Advance past the tokens a pass committed (the Verdict's `committed`); an EOS ends the output."""
@@ -417,19 +411,12 @@ class Matcher:
             token = int(token)
             if self.ended:
                 raise ConstraintError(f"token {token} committed after the end of the constrained output")
-            if token in self.eos_ids:
+            if token in self.bridge.eos_ids:
                 if not self._m.is_accepting():
                     raise ConstraintError("EOS committed before the constrained output is complete")
                 self.ended = True
             elif not self._m.consume_token(token):
                 raise ConstraintError(f"token {token} committed against the grammar: {self._m.get_error()}")
-
-    def _fill(self, row: np.ndarray) -> None:
-        self._m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-
-    @staticmethod
-    def _allowed_bit(row: np.ndarray, token: int) -> bool:
-        return bool((int(row[token >> 5]) >> (token & 31)) & 1)
 
     def _rollback(self, n: int) -> None:
         if n and not self._m.rollback(n):

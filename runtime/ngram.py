@@ -3,14 +3,9 @@
 Token ids only; every structure is updated incrementally (no rescans of the sequence), so
 proposing costs microseconds, not milliseconds, at a few thousand tokens of context.
 
-    lookup, pool, tracker = PromptLookup(), NgramPool(), AcceptanceTracker()
+    lookup, pool = PromptLookup(), NgramPool()
     lookup.extend(prompt); pool.extend(prompt)
-    cands = lookup.lookup(None, k=15) + pool.lookup(lookup.tokens[-2:], k=15)
-    best = cands[0]
-    length, _ = allocator.cut((tracker.rate(best.source, best.match_len).p,) * 15, 15, tracker.costs)
-    tree = build_tree(last, [best.tokens[:length]])      # or several candidates at once
-    ... one target pass over tree.tokens with tree.positions and tree.window_mask ...
-    verdict = tree.accept(predictions)                   # committed tokens == greedy decoding
+    found = lookup.lookup(None, k=15) + pool.lookup(lookup.tokens[-2:], k=15)   # then runtime.proposers
 """
 
 from __future__ import annotations
@@ -52,24 +47,21 @@ class PromptLookup:
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Append committed tokens; indexes only the n-grams they complete."""
-        for token in tokens:
-            self._append(int(token))
-
-    def _append(self, token: int) -> None:
         seq = self.tokens
-        end = len(seq)  # the new token's position = where the continuation of n-grams ending just before starts
-        seq.append(token)
-        for n in range(self.n_min, min(self.n_max, end) + 1):
-            starts = self.index.setdefault(tuple(seq[end - n : end]), [])
-            # One position per distinct next token: the newest occurrence replaces an older one.
-            for i, start in enumerate(starts):
-                if seq[start] == token:
-                    del starts[i]
-                    break
-            starts.append(end)
-            if len(starts) > self.occurrences:
-                del starts[0]
-            self.work += 1
+        for token in map(int, tokens):
+            end = len(seq)  # the new token's position: where the continuation of the n-grams before it starts
+            seq.append(token)
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                starts = self.index.setdefault(tuple(seq[end - n : end]), [])
+                # One position per distinct next token: the newest occurrence replaces an older one.
+                for i, start in enumerate(starts):
+                    if seq[start] == token:
+                        del starts[i]
+                        break
+                starts.append(end)
+                if len(starts) > self.occurrences:
+                    del starts[0]
+                self.work += 1
 
     def lookup(self, tail: Sequence[int] | None, k: int, limit: int = 1) -> list[Candidate]:
         """Up to `limit` distinct continuations (each up to k tokens) of the longest matching suffix of `tail`.
@@ -82,27 +74,18 @@ class PromptLookup:
             tail = self.tokens[-self.n_max :]
         if k <= 0 or limit <= 0 or not tail:
             return []
-        found: list[Candidate] = []
-        seen: set[tuple[int, ...]] = set()
+        found: dict[tuple[int, ...], Candidate] = {}  # by tokens: the first of equal continuations
         for n in range(min(self.n_max, len(tail)), self.n_min - 1, -1):
-            starts = self.index.get(tuple(tail[len(tail) - n :]), ())
-            for start in reversed(starts):
-                tokens = self._continuation(start, k)
-                if tuple(tokens) not in seen:
-                    seen.add(tuple(tokens))
-                    found.append(Candidate(tokens, "prompt", n))
-                    if len(found) == limit:
-                        return found
-        return found
-
-    def _continuation(self, start: int, k: int) -> list[int]:
-        # Past the sequence's end, keep copying with the same offset: a match that overlaps the
-        # end is a repeat, and its continuation repeats too ("a b a b" -> "a b a b ...").
-        seq, end = self.tokens, len(self.tokens)
-        out = seq[start : start + k]
-        while len(out) < k:
-            out.append(out[start + len(out) - end])
-        return out
+            for start in reversed(self.index.get(tuple(tail[len(tail) - n :]), ())):
+                # Past the sequence's end, keep copying with the same offset: a match that overlaps the
+                # end is a repeat, and its continuation repeats too ("a b a b" -> "a b a b ...").
+                tokens = self.tokens[start : start + k]
+                while len(tokens) < k:
+                    tokens.append(tokens[start + len(tokens) - len(self.tokens)])
+                found.setdefault(tuple(tokens), Candidate(tokens, "prompt", n))
+                if len(found) == limit:
+                    return list(found.values())
+        return list(found.values())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,19 +117,15 @@ class NgramPool:
     def add(self, before: Sequence[int], continuation: Sequence[int]) -> None:
         """Record that `continuation` followed `before` (its last 1 and 2 tokens become the keys)."""
         continuation = list(continuation[: self.span])
-        if not continuation or not before:
-            return
-        self._insert((before[-1],), continuation)
-        if len(before) >= 2:
-            self._insert((before[-2], before[-1]), continuation)
+        for n in (1, 2)[: len(before)] if continuation else ():
+            self._insert(tuple(before[-n:]), continuation)
 
     def _insert(self, key: tuple[int, ...], continuation: list[int]) -> None:
         entries = self.table.setdefault(key, [])
         for i, old in enumerate(entries):
             # A continuation that extends a known one (or is extended by it) is the same n-gram: keep the longer.
             if old[: len(continuation)] == continuation or continuation[: len(old)] == old:
-                if len(old) > len(continuation):
-                    continuation = old
+                continuation = max(continuation, old, key=len)
                 del entries[i]
                 break
         entries.insert(0, continuation)
@@ -192,19 +171,14 @@ class NgramPool:
         """
         if k <= 0 or limit <= 0 or not last_tokens:
             return []
-        found: list[Candidate] = []
-        seen: set[tuple[int, ...]] = set()
-        for n in (2, 1):
-            if len(last_tokens) < n:
-                continue
+        found: dict[tuple[int, ...], Candidate] = {}  # by tokens: the first of equal continuations
+        for n in (2, 1) if len(last_tokens) >= 2 else (1,):
             for entry in self.table.get(tuple(last_tokens[-n:]), ()):
                 tokens = self._chain(list(last_tokens[-2:]), entry, k) if chain else entry[:k]
-                if tuple(tokens) not in seen:
-                    seen.add(tuple(tokens))
-                    found.append(Candidate(tokens, "pool", n))
-                    if len(found) == limit:
-                        return found
-        return found
+                found.setdefault(tuple(tokens), Candidate(tokens, "pool", n))
+                if len(found) == limit:
+                    return list(found.values())
+        return list(found.values())
 
     def _chain(self, context: list[int], entry: list[int], k: int) -> list[int]:
         seq, head = context + entry, len(context)

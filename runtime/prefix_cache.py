@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from .acceptance import matched_prefix
 from .config import PrefixCacheConfig
+from .proposers import close_state
 
 
 @dataclass
@@ -65,16 +66,15 @@ class PrefixCache:
 
     def keep(self, slot: int, tokens: list[int], proposer: Any = None) -> None:
         if not self.config.guesses and proposer:
-            _close(Kept(tokens, proposer))
+            close_state(proposer)
             proposer = None
         if self.enabled and tokens:
             self.kept[slot] = Kept(tokens, proposer, next(self._clock))
 
     def choose(self, prompt: Sequence[int], idle: range) -> Choice:
         """The idle slot for a new row of `prompt`, and how much of the prompt it already holds."""
-        first = idle.start
         if not self.enabled:
-            return Choice(first, 0, None)
+            return Choice(idle.start, 0, None)
         self.queries += 1
         best, best_n = longest_prefix(prompt, [(slot, self.kept[slot].tokens) for slot in idle if slot in self.kept])
         reuse = min(best_n, len(prompt) - 1)
@@ -90,11 +90,10 @@ class PrefixCache:
     def evict(self, slots: range) -> int:
         """Forget the least recently kept of `slots` (all kept); returns its slot."""
         oldest = min(slots, key=lambda slot: self.kept[slot].used)
-        _close(self.kept.pop(oldest))
+        close_state(self.kept.pop(oldest).proposer)
         return oldest
 
     def swap(self, a: int, b: int) -> None:
-        """Slots a and b traded contents."""
         ka, kb = self.kept.pop(a, None), self.kept.pop(b, None)
         if ka is not None:
             self.kept[b] = ka
@@ -134,7 +133,7 @@ class KeptContexts:
             if bigger.load_prefix(ctx, n):
                 kept = Kept(kept.tokens[:n], kept.proposer, kept.used)
             else:
-                _close(kept)
+                close_state(kept.proposer)
                 kept = None
             ctx.close()
             ctx = bigger
@@ -154,14 +153,14 @@ class KeptContexts:
             del self.entries[: len(evicted)]
         for old, old_kept in evicted:
             old.close()
-            _close(old_kept)
+            close_state(old_kept.proposer)
 
     def close(self) -> None:
         with self._lock:
             entries, self.entries = self.entries, []
         for ctx, kept in entries:
             ctx.close()
-            _close(kept)
+            close_state(kept.proposer)
 
 
 def longest_prefix(prompt: Sequence[int], candidates: list[tuple[Any, list[int]]]) -> tuple[Any, int]:
@@ -173,9 +172,3 @@ def longest_prefix(prompt: Sequence[int], candidates: list[tuple[Any, list[int]]
         if n > best_n:
             best, best_n = key, n
     return best, best_n
-
-
-def _close(kept: Kept) -> None:
-    from .proposers import close_state
-
-    close_state(kept.proposer)

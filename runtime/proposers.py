@@ -24,7 +24,7 @@ from .allocator import Allocation, Guess, Offer, allocate
 from .config import DEFAULTS, AutoConfig, CostConfig
 from .ngram import Candidate, NgramPool, PromptLookup
 from .passes import PassResult
-from .tree import Tree, Verdict, leaf_paths
+from .tree import leaf_paths
 
 
 class Proposer(ABC):
@@ -35,7 +35,6 @@ class Proposer(ABC):
 
     def __init__(self) -> None:
         self.stats = {}
-        self.catchup_seconds = 0.0
 
     @abstractmethod
     def start(self, prompt: list[int], first: int) -> None:
@@ -201,32 +200,35 @@ class LookaheadProposer(Proposer):
         self.pool.extend([*prompt, first])
         self.trajectory, self.pending, self.after = [], [], []
 
-    def candidates(self, k: int, after: Sequence[int] = ()) -> list[Candidate]:
-        """Every source's candidates for the k tokens after the committed ones followed by `after`."""
-        n = self.lookup.n_max
-        tail = [*self.lookup.tokens[-n:], *after][-n:]
-        found = self.lookup.lookup(tail, k, self.branches) + self.pool.lookup(tail[-2:], k, self.branches)
-        if trajectory := _past(self.trajectory, after):
-            found.append(Candidate(trajectory[:k], "jacobi", 0))
-        return found
-
     def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
-        self.after = list(after)
-        self.pending = self.candidates(limit, after) if limit > 0 else []
+        """Every source's candidates for the `limit` tokens after the committed ones followed by `after`."""
+        self.after, self.pending, n = list(after), [], self.lookup.n_max
+        if limit > 0:
+            tail = [*self.lookup.tokens[-n:], *after][-n:]
+            self.pending = self.lookup.lookup(tail, limit, self.branches)
+            self.pending += self.pool.lookup(tail[-2:], limit, self.branches)
+            if trajectory := _past(self.trajectory, after):
+                self.pending.append(Candidate(trajectory[:limit], "jacobi", 0))
         rate = self.tracker.rate
         guesses = tuple(Guess((rate(c.source, c.match_len).p,) * len(c.tokens), tuple(c.tokens)) for c in self.pending)
         return Offer(guesses, self.branches, self.tracker.config.margin)
 
     def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
         self.sent = [(self.pending[i].source, self.pending[i].tokens[:n]) for i, n in allocation.picks]
-        self.stats["proposed"] += sum(n for _, n in allocation.picks)
+        self.stats["proposed"] += allocation.sent
         return [tokens for _, tokens in self.sent]
 
     def update(self, result: PassResult) -> None:
         tree, predictions, verdict = result.tree, result.predictions, result.verdict
         committed = verdict.committed
         own = _past(committed, self.after)  # what the pass committed past the forced run ([] if it left the run)
-        self._count_accepted(own, len(verdict.path) - len(self.after))
+        accepted = max(0, len(verdict.path) - len(self.after)) if own else 0  # of `own`, the guessed ones
+        self.stats["accepted"] += accepted
+        by_source = self.stats["accepted_by_source"]
+        for source, tokens in self.sent:
+            if accepted and tokens[:accepted] == own[:accepted]:
+                by_source[source] = by_source.get(source, 0) + accepted
+                break
         for candidate in self.pending if own else ():
             self.tracker.score(candidate, own)
         context = self.lookup.tokens[-2:]
@@ -234,35 +236,18 @@ class LookaheadProposer(Proposer):
             self.pool.observe(context, [tree.tokens[i] for i in branch[1:]], [int(predictions[i]) for i in branch])
         self.lookup.extend(committed)
         self.pool.extend(committed)
-        # the trajectory past the accepted node: the predictions of its descendants along the first branch
-        self.trajectory = _trajectory_after(tree, predictions, verdict)
-        self.pending = []
-
-    def _count_accepted(self, committed: list[int], accepted: int) -> None:
-        """committed: the pass's tokens past the forced run; accepted: how many of them were guesses."""
-        accepted = max(0, accepted) if committed else 0
-        self.stats["accepted"] += accepted
-        for source, tokens in self.sent:
-            if accepted and tokens[:accepted] == committed[:accepted]:
-                by_source = self.stats["accepted_by_source"]
-                by_source[source] = by_source.get(source, 0) + accepted
-                break
-        self.sent = []
+        # the trajectory past the accepted node: the predictions of its descendants along the first-listed branch
+        node, self.trajectory = (verdict.path[-1] if verdict.path else 0), []
+        first_child = {p: i for i, p in reversed(list(enumerate(tree.parents)))}
+        while (node := first_child.get(node)) is not None:
+            self.trajectory.append(int(predictions[node]))
+        self.pending, self.sent = [], []
 
 
 def _past(tokens: Sequence[int], run: Sequence[int]) -> list[int]:
     """`tokens` past `run` when they start with it (a forced run the pass committed), else []."""
     run = list(run)
     return list(tokens[len(run):]) if list(tokens[: len(run)]) == run else []
-
-
-def _trajectory_after(tree: Tree, predictions: list[int], verdict: Verdict) -> list[int]:
-    """Predictions along the first-listed branch below the accepted node (the Jacobi guesses)."""
-    node, out = (verdict.path[-1] if verdict.path else 0), []
-    children = {p: i for i, p in reversed(list(enumerate(tree.parents)))}  # first child of each node
-    while (node := children.get(node)) is not None:
-        out.append(int(predictions[node]))
-    return out
 
 
 class Composite(Proposer):
@@ -344,12 +329,6 @@ class UnionProposer(Composite):
             part.update(result)
 
 
-@dataclass
-class ArmRecord:
-    losses: int = 0  # consecutive calls in which the arm was tried and was not the best
-    sit_out: int = 0  # calls it still skips
-
-
 class ArmHistory:
     """What `auto`'s arms did in earlier calls of one Generator, so a losing arm is not re-tried
     on every call. Trying a draft costs its prefill over the whole prompt, which on short
@@ -360,7 +339,8 @@ class ArmHistory:
 
     def __init__(self, max_sit_out: int = DEFAULTS.auto.max_sit_out) -> None:
         self.max_sit_out = max_sit_out
-        self.records: dict[str, ArmRecord] = {}
+        self.losses: dict[str, int] = {}  # per arm: consecutive calls in which it was tried and was not the best
+        self.sit_out: dict[str, int] = {}  # and the calls it still skips
         self._lock = threading.Lock()
 
     def admit(self, names: list[str]) -> list[str]:
@@ -368,9 +348,8 @@ class ArmHistory:
         with self._lock:
             admitted = names[:1]
             for name in names[1:]:
-                record = self.records.setdefault(name, ArmRecord())
-                if record.sit_out > 0:
-                    record.sit_out -= 1
+                if self.sit_out.get(name, 0) > 0:
+                    self.sit_out[name] -= 1
                 else:
                     admitted.append(name)
             return admitted
@@ -379,12 +358,8 @@ class ArmHistory:
         """After a call: the arms that got a fair trial, and the one that won (`AutoProposer.close`)."""
         with self._lock:
             for name in tried:
-                record = self.records.setdefault(name, ArmRecord())
-                if name == best:
-                    record.losses = record.sit_out = 0
-                else:
-                    record.losses += 1
-                    record.sit_out = min(2 ** (record.losses - 1), self.max_sit_out)
+                self.losses[name] = 0 if name == best else self.losses.get(name, 0) + 1
+                self.sit_out[name] = min(2 ** (self.losses[name] - 1), self.max_sit_out) if self.losses[name] else 0
 
 
 @dataclass
@@ -413,9 +388,9 @@ class AutoProposer(Composite):
     so trying a slow draft stays cheap; an arm that has not been the best for `probe_every` passes is
     probed (when its offer sends anything), and the wait doubles each time it is probed and still
     not the best. Totals decay slowly, so one lucky pass cannot decide. The arms not chosen still
-    see every pass, so their state follows the sequence and they can take over at once. With a
-    `history` (one per Generator), an arm that lost earlier calls sits
-    some calls out: the arm whose passes as the best committed the most tokens won the call.
+    see every pass, so their state follows the sequence and they can take over at once. With a `history`
+    (one per Generator), an arm that lost earlier calls sits some calls out: the arm whose passes as the
+    best committed the most tokens won the call.
     """
 
     def __init__(self, arms: dict[str, Proposer], config: AutoConfig = DEFAULTS.auto,
@@ -554,8 +529,5 @@ def close_state(state) -> None:
 
 def observe_costs(proposer: Proposer, result: PassResult) -> None:
     """Teach each distinct cost curve `proposer` reads the pass's measured seconds, once."""
-    seen: set[int] = set()
-    for curve in proposer.cost_curves():
-        if id(curve) not in seen:
-            seen.add(id(curve))
-            curve.observe(result.width, result.seconds, result.rows)
+    for curve in {id(curve): curve for curve in proposer.cost_curves()}.values():
+        curve.observe(result.width, result.seconds, result.rows)

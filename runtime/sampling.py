@@ -191,10 +191,6 @@ class Sampler:
         self.prompt_len = prompt_len
         self.logprobs: list[TokenLogprob] = []  # one per committed token, when params.logprobs is set
 
-    @property
-    def greedy(self) -> bool:
-        return self.params.greedy
-
     def independent(self) -> "Sampler":
         """The same sampling with noise of its own (another seed): for an uncoupled draft."""
         if not self.params.sampled:
@@ -206,29 +202,20 @@ class Sampler:
 
         allowed: bool [vocab], the tokens a constraint allows there (runtime/constraints.Masks.allowed);
         None: every token. The filters then see only the allowed tokens (top-p's mass is theirs)."""
-        if allowed is not None:
-            return self._sample_allowed(logits, prefix, position, allowed)
+        # Under a constraint, the same rule on the allowed tokens only: the filters over their z, then
+        # argmax of z + g(s, t, i) with the unconstrained noise of each token id i.
         p = self.params
-        z = self.penalised(logits, prefix)
-        if p.temperature == 0:
-            return int(np.argmax(z))
-        z /= p.temperature
-        ids = survivors(z, p.top_k, p.top_p, p.min_p)
-        return self._gumbel_max(z, ids, position)
-
-    def _sample_allowed(self, logits: np.ndarray, prefix: Sequence[int], position: int, allowed: np.ndarray) -> int:
-        # The same rule on the allowed tokens only: penalties, temperature, the filters over the allowed
-        # tokens' z, then argmax of z + g(s, t, i) with the unconstrained noise of each token id i.
-        p = self.params
-        ids = np.flatnonzero(allowed)
-        if not len(ids):
+        ids = None if allowed is None else np.flatnonzero(allowed)
+        if ids is not None and not len(ids):
             raise InputError("the constraint allows no token here")
         z = self.penalised(logits, prefix)
         if p.temperature == 0:
-            return int(ids[np.argmax(z[ids])])
+            return int(np.argmax(z)) if ids is None else int(ids[np.argmax(z[ids])])
         z /= p.temperature
-        kept = survivors(z[ids], p.top_k, p.top_p, p.min_p)
-        return self._gumbel_max(z, ids if kept is None else ids[kept], position)
+        kept = survivors(z if ids is None else z[ids], p.top_k, p.top_p, p.min_p)
+        if ids is not None:
+            kept = ids if kept is None else ids[kept]
+        return self._gumbel_max(z, kept, position)
 
     def penalised(self, logits: np.ndarray, prefix: Sequence[int]) -> np.ndarray:
         """The logits as float64 after the penalties, which read only the tokens before the position."""

@@ -14,10 +14,8 @@ what row b would send in min(W, wanted_b) tokens: its proposer's offer cut by th
 (runtime.allocator.allocate, the rule a single generation uses), for every strategy (a union's
 offer is its parts' guesses, auto's its chosen arm's). A lone row gets the window it asks for (its
 own policy and offer decide, exactly as a single generation does); as rows join, the guesses
-shrink toward greedy because wider rows grow the cost faster than they pay.
-Prefill passes take at most `prefill_tokens` tokens in all (one row may take a whole chunk), first
-come first served, so a burst of long prompts never makes one pass long enough to stall the others
-and the earliest request gets its first token first.
+shrink toward greedy because wider rows grow the cost faster than they pay. Prefill passes take
+at most `prefill_tokens` tokens in all, first come first served (`prefill_pass`).
 """
 
 from __future__ import annotations
@@ -65,18 +63,12 @@ class PassBudget:
         return cls(config.batch.prefill_tokens or max(prefill_chunk, 16), PassCosts(config.costs))
 
     def decode_window(self, bids: list[Bid]) -> int:
-        """The pass's window for decoding rows with these bids."""
         if len(bids) == 1:
             return bids[0].want  # a lone row decodes exactly as a single generation would
         k, widest = len(bids), max(bid.want for bid in bids)
         best, best_value = 1, -1.0
-        for w in sorted({1, 2, 4, 8, 16, 32, widest, *(bid.sure for bid in bids)} - {0}):
-            if w > widest:
-                continue
-            gain = production = 0.0
-            for bid in bids:
-                tokens, made = bid.expected(w)
-                gain, production = gain + tokens, production + made
+        for w in sorted(w for w in {1, 2, 4, 8, 16, 32, widest, *(bid.sure for bid in bids)} if 0 < w <= widest):
+            gain, production = map(sum, zip(*(bid.expected(w) for bid in bids)))
             value = gain / (self.costs(w, k) + production)
             if value >= best_value:  # ties go to the wider window: its guesses come free
                 best, best_value = w, value
@@ -101,6 +93,5 @@ class PassBudget:
         return n, width
 
     def observe(self, shape: tuple[int, int], seconds: float) -> None:
-        """A pass of shape (rows, width) took `seconds`."""
-        rows, width = shape
+        rows, width = shape  # a pass of this shape took `seconds`
         self.costs.observe(width, seconds, rows)

@@ -48,42 +48,29 @@ class Tree:
 def build_tree(root: int, candidates: Sequence[Sequence[int]], max_nodes: int | None = None) -> Tree:
     """Merge candidates into a trie under `root`; stop adding nodes at `max_nodes` (root counted).
 
-    Duplicates and candidates that are prefixes of others add no nodes.
+    Duplicates and candidates that are prefixes of others add no nodes; the nodes are numbered depth
+    first (see Tree: children in insertion order), also where a later candidate branches off early.
     """
-    children: list[dict[int, int]] = [{}]
-    tokens, parents, depth = [int(root)], [-1], [0]
+    trie: dict[int, dict] = {}  # token -> the subtrie below it
+    size = 1
     for candidate in candidates:
-        node = 0
+        node = trie
         for token in candidate:
             token = int(token)
-            child = children[node].get(token)
-            if child is None:
-                if max_nodes is not None and len(tokens) >= max_nodes:
+            if token not in node:
+                if max_nodes is not None and size >= max_nodes:
                     break
-                child = len(tokens)
-                children[node][token] = child
-                children.append({})
-                tokens.append(token)
-                parents.append(node)
-                depth.append(depth[node] + 1)
-            node = child
-    _depth_first(tokens, parents, children, depth)
-    return Tree(tokens, parents, depth, ancestor_mask(parents))
-
-
-def _depth_first(tokens: list[int], parents: list[int], children: list[dict[int, int]], depth: list[int]) -> None:
-    # Insertion order is breadth-mixed when a later candidate branches off early; renumber depth
-    # first (children in insertion order) so the first candidate's path stays a window prefix.
-    order: list[int] = []
-    stack = [0]
+                node[token], size = {}, size + 1
+            node = node[token]
+    tokens, parents, depth = [int(root)], [-1], [0]
+    stack = [(token, sub, 0) for token, sub in reversed(trie.items())]
     while stack:
-        node = stack.pop()
-        order.append(node)
-        stack.extend(reversed(list(children[node].values())))
-    new = {old: i for i, old in enumerate(order)}
-    tokens[:] = [tokens[old] for old in order]
-    depth[:] = [depth[old] for old in order]
-    parents[:] = [-1 if parents[old] < 0 else new[parents[old]] for old in order]
+        token, sub, parent = stack.pop()
+        stack += [(child, below, len(tokens)) for child, below in reversed(sub.items())]
+        tokens.append(token)
+        parents.append(parent)
+        depth.append(depth[parent] + 1)
+    return Tree(tokens, parents, depth, ancestor_mask(parents))
 
 
 def ancestor_mask(parents: Sequence[int]) -> np.ndarray:
@@ -98,11 +85,8 @@ def ancestor_mask(parents: Sequence[int]) -> np.ndarray:
 
 def leaf_paths(parents: Sequence[int]) -> list[list[int]]:
     """Every root-to-leaf path of a tree, as node lists starting at the root (0)."""
-    is_parent = set(parents)
     paths = []
-    for leaf in range(len(parents)):
-        if leaf in is_parent:
-            continue
+    for leaf in sorted(set(range(len(parents))) - set(parents)):
         path = [leaf]
         while parents[path[-1]] >= 0:
             path.append(parents[path[-1]])

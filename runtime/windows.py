@@ -51,14 +51,13 @@ class AdaptiveWindow:
         for w, arm in self.arms.items():
             if arm.seconds is None:
                 return w
-        best = max(self.arms, key=self.rate)
         if self._probe:
             self._probe -= 1
-            return min(self.arms, key=self.rate)
-        if self.passes % self.config.probe_every == 0:
+        elif self.passes % self.config.probe_every == 0:
             self._probe, self._skip = 1, True
-            return min(self.arms, key=self.rate)
-        return best
+        else:
+            return max(self.arms, key=self.rate)
+        return min(self.arms, key=self.rate)  # a probe of the other arm
 
     def rate(self, w: int) -> float:
         arm = self.arms[w]

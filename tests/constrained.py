@@ -65,7 +65,7 @@ def constrained_decode(backend, prompt: list[int], matcher: Matcher, max_new_tok
                     pending_run = []
             matcher.commit([token])
             out.ids.append(token)
-            if token in matcher.eos_ids:
+            if token in matcher.bridge.eos_ids:
                 out.finish_reason = "eos"
                 break
             step = ctx.forward(np.array([[token]], dtype=np.int64), want_logits=True)

@@ -80,13 +80,13 @@ def test_tree_masks_are_the_masks_after_each_prefix(smollm2_tokens):
     committed = tokenizer.encode('{"name": "Tom", "age": 4', add_special_tokens=False)
     matcher = bridge.matcher(constraint)
     matcher.commit(committed)
-    before = matcher.mask().copy()
+    before = matcher.masks([0], [-1]).bits[0].copy()
     good = tokenizer.encode('2, "tags": ["a"]', add_special_tokens=False)
     bad = tokenizer.encode('x, "tags"', add_special_tokens=False)
     other = tokenizer.encode(', "tags": []', add_special_tokens=False)
     tree = build_tree(committed[-1], [good, bad, other, good[:2] + bad])
     masks = matcher.masks(tree.tokens, tree.parents)
-    assert np.array_equal(matcher.mask(), before)
+    assert np.array_equal(matcher.masks([0], [-1]).bits[0], before)
     for node in range(len(tree.tokens)):
         path, at = [], node
         while at > 0:
@@ -97,7 +97,7 @@ def test_tree_masks_are_the_masks_after_each_prefix(smollm2_tokens):
         assert masks.live[node] == valid, node
         if valid:
             fresh.commit(committed + path[::-1])
-            assert np.array_equal(masks.bits[node], fresh.mask()), node
+            assert np.array_equal(masks.bits[node], fresh.masks([0], [-1]).bits[0]), node
     assert not masks.live.all() and masks.live[: len(good) + 1].all()
 
 

@@ -200,13 +200,13 @@ def test_auto_history_benches_a_losing_arm_for_doubling_calls_and_a_win_resets_i
     # lose -> sit out 1 call; lose -> 2; -> 4; -> 4 (capped)
     assert tried == [True, False, True, False, False, True, False, False, False, False, True, False]
     # the same arm, now winning: one win and it is back in every call
-    history.records["bad"].sit_out = 0
+    history.sit_out["bad"] = 0
     for _ in range(3):
         assert "bad" in _auto_call(AutoProposer({"good": bad, "bad": Scripted([1, 2, 3])}, AutoConfig(warmup=2), history=history))
-    assert history.records["bad"].losses == 0
+    assert history.losses["bad"] == 0
     # a short answer (fewer passes than probe_every) is no fair trial: nothing is recorded
     _auto_call(AutoProposer({"good": good, "bad": bad}, AutoConfig(warmup=2, probe_every=16), history=history), passes=10)
-    assert history.records["bad"].losses == 0 and history.records["bad"].sit_out == 0
+    assert history.losses["bad"] == 0 and history.sit_out["bad"] == 0
 
 
 def test_auto_takes_nothing_from_a_pass_without_room():

@@ -136,13 +136,13 @@ def test_top_k_one_is_greedy_and_temperature_zero_needs_no_seed():
     for seed in range(10):
         assert Sampler(SamplingParams(temperature=1.3, top_k=1, seed=seed), 0).sample(logits, [], 3) == int(np.argmax(logits))
     greedy = Sampler(SamplingParams(), 0)
-    assert greedy.greedy and greedy.params.seed is None
+    assert greedy.params.greedy and greedy.params.seed is None
 
 
 def test_greedy_with_penalties_draws_no_seed():
     """Penalties need the logits on the host (not greedy's in-graph ids), but nothing is drawn: no seed to report."""
     penalised = Sampler(SamplingParams(repetition_penalty=1.2, presence_penalty=0.5), 0)
-    assert not penalised.greedy and penalised.params.seed is None
+    assert not penalised.params.greedy and penalised.params.seed is None
     assert penalised.independent() is penalised  # an uncoupled draft: no noise to make its own
 
 
