@@ -88,14 +88,6 @@ def one_row_tile(rows: int, window: int) -> bool:
     return rows * window % TILE == 1
 
 
-def pad_if_needed(pad_rows: bool, ids: np.ndarray, positions: np.ndarray, window_mask: np.ndarray):
-    """(ids, positions, window_mask, padding) for one pass: with `pad_rows`, a pass that would leave a
-    one-row tile gets the pad column (padding 1); otherwise the inputs as they are (padding 0)."""
-    if pad_rows and one_row_tile(*ids.shape):
-        return (*pad(ids, positions, window_mask), 1)
-    return ids, positions, window_mask, 0
-
-
 def pad(ids: np.ndarray, positions: np.ndarray, window_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One more window column: each row's last token again, at its position (so no position past the
     context is asked for), attending to its row's window; the real rows do not see it."""

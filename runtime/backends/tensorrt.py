@@ -150,7 +150,7 @@ class TrtContext(DeviceKVContext):
         self.heads, self.head_dim, self.vocab = arch.kv_heads, arch.head_dim, arch.vocab_size
         self.past_names = [t.name for t in kv_inputs(arch.num_layers)]
         self.present_names = [t.name for t in kv_outputs(arch.num_layers)]
-        self.kv_dtype = backend.dtypes[self.past_names[0]]
+        self.dtype = backend.dtypes[self.past_names[0]]
         self.max_window = min(backend.max_window, capacity)
         self._device: list[int] = []
         self._host: list[int] = []
@@ -168,7 +168,7 @@ class TrtContext(DeviceKVContext):
             self.context = self.backend.engine.create_execution_context()
         if self.context is None:
             raise BackendError("TensorRT could not create an execution context (out of GPU memory?); close other contexts or lower the capacity")
-        b, w, item = self.batch, self.max_window, self.kv_dtype.itemsize
+        b, w, item = self.batch, self.max_window, self.dtype.itemsize
         self._kv = DeviceKV(CudaMemory(self.cuda, self.stream), len(self.past_names), b * self.heads, self.capacity, self.head_dim * item)
         # ids | positions | window_mask, one region each, staged in pinned memory and sent in one copy
         ids_bytes = _aligned(b * w * 8)
