@@ -25,7 +25,7 @@ from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendContext, BackendLimits, StepOutput, window_inputs
 from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext, release
-from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, one_row_tile, pad
+from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, cpuinfo, one_row_tile, pad
 
 ORT_HINT = 'pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); from the jacobi-rt checkout: pip install ".[cpu]" or ".[gpu]"'
 
@@ -33,25 +33,8 @@ ORT_HINT = 'pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); f
 def physical_cores() -> int:
     """Physical cores this process may run on (hyper-threads do not help the matmuls)."""
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        cores = set()
-        physical = core = None
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "physical id":
-                physical = value.strip()
-            elif key == "core id":
-                core = value.strip()
-                cores.add((physical, core))
-        count = len(cores) or allowed
-    except OSError:
-        count = allowed
-    return max(1, min(count, allowed))
-
-
-def cuda_available(ort) -> bool:
-    return "CUDAExecutionProvider" in ort.get_available_providers()
+    cores = {(block.get("physical id"), block["core id"]) for block in cpuinfo() if "core id" in block}
+    return max(1, min(len(cores) or allowed, allowed))
 
 
 class OrtBackend(Backend):
@@ -174,7 +157,7 @@ def _pick_device(ort, device: str) -> str:
         raise BackendError(f"backend device must be auto, cpu or cuda, not {device!r}")
     if device == "cpu":
         return "cpu"
-    if cuda_available(ort) and device_count() > 0:
+    if "CUDAExecutionProvider" in ort.get_available_providers() and device_count() > 0:
         return "cuda"
     if device == "cuda":
         raise BackendError(
