@@ -31,7 +31,7 @@ class DeviceKV:
     def __init__(self, memory, rows: int, blocks: int, capacity: int, entry: int):
         self.memory, self.rows, self.blocks, self.capacity, self.entry = memory, rows, blocks, capacity, entry
         worst_unit = ALIGN // math.gcd(ALIGN, entry)  # stride(L)'s padding unit divides this for every L
-        self.side_bytes = rows * _round_up(blocks, worst_unit) * capacity * entry
+        self.side_bytes = rows * round_up(blocks, worst_unit) * capacity * entry
         self.bases: list[int] = []
         try:
             for _ in range(2):
@@ -44,7 +44,7 @@ class DeviceKV:
         """Blocks per row, padded so that a row of `length` entries is a multiple of 256 bytes."""
         if length == 0:
             return self.blocks
-        return _round_up(self.blocks, ALIGN // math.gcd(ALIGN, length * self.entry))
+        return round_up(self.blocks, ALIGN // math.gcd(ALIGN, length * self.entry))
 
     def stride(self, length: int) -> int:
         return self.ysize(length) * length * self.entry
@@ -91,7 +91,7 @@ def release(actions: Iterable[Callable[[], None]]) -> None:
         raise first
 
 
-def _round_up(value: int, unit: int) -> int:
+def round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
 
 

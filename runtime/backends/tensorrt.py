@@ -32,7 +32,7 @@ from ..manifest import EngineRecord, Manifest
 from ..spec import input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendLimits, StepOutput
 from .cuda import DEVICE_TO_HOST, HOST_TO_DEVICE, CudaMemory, gpu_facts, load_cudart
-from .device_kv import ALIGN, DeviceKV, DeviceKVContext, release
+from .device_kv import ALIGN, DeviceKV, DeviceKVContext, release, round_up
 
 TENSORRT_HINT = (
     "pip install \"tensorrt>=10\" polygraphy (from the jacobi-rt checkout: pip install \".[tensorrt]\") on a machine "
@@ -137,10 +137,6 @@ def _numpy_type(trt, dtype) -> np.dtype:
     raise BackendError(f"the engine has a tensor of type {dtype}, which jacobi-rt does not handle; rebuild it from the artifact")
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
-
-
 class TrtContext(DeviceKVContext):
     def __init__(self, backend: TrtBackend, capacity: int, batch: int):
         arch = backend.manifest.architecture
@@ -171,7 +167,7 @@ class TrtContext(DeviceKVContext):
         b, w, item = self.batch, self.max_window, self.dtype.itemsize
         self._kv = DeviceKV(CudaMemory(self.cuda, self.stream), len(self.past_names), b * self.heads, self.capacity, self.head_dim * item)
         # ids | positions | window_mask, one region each, staged in pinned memory and sent in one copy
-        ids_bytes = _aligned(b * w * 8)
+        ids_bytes = round_up(b * w * 8, ALIGN)
         self._offsets = {"input_ids": 0, "position_ids": ids_bytes, "window_mask": 2 * ids_bytes}
         staged = 2 * ids_bytes + b * w * w
         self._inputs = self._device_alloc(staged)
