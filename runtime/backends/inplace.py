@@ -104,18 +104,11 @@ class OrtInplaceContext(OrtBinding):
         lengths = self._selected
         return lengths[:, None], len(lengths), int(lengths[0] if len(lengths) == 1 else lengths.max())
 
-    def commit(self, n) -> None:
-        """Keep the first n entries of the last window: one n for every row, or one per row."""
-        if isinstance(n, int):  # the loop's common case, without small-array numpy on the hot path
-            if not 0 <= n <= self.pending:
-                raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
-            self._selected += n
-            self.pending = 0
-            return
-        counts = np.broadcast_to(np.asarray(n, dtype=np.int64), self._selected.shape)
-        if (counts < 0).any() or (counts > self.pending).any():
-            raise BackendError(f"commit({np.asarray(n).tolist()}) is outside the last window of {self.pending} entries")
-        self._selected += counts  # in place: the bound `cache_lengths` sees it
+    def commit(self, n: int) -> None:
+        """Keep the first n entries of the last window in every selected row (commit_each: each row its own)."""
+        if not 0 <= n <= self.pending:
+            raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
+        self._selected += n  # in place: the bound `cache_lengths` sees it
         self.pending = 0
 
     def commit_each(self, keeps: list[list[int]]) -> None:
@@ -142,14 +135,12 @@ class OrtInplaceContext(OrtBinding):
         """Keep the last window's entries `rows` (ascending, distinct) of batch row `row` (every row when None)."""
         self.commit_each([list(rows) if row in (None, b) else [] for b in range(*self._rows)])
 
-    def trim(self, length) -> None:
-        """Rewind to `length` entries: one length for every row, or one per row."""
+    def trim(self, length: int) -> None:
+        """Rewind every selected row to `length` entries (trim_row: one row)."""
         self._check_idle("trim")
-        lengths = self._selected
-        wanted = np.broadcast_to(np.asarray(length, dtype=np.int64), lengths.shape)
-        if (wanted < 0).any() or (wanted > lengths).any():
-            raise BackendError(f"trim({np.asarray(length).tolist()}) is outside the committed cache of {lengths.tolist()} entries")
-        lengths[:] = wanted
+        if not 0 <= length <= self._selected.min():
+            raise BackendError(f"trim({length}) is outside the committed cache of {self._selected.tolist()} entries")
+        self._selected[:] = length
 
     def load_prefix(self, source, length: int, row: int = 0, source_row: int = 0) -> bool:
         """Copy the first `length` entries of `source`'s row `source_row` into this context's row `row`."""
