@@ -156,8 +156,6 @@ class Cuda:
 class CudaMemory:
     """Device memory and copies on one stream: what DeviceKV needs from CUDA."""
 
-    device = "cuda"
-
     def __init__(self, cuda: Cuda, stream: int):
         self.cuda, self.stream = cuda, stream
 
