@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -105,7 +106,20 @@ class StepOutput:
     logits: np.ndarray | None = None  # [B, W, vocab] float32, only when forward(want_logits=True)
 
 
-class BackendContext(ABC):
+class Closable:
+    """close() releases what it holds (at the end of a `with` block too); it is unusable afterwards."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class BackendContext(Closable, ABC):
     """One sequence (or batch of sequences) and its KV cache. Not thread-safe: one per generation."""
 
     batch: int
@@ -199,15 +213,6 @@ class BackendContext(ABC):
             raise BackendError(f"{type(self).__name__}'s rows share one length: trim() them together")
         self.trim(length)
 
-    def close(self) -> None:
-        """Release the buffers; the context is unusable afterwards."""
-
-    def __enter__(self) -> "BackendContext":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def _check_idle(self, call: str) -> None:
         if self.pending:
             raise BackendError(f"{call}() while a window is pending; commit(n) it first")
@@ -232,7 +237,7 @@ class BackendContext(ABC):
         return rows, window
 
 
-class Backend(ABC):
+class Backend(Closable, ABC):
     """A loaded model: shared by threads; each generation opens its own context."""
 
     name: str
@@ -251,12 +256,3 @@ class Backend(ABC):
     @abstractmethod
     def context(self, capacity: int, batch: int = 1) -> BackendContext:
         """A new sequence state whose KV buffers hold `capacity` entries (capped at max_context)."""
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> "Backend":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
