@@ -16,7 +16,7 @@ class Tokenizer:
     def __init__(self, folder: str | Path, manifest: Manifest):
         tokenizers = require("tokenizers", "pip install tokenizers")
         info = manifest.tokenizer
-        path = Path(folder) / info.get("file", "tokenizer.json")
+        path = Path(folder) / (info.get("file") or "tokenizer.json")  # as manifest_checks names it
         try:
             self._tok = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
