@@ -60,6 +60,7 @@ class OrtBackend(Backend):
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs and EPs
             raise BackendError(f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact") from exc
         self._check_graph()
+        self.batched = self.graph == INPLACE  # its contexts hold rows of their own lengths (the batcher's slots)
         self.pad_rows = False  # pad passes that would leave MatMulNBits a one-row tile (exact_rows.py)
         self.rows = self._check_rows()
 
@@ -71,11 +72,6 @@ class OrtBackend(Backend):
         if not self.manifest.quantization and self.manifest.dtype == "float32":
             return RowsCheck(FLOAT)
         return check(self)
-
-    @property
-    def batched(self) -> bool:
-        """The in-place graph's contexts hold rows of their own lengths (the engine's slots)."""
-        return self.graph == INPLACE
 
     @property
     def spare_entries(self) -> int:
