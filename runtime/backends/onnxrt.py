@@ -164,7 +164,7 @@ def _pick_device(ort, device: str) -> str:
 
 
 def _binders(binding, device: str):
-    """(bind_input, bind_output)(name, dtype, shape, pointer) for the KV tensors on `device`.
+    """(bind_input, bind_output)(name, dtype, shape, pointer) for tensors on `device`.
 
     The public IOBinding methods rebuild the device descriptor on every call (~20 us per tensor,
     120 tensors a pass for a 30-layer model); onnxruntime's C binding with the descriptor made
