@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .errors import ArtifactError
+from .manifest_checks import check_fields, check_inside, check_names
 from .spec import FORMAT_VERSION, MANIFEST_NAME
 
 
@@ -141,8 +142,6 @@ def read_manifest(folder: str | Path) -> Manifest:
             f"{path} has format_version {version!r}, but this jacobi-rt reads format {FORMAT_VERSION}; "
             "re-export the model with this version of jacobi-rt (or install the version that wrote it)"
         )
-    from .manifest_checks import check_fields, check_names
-
     check_fields(data, path)
     try:
         manifest = Manifest.from_dict(data)
@@ -154,8 +153,6 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 def verify_files(folder: str | Path, manifest: Manifest, names: list[str] | None = None) -> None:
     """Check that every recorded file (or just `names`) exists and has its recorded sha256."""
-    from .manifest_checks import check_inside
-
     folder = Path(folder)
     for name, expected in manifest.files.items():
         if names is not None and name not in names:

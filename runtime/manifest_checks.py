@@ -38,6 +38,7 @@ _TOP: dict[str, tuple[str, object]] = {
     "created": (_OBJECT, lambda v: isinstance(v, dict)),
 }
 _ARCHITECTURE_INTS = ("num_layers", "num_heads", "kv_heads", "head_dim", "hidden_size", "vocab_size", "max_positions")
+_ENGINE_STRINGS = ("file", "sha256", "precision", "tensorrt_version", "compute_capability")
 
 
 def _is_int(value) -> bool:
@@ -48,29 +49,25 @@ def _str_map(value) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
+def _wrong(where: str, values, names, what: str, ok) -> list[str]:
+    """A "`where.name` must be what" for each of `names` that `values` (when an object) holds and `ok` refuses."""
+    if not isinstance(values, dict):
+        return []
+    return [f"`{where}.{name}` must be {what}" for name in names if name in values and not ok(values[name])]
+
+
 def check_fields(data: dict, path: Path) -> None:
     """Raise an ArtifactError naming the first field of the wrong type (missing fields are left to the caller)."""
     problems = [f"`{name}` must be {what}" for name, (what, ok) in _TOP.items() if name in data and not ok(data[name])]
-    arch, tokens = data.get("architecture"), data.get("tokens")
-    if isinstance(arch, dict):
-        problems += [f"`architecture.{k}` must be a positive integer" for k in _ARCHITECTURE_INTS
-                     if k in arch and not (_is_int(arch[k]) and arch[k] > 0)]
-        if "family" in arch and not isinstance(arch["family"], str):
-            problems.append("`architecture.family` must be a string")
-    if isinstance(tokens, dict):
-        eos = tokens.get("eos_ids")
-        if "eos_ids" in tokens and not (isinstance(eos, list) and all(_is_int(t) for t in eos)):
-            problems.append("`tokens.eos_ids` must be a list of integers")
-        problems += [f"`tokens.{k}` must be an integer or null" for k in ("bos_id", "pad_id")
-                     if tokens.get(k) is not None and not _is_int(tokens[k])]
-    tokenizer = data.get("tokenizer")
-    if isinstance(tokenizer, dict):
-        problems += [f"`tokenizer.{k}` must be a string" + (" or null" if k == "chat_template" else "")
-                     for k in ("file", "chat_template") if tokenizer.get(k) is not None and not isinstance(tokenizer[k], str)]
+    arch, tokens, tokenizer = data.get("architecture"), data.get("tokens"), data.get("tokenizer")
+    problems += _wrong("architecture", arch, _ARCHITECTURE_INTS, "a positive integer", lambda v: _is_int(v) and v > 0)
+    problems += _wrong("architecture", arch, ["family"], "a string", lambda v: isinstance(v, str))
+    problems += _wrong("tokens", tokens, ["eos_ids"], "a list of integers", lambda v: isinstance(v, list) and all(map(_is_int, v)))
+    problems += _wrong("tokens", tokens, ["bos_id", "pad_id"], "an integer or null", lambda v: v is None or _is_int(v))
+    problems += _wrong("tokenizer", tokenizer, ["file"], "a string", lambda v: v is None or isinstance(v, str))
+    problems += _wrong("tokenizer", tokenizer, ["chat_template"], "a string or null", lambda v: v is None or isinstance(v, str))
     for i, engine in enumerate(data.get("engines") or []):
-        if isinstance(engine, dict):
-            problems += [f"`engines[{i}].{k}` must be a string" for k in ("file", "sha256", "precision", "tensorrt_version",
-                                                                            "compute_capability") if k in engine and not isinstance(engine[k], str)]
+        problems += _wrong(f"engines[{i}]", engine, _ENGINE_STRINGS, "a string", lambda v: isinstance(v, str))
     if problems:
         raise ArtifactError(f"{path} has fields of the wrong type: {'; '.join(problems[:3])}; re-export the artifact "
                             "(or fix jacobi.json by hand)")

@@ -27,22 +27,18 @@ class Tensor:
     axes: tuple[str, ...]  # symbolic names; fixed sizes are written as digits ("kv_heads" etc. are per-model)
 
 
+def _kv(prefix: str, num_layers: int, length: str) -> list[Tensor]:
+    """Layer by layer, the key then the value: `{prefix}.{i}.key` and `.value`, [batch, kv_heads, length, head_dim]."""
+    return [Tensor(f"{prefix}.{i}.{kind}", "model", (BATCH, "kv_heads", length, "head_dim"))
+            for i in range(num_layers) for kind in ("key", "value")]
+
+
 def kv_inputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
-    length = CAPACITY if variant == INPLACE else PAST
-    out = []
-    for i in range(num_layers):
-        for kind in ("key", "value"):
-            out.append(Tensor(f"past_key_values.{i}.{kind}", "model", (BATCH, "kv_heads", length, "head_dim")))
-    return out
+    return _kv("past_key_values", num_layers, CAPACITY if variant == INPLACE else PAST)
 
 
 def kv_outputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
-    length = CAPACITY if variant == INPLACE else TOTAL  # in place: the same buffer as the past
-    out = []
-    for i in range(num_layers):
-        for kind in ("key", "value"):
-            out.append(Tensor(f"present.{i}.{kind}", "model", (BATCH, "kv_heads", length, "head_dim")))
-    return out
+    return _kv("present", num_layers, CAPACITY if variant == INPLACE else TOTAL)  # in place: the same buffer as the past
 
 
 def graph_inputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:

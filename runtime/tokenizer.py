@@ -16,7 +16,7 @@ class Tokenizer:
     def __init__(self, folder: str | Path, manifest: Manifest):
         tokenizers = require("tokenizers", "pip install tokenizers")
         info = manifest.tokenizer
-        path = Path(folder) / info.get("file", "tokenizer.json")
+        path = Path(folder) / (info.get("file") or "tokenizer.json")  # as manifest_checks names it
         try:
             self._tok = tokenizers.Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad files
@@ -52,7 +52,11 @@ class Tokenizer:
         takes them), as Hugging Face's apply_chat_template renders it."""
         if not self.chat_template:
             raise InputError("this artifact has no chat template; pass a plain prompt instead of chat messages")
-        _check_messages(messages)
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InputError('chat messages must be a non-empty list like [{"role": "user", "content": "Hi"}]')
+        for m in messages:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise InputError(f'each chat message needs "role" and "content" keys; got {m!r}')
         template = _compile(self.chat_template)
         extra = {"tools": tools} if tools else {}
         try:
@@ -65,15 +69,6 @@ class Tokenizer:
                              "check the roles and contents this model's template expects") from exc
 
 
-def _check_messages(messages) -> None:
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise InputError('chat messages must be a non-empty list like [{"role": "user", "content": "Hi"}]')
-    for m in messages:
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise InputError(f'each chat message needs "role" and "content" keys; got {m!r}')
-
-
-_TEMPLATES: dict[str, object] = {}
 TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")
 
 
@@ -105,16 +100,14 @@ def _variables(source: str) -> frozenset[str]:
         raise ArtifactError(f"the artifact's chat template does not compile ({exc}); re-export the artifact") from exc
 
 
+@functools.lru_cache(maxsize=16)
 def _compile(source: str):
-    if source not in _TEMPLATES:
-        env = _environment()
-        import jinja2
+    import jinja2
 
-        try:
-            _TEMPLATES[source] = env.from_string(source)
-        except jinja2.TemplateError as exc:
-            raise ArtifactError(f"the artifact's chat template does not compile ({exc}); re-export the artifact") from exc
-    return _TEMPLATES[source]
+    try:
+        return _environment().from_string(source)
+    except jinja2.TemplateError as exc:
+        raise ArtifactError(f"the artifact's chat template does not compile ({exc}); re-export the artifact") from exc
 
 
 @dataclass

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -60,6 +61,30 @@ def padded(rows: list[tuple[list[int], np.ndarray, np.ndarray]]) -> tuple[np.nda
     return ids, out_positions, out_mask
 
 
+def window_inputs(ids, positions, window_mask, past) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One pass's ids and positions [B, W] int64 and window mask [B, W, W] bool, C-contiguous for a binding:
+    positions default to `past` (an int, or each row's length [B, 1]) + 0..W-1, the mask to lower-triangular."""
+    rows, window = ids.shape
+    if positions is None:
+        positions = past + np.arange(window, dtype=np.int64)
+    if window_mask is None:
+        window_mask = lower_triangular(window)
+    return (np.ascontiguousarray(ids, dtype=np.int64),
+            np.ascontiguousarray(np.broadcast_to(positions, (rows, window)), dtype=np.int64),
+            np.ascontiguousarray(np.broadcast_to(window_mask, (rows, window, window)), dtype=bool))
+
+
+def check_kept(rows: list[int], window: int, what: str) -> bool:
+    """Whether the kept window entries `rows` are a prefix of the window; a BackendError naming `what` unless
+    they are ascending, distinct entries of the last window of `window`."""
+    if rows == list(range(len(rows))):
+        if len(rows) <= window:
+            return True
+    elif all(0 <= r < window for r in rows) and all(a < b for a, b in zip(rows, rows[1:])):
+        return False
+    raise BackendError(f"{what} keeps {rows}: not ascending, distinct entries of the last window of {window}")
+
+
 @dataclass(frozen=True)
 class BackendLimits:
     """What every pass of one sequence may use on a backend."""
@@ -81,7 +106,20 @@ class StepOutput:
     logits: np.ndarray | None = None  # [B, W, vocab] float32, only when forward(want_logits=True)
 
 
-class BackendContext(ABC):
+class Closable:
+    """close() releases what it holds (at the end of a `with` block too); it is unusable afterwards."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class BackendContext(Closable, ABC):
     """One sequence (or batch of sequences) and its KV cache. Not thread-safe: one per generation."""
 
     batch: int
@@ -116,12 +154,15 @@ class BackendContext(ABC):
 
         For verified branches (a tree window), whose accepted path is not a prefix of the window.
         """
-        raise BackendError(f"{type(self).__name__} cannot gather window rows; verify a single branch and commit(n)")
+        rows = list(rows)
+        if check_kept(rows, self.pending, "commit_rows()"):
+            return self.commit(len(rows))
+        old, self.pending = self.length + self.pending + self.padding, 0
+        self._gather(old, rows)
 
     def trim(self, length: int) -> None:
         """Rewind the committed cache to its first `length` entries."""
-        if self.pending:
-            raise BackendError("trim() while a window is pending; commit(n) it first")
+        self._check_idle("trim")
         if not 0 <= length <= self.length:
             raise BackendError(f"trim({length}) is outside the committed cache of {self.length} entries")
         self._compact(self.length, length)
@@ -129,6 +170,10 @@ class BackendContext(ABC):
     def _compact(self, old: int, new: int) -> None:
         """Keep the first `new` of the `old` cache entries the current buffers hold (commit and trim)."""
         raise NotImplementedError(f"{type(self).__name__} keeps entries its own way")
+
+    def _gather(self, old: int, rows: list[int]) -> None:
+        """Of the `old` entries the current buffers hold, keep the committed ones and then window entries `rows`."""
+        raise BackendError(f"{type(self).__name__} cannot gather window rows; verify a single branch and commit(n)")
 
     # -- the row contract (runtime/batcher.py): a context of one row; OrtInplaceContext holds many ------
 
@@ -146,8 +191,7 @@ class BackendContext(ABC):
         """Keep, for each selected row, its own window entries (ascending, distinct)."""
         if self.batch != 1 and any(list(k) != list(keeps[0]) for k in keeps):
             raise BackendError(f"{type(self).__name__}'s rows share one length: they keep the same entries")
-        keep = list(keeps[0])
-        self.commit(len(keep)) if keep == list(range(len(keep))) else self.commit_rows(keep)
+        self.commit_rows(keeps[0])
 
     def move_row(self, source: int, target: int) -> None:
         """Copy row `source`'s cache and length into row `target` (a free slot)."""
@@ -169,30 +213,31 @@ class BackendContext(ABC):
             raise BackendError(f"{type(self).__name__}'s rows share one length: trim() them together")
         self.trim(length)
 
-    def close(self) -> None:
-        """Release the buffers; the context is unusable afterwards."""
+    def _check_idle(self, call: str) -> None:
+        if self.pending:
+            raise BackendError(f"{call}() while a window is pending; commit(n) it first")
 
-    def __enter__(self) -> "BackendContext":
-        return self
+    def _check_open(self) -> None:
+        if getattr(self, "_kv", None) is None:
+            raise BackendError("this context was closed; open a new one with backend.context(capacity)")
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _check_window(self, ids: np.ndarray) -> tuple[int, int]:
+    def _check_window(self, ids: np.ndarray, rows: int | None = None, longest: int | None = None) -> tuple[int, int]:
+        """(rows, window) of ids [rows, W] after `longest` cached entries (default: every row, `length`)."""
+        rows, longest = self.batch if rows is None else rows, self.length if longest is None else longest
         if self.pending:
             raise BackendError("forward() called twice without commit(n) in between; commit the last window first")
-        if ids.ndim != 2 or ids.shape[0] != self.batch or ids.shape[1] < 1:
-            raise BackendError(f"window ids must have shape [{self.batch}, W>=1], got {list(ids.shape)}")
+        if ids.ndim != 2 or ids.shape[0] != rows or ids.shape[1] < 1:
+            raise BackendError(f"window ids must have shape [{rows}, W>=1], got {list(ids.shape)}")
         window = ids.shape[1]
-        if self.length + window > self.capacity:
+        if longest + window > self.capacity:
             raise BackendError(
-                f"window of {window} after {self.length} cached entries exceeds the context's capacity "
+                f"window of {window} after {longest} cached entries exceeds the context's capacity "
                 f"of {self.capacity}; open the context with a larger capacity"
             )
-        return self.batch, window
+        return rows, window
 
 
-class Backend(ABC):
+class Backend(Closable, ABC):
     """A loaded model: shared by threads; each generation opens its own context."""
 
     name: str
@@ -211,12 +256,3 @@ class Backend(ABC):
     @abstractmethod
     def context(self, capacity: int, batch: int = 1) -> BackendContext:
         """A new sequence state whose KV buffers hold `capacity` entries (capped at max_context)."""
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> "Backend":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

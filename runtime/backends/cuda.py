@@ -10,6 +10,7 @@ polygraphy. cuda-python would be one more dependency whose module layout changed
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 import sys
@@ -155,8 +156,6 @@ class Cuda:
 class CudaMemory:
     """Device memory and copies on one stream: what DeviceKV needs from CUDA."""
 
-    device = "cuda"
-
     def __init__(self, cuda: Cuda, stream: int):
         self.cuda, self.stream = cuda, stream
 
@@ -179,21 +178,15 @@ class CudaMemory:
         self.cuda.stream_synchronize(self.stream)
 
 
-_LOADED: list = []
-
-
+@functools.lru_cache(maxsize=1)
 def cudart() -> Cuda | None:
     """libcudart, or None when no CUDA runtime library can be found."""
-    if not _LOADED:
-        lib = None
-        for candidate in _candidates():
-            try:
-                lib = ctypes.CDLL(candidate)
-                break
-            except OSError:
-                continue
-        _LOADED.append(Cuda(lib) if lib is not None else None)
-    return _LOADED[0]
+    for candidate in _candidates():
+        try:
+            return Cuda(ctypes.CDLL(candidate))
+        except OSError:
+            continue
+    return None
 
 
 def _candidates() -> list[str]:

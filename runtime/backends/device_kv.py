@@ -19,7 +19,6 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ..errors import BackendError
 from .base import BackendContext
 from .cuda import Pitched
 
@@ -32,7 +31,7 @@ class DeviceKV:
     def __init__(self, memory, rows: int, blocks: int, capacity: int, entry: int):
         self.memory, self.rows, self.blocks, self.capacity, self.entry = memory, rows, blocks, capacity, entry
         worst_unit = ALIGN // math.gcd(ALIGN, entry)  # stride(L)'s padding unit divides this for every L
-        self.side_bytes = rows * _round_up(blocks, worst_unit) * capacity * entry
+        self.side_bytes = rows * round_up(blocks, worst_unit) * capacity * entry
         self.bases: list[int] = []
         try:
             for _ in range(2):
@@ -45,7 +44,7 @@ class DeviceKV:
         """Blocks per row, padded so that a row of `length` entries is a multiple of 256 bytes."""
         if length == 0:
             return self.blocks
-        return _round_up(self.blocks, ALIGN // math.gcd(ALIGN, length * self.entry))
+        return round_up(self.blocks, ALIGN // math.gcd(ALIGN, length * self.entry))
 
     def stride(self, length: int) -> int:
         return self.ysize(length) * length * self.entry
@@ -92,16 +91,13 @@ def release(actions: Iterable[Callable[[], None]]) -> None:
         raise first
 
 
-def _round_up(value: int, unit: int) -> int:
+def round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
 
 
-def kept_runs(past: int, window: int, rows: list[int]) -> list[tuple[int, int]]:
+def kept_runs(past: int, rows: list[int]) -> list[tuple[int, int]]:
     """The cache entries to keep after verifying a tree window: the past, then window `rows`
     (ascending, distinct), as maximal contiguous [start, stop) runs."""
-    rows = list(rows)
-    if any(not 0 <= r < window for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
-        raise BackendError(f"commit_rows({rows}) needs ascending, distinct rows of the last window of {window}")
     runs = [(0, past)] if past else []
     for position in (past + r for r in rows):
         if runs and runs[-1][1] == position:
@@ -112,18 +108,16 @@ def kept_runs(past: int, window: int, rows: list[int]) -> list[tuple[int, int]]:
 
 
 class DeviceKVContext(BackendContext):
-    """commit / commit_rows / trim (BackendContext's, through `_compact`) / kv on a DeviceKV; the backend's
-    forward() binds `self._kv.addresses(self._current, past)` as the past and the other side as the
+    """commit / commit_rows / trim (BackendContext's, through `_compact` and `_gather`) / kv on a DeviceKV; the
+    backend's forward() binds `self._kv.addresses(self._current, past)` as the past and the other side as the
     present, then flips `self._current`, so after a pass the current side holds length + pending entries."""
 
     _kv: DeviceKV
     _current: int
-    kv_dtype: np.dtype
+    dtype: np.dtype  # the cache's
 
-    def commit_rows(self, rows: list[int]) -> None:
-        runs = kept_runs(self.length, self.pending, rows)
-        old, self.pending = self.length + self.pending + self.padding, 0
-        self._keep(old, runs)
+    def _gather(self, old: int, rows: list[int]) -> None:
+        self._keep(old, kept_runs(self.length, rows))
 
     def _compact(self, old: int, new: int) -> None:
         self._keep(old, [(0, new)] if new else [])
@@ -140,16 +134,12 @@ class DeviceKVContext(BackendContext):
     def _after_copy(self) -> None:
         """Hook: order the copy before the next pass (onnxruntime runs on its own stream)."""
 
-    def _check_open(self) -> None:
-        if getattr(self, "_kv", None) is None:
-            raise BackendError("this context was closed; open a new one with backend.context(capacity)")
-
     def kv(self, layer: int, kind: str = "key") -> np.ndarray:
         """The committed cache of one layer, [B, H, length, D], copied from the device (tests and tools)."""
         self._check_open()
         raw = self._kv.read(self._current, self.length, 2 * layer + (kind == "value"))
-        heads, head_dim = self._kv.blocks // self.batch, self._kv.entry // self.kv_dtype.itemsize
-        return raw.view(self.kv_dtype).reshape(self.batch, heads, self.length, head_dim)
+        heads, head_dim = self._kv.blocks // self.batch, self._kv.entry // self.dtype.itemsize
+        return raw.view(self.dtype).reshape(self.batch, heads, self.length, head_dim)
 
     def close(self) -> None:
         kv, self._kv = getattr(self, "_kv", None), None

@@ -48,17 +48,21 @@ PROMPT, WINDOW = 5, 6  # the check's tokens: a short prefill, then one chain win
 KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimd", "asimddp", "i8mm", "sve")
 
 
+def cpuinfo() -> list[dict[str, str]]:
+    """/proc/cpuinfo as one {field: value} per processor block (none where it cannot be read)."""
+    try:
+        blocks = Path("/proc/cpuinfo").read_text().split("\n\n")
+    except OSError:
+        return []
+    lines = [[line.partition(":") for line in block.splitlines()] for block in blocks]
+    return [{key.strip(): value.strip() for key, _, value in block} for block in lines if block]
+
+
 @lru_cache(maxsize=1)
 def cpu() -> str:
     """This CPU as the check's result depends on it: its model name and the instruction sets that choose
     MLAS's kernels, e.g. "AMD EPYC (x86_64: avx2 fma avx512f avx512_vnni)" (read from /proc/cpuinfo)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())  # the first processor's
-    except OSError:
-        pass
+    fields = {key: value for block in reversed(cpuinfo()) for key, value in block.items()}  # the first processor's
     name = fields.get("model name") or platform.processor() or "unknown CPU"
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     listed = " ".join(f for f in KERNEL_FLAGS if f in flags)
@@ -86,14 +90,6 @@ class RowsCheck:
 def one_row_tile(rows: int, window: int) -> bool:
     """Whether a pass of `rows` x `window` tokens leaves MatMulNBits a tile of one row."""
     return rows * window % TILE == 1
-
-
-def pad_if_needed(pad_rows: bool, ids: np.ndarray, positions: np.ndarray, window_mask: np.ndarray):
-    """(ids, positions, window_mask, padding) for one pass: with `pad_rows`, a pass that would leave a
-    one-row tile gets the pad column (padding 1); otherwise the inputs as they are (padding 0)."""
-    if pad_rows and one_row_tile(*ids.shape):
-        return (*pad(ids, positions, window_mask), 1)
-    return ids, positions, window_mask, 0
 
 
 def pad(ids: np.ndarray, positions: np.ndarray, window_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

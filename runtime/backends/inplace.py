@@ -27,11 +27,8 @@ import numpy as np
 
 from ..errors import BackendError
 from ..spec import kv_inputs, kv_outputs
-from .base import BackendContext, StepOutput, lower_triangular
-from .exact_rows import pad_if_needed
-
-DTYPES = {"float32": np.float32, "float16": np.float16}
-
+from .base import check_kept
+from .onnxrt import OrtBinding
 
 HUGE_PAGES_UP_TO = 64 << 20  # bytes: a cache this small may sit on huge pages whole
 
@@ -56,27 +53,16 @@ def zeroed_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(pages, dtype=dtype).reshape(shape)  # the array keeps the mapping alive
 
 
-class OrtInplaceContext(BackendContext):
+class OrtInplaceContext(OrtBinding):
     def __init__(self, backend, capacity: int, batch: int):
-        from .onnxrt import _binders
-
+        super().__init__(backend, capacity, batch, "cpu")
         arch = backend.manifest.architecture
-        self.backend = backend
-        self.batch, self.capacity = batch, capacity
         self._row_lengths = np.zeros(batch, dtype=np.int64)  # bound as `cache_lengths`: updated in place
-        self.pending = 0
-        self.vocab = arch.vocab_size
-        dtype = DTYPES[backend.manifest.dtype]
         # Zeroed, not np.empty: the graph may read the whole capacity (masked), and garbage could be NaN.
         # Spare entries for what a pass writes past its window: the extra attention row, a pad row.
-        spare = backend.spare_entries
-        self._kv = zeroed_pages((2 * arch.num_layers, batch, arch.kv_heads, capacity + spare, arch.head_dim), dtype)
-        self._ones = np.ones(batch * (capacity + spare), dtype=np.int64)  # any prefix is an all-ones [B, T] mask
-        self._greedy = np.empty(batch * (capacity + spare), dtype=np.int64)
-        self._logits_bound = False
+        shape = (2 * arch.num_layers, batch, arch.kv_heads, capacity + backend.spare_entries, arch.head_dim)
+        self._kv = zeroed_pages(shape, np.dtype(backend.manifest.dtype))
         self._rows = (0, batch)  # the rows the next pass runs on (select)
-        self.binding = backend.session.io_binding()
-        self._bind_in, self._bind_out = _binders(self.binding, "cpu")
         self._bind_fixed()
 
     def _bind_fixed(self) -> None:
@@ -95,8 +81,7 @@ class OrtInplaceContext(BackendContext):
 
     def select(self, start: int, stop: int) -> None:
         """Run the next passes on rows [start, stop) only; forward() then takes ids [stop - start, W]."""
-        if self.pending:
-            raise BackendError("select() while a window is pending; commit it first")
+        self._check_idle("select")
         if not 0 <= start < stop <= self.batch:
             raise BackendError(f"select({start}, {stop}) is outside the context's {self.batch} rows")
         if (start, stop) != self._rows:
@@ -109,124 +94,39 @@ class OrtInplaceContext(BackendContext):
         return self._row_lengths
 
     @property
-    def _lengths(self) -> np.ndarray:
-        """The selected rows' lengths: a view, so updating it updates the bound `cache_lengths`."""
-        return self._selected
-
-    @property
     def length(self) -> int:
         """The committed entries of a batch whose rows are equally long (see `lengths` otherwise)."""
         if self.batch > 1 and (self.lengths != self.lengths[0]).any():
             raise BackendError(f"the rows have different lengths {self.lengths.tolist()}; read `lengths`")
         return int(self.lengths[0])
 
-    def forward(self, ids, positions=None, window_mask=None, want_logits=False) -> StepOutput:
-        if self._kv is None:
-            raise BackendError("this context was closed; open a new one with backend.context(capacity)")
-        batch, window, longest = self._check_inplace_window(ids)
-        total = longest + window
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if positions is None:
-            positions = self._lengths[:, None] + np.arange(window, dtype=np.int64)
-        positions = np.ascontiguousarray(positions, dtype=np.int64)
-        if window_mask is None:
-            window_mask = lower_triangular(window)[None]
-        if window_mask.shape != (batch, window, window) or window_mask.dtype != bool or not window_mask.flags.c_contiguous:
-            window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
-        ids, positions, window_mask, self.padding = pad_if_needed(self.backend.pad_rows, ids, positions, window_mask)
-        width, total = window + self.padding, total + self.padding
-        greedy = self._greedy[: batch * width].reshape(batch, width)
+    def _starts(self) -> tuple[np.ndarray, int, int]:
+        lengths = self._selected
+        return lengths[:, None], len(lengths), int(lengths[0] if len(lengths) == 1 else lengths.max())
 
-        bind = self._bind_in
-        bind("input_ids", ids.dtype, [batch, width], ids.ctypes.data)
-        bind("position_ids", positions.dtype, [batch, width], positions.ctypes.data)
-        bind("window_mask", window_mask.dtype, [batch, width, width], window_mask.ctypes.data)
-        bind("attention_mask", self._ones.dtype, [batch, total], self._ones.ctypes.data)
-        logits = self._bind_outputs(greedy, want_logits)
-        try:
-            self.backend.session.run_with_iobinding(self.binding)
-        except Exception as exc:  # onnxruntime's own exception types
-            raise BackendError(
-                f"onnxruntime failed on a window of {window} after {self.lengths.tolist()} cached entries ({type(exc).__name__}: {exc})"
-            ) from exc
-        self.pending = window
-        if self.padding:
-            return StepOutput(greedy[:, :window].copy(), None if logits is None else logits[:, :window])
-        return StepOutput(greedy.copy(), logits)
-
-    def _bind_outputs(self, greedy: np.ndarray, want_logits: bool) -> np.ndarray | None:
-        if self._logits_bound and not want_logits:  # an output cannot be unbound alone: rebind the rest
-            self.binding.clear_binding_outputs()
-            layers = self._kv.shape[0] // 2
-            start, stop = self._rows
-            for i, present in enumerate(kv_outputs(layers)):
-                self._bind_out(present.name, self._kv.dtype, [stop - start, *self._kv.shape[2:]],
-                               self._kv[i, start:stop].ctypes.data)
-            self._logits_bound = False
-        self._bind_out("greedy_ids", greedy.dtype, list(greedy.shape), greedy.ctypes.data)
-        if not want_logits:
-            return None
-        logits = np.empty((*greedy.shape, self.vocab), dtype=np.float32)
-        self._bind_out("logits", logits.dtype, list(logits.shape), logits.ctypes.data)
-        self._logits_bound = True
-        return logits
-
-    def _check_inplace_window(self, ids: np.ndarray) -> tuple[int, int, int]:
-        """(rows, window, the longest selected row's length) of a valid window; raises otherwise."""
-        if self.pending:
-            raise BackendError("forward() called twice without commit(n) in between; commit the last window first")
-        rows = self._rows[1] - self._rows[0]
-        if ids.ndim != 2 or ids.shape[0] != rows or ids.shape[1] < 1:
-            raise BackendError(f"window ids must have shape [{rows}, W>=1], got {list(ids.shape)}")
-        window = ids.shape[1]
-        longest = int(self._lengths[0] if rows == 1 else self._lengths.max())
-        if longest + window > self.capacity:
-            raise BackendError(
-                f"window of {window} after {longest} cached entries exceeds the context's capacity "
-                f"of {self.capacity}; open the context with a larger capacity"
-            )
-        return rows, window, longest
-
-    def commit(self, n) -> None:
-        """Keep the first n entries of the last window: one n for every row, or one per row."""
-        lengths = self._lengths
-        if isinstance(n, int):  # the loop's common case, without small-array numpy on the hot path
-            if not 0 <= n <= self.pending:
-                raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
-            lengths += n
-            self.pending = 0
-            return
-        counts = np.broadcast_to(np.asarray(n, dtype=np.int64), lengths.shape)
-        if (counts < 0).any() or (counts > self.pending).any():
-            raise BackendError(f"commit({np.asarray(n).tolist()}) is outside the last window of {self.pending} entries")
-        lengths += counts  # in place: the bound `cache_lengths` sees it
+    def commit(self, n: int) -> None:
+        """Keep the first n entries of the last window in every selected row (commit_each: each row its own)."""
+        if not 0 <= n <= self.pending:
+            raise BackendError(f"commit({n}) is outside the last window of {self.pending} entries")
+        self._selected += n  # in place: the bound `cache_lengths` sees it
         self.pending = 0
 
     def commit_each(self, keeps: list[list[int]]) -> None:
         """Keep, for each selected row, its own window entries (ascending, distinct; [] keeps none)."""
-        window, (start, stop) = self.pending, self._rows
+        start, stop = self._rows
         if len(keeps) != stop - start:
             raise BackendError(f"commit_each() needs one list of entries per selected row ({stop - start}), got {len(keeps)}")
         for b, rows in zip(range(start, stop), keeps):
             rows = list(rows)
-            if rows != list(range(len(rows))):  # not a prefix: a side branch, gathered into place
-                if any(not 0 <= r < window for r in rows) or any(a >= c for a, c in zip(rows, rows[1:])):
-                    raise BackendError(f"commit_each(): row {b} keeps {rows}, not ascending distinct entries of the last window of {window}")
-                self._gather(b, np.asarray(rows, dtype=np.int64))
-            elif len(rows) > window:
-                raise BackendError(f"commit_each(): row {b} keeps {len(rows)} entries of the last window of {window}")
+            if not check_kept(rows, self.pending, f"commit_each(): row {b}"):  # a side branch, gathered into place
+                at, block = int(self._row_lengths[b]), self._kv[:, b]  # a view [layers*2, H, capacity, D]
+                block[:, :, at : at + len(rows)] = block[:, :, at + np.asarray(rows)]  # the index reads a copy first
             self._row_lengths[b] += len(rows)
         self.pending = 0
 
-    def _gather(self, b: int, keep: np.ndarray) -> None:
-        start = int(self.lengths[b])
-        block = self._kv[:, b]  # a view [layers*2, H, capacity, D]; the fancy index reads a copy first
-        block[:, :, start : start + len(keep)] = block[:, :, start + keep]
-
     def move_row(self, source: int, target: int) -> None:
         """Copy row `source`'s committed cache and length into row `target` (a free slot); `source` is emptied."""
-        if self.pending:
-            raise BackendError("move_row() while a window is pending; commit it first")
+        self._check_idle("move_row")
         n = int(self.lengths[source])
         self._kv[:, target, :, :n] = self._kv[:, source, :, :n]
         self.lengths[target], self.lengths[source] = n, 0
@@ -235,15 +135,12 @@ class OrtInplaceContext(BackendContext):
         """Keep the last window's entries `rows` (ascending, distinct) of batch row `row` (every row when None)."""
         self.commit_each([list(rows) if row in (None, b) else [] for b in range(*self._rows)])
 
-    def trim(self, length) -> None:
-        """Rewind to `length` entries: one length for every row, or one per row."""
-        if self.pending:
-            raise BackendError("trim() while a window is pending; commit(n) it first")
-        lengths = self._lengths
-        wanted = np.broadcast_to(np.asarray(length, dtype=np.int64), lengths.shape)
-        if (wanted < 0).any() or (wanted > lengths).any():
-            raise BackendError(f"trim({np.asarray(length).tolist()}) is outside the committed cache of {lengths.tolist()} entries")
-        lengths[:] = wanted
+    def trim(self, length: int) -> None:
+        """Rewind every selected row to `length` entries (trim_row: one row)."""
+        self._check_idle("trim")
+        if not 0 <= length <= self._selected.min():
+            raise BackendError(f"trim({length}) is outside the committed cache of {self._selected.tolist()} entries")
+        self._selected[:] = length
 
     def load_prefix(self, source, length: int, row: int = 0, source_row: int = 0) -> bool:
         """Copy the first `length` entries of `source`'s row `source_row` into this context's row `row`."""
@@ -255,8 +152,7 @@ class OrtInplaceContext(BackendContext):
 
     def swap_rows(self, a: int, b: int) -> None:
         """Rows a and b trade their committed caches and lengths (a kept prefix moves where the rows are packed)."""
-        if self.pending:
-            raise BackendError("swap_rows() while a window is pending; commit it first")
+        self._check_idle("swap_rows")
         if a == b:
             return
         la, lb = int(self.lengths[a]), int(self.lengths[b])
@@ -266,8 +162,7 @@ class OrtInplaceContext(BackendContext):
         self.lengths[a], self.lengths[b] = lb, la
 
     def trim_row(self, row: int, length: int) -> None:
-        if self.pending:
-            raise BackendError("trim_row() while a window is pending; commit it first")
+        self._check_idle("trim_row")
         if not 0 <= length <= self.lengths[row]:
             raise BackendError(f"trim_row({row}, {length}) is outside the row's {int(self.lengths[row])} entries")
         self.lengths[row] = length

@@ -22,38 +22,19 @@ import numpy as np
 from ..errors import BackendError, require
 from ..manifest import Manifest
 from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
-from .base import Backend, BackendContext, BackendLimits, StepOutput, lower_triangular
+from .base import Backend, BackendContext, BackendLimits, StepOutput, window_inputs
 from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext, release
-from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, pad_if_needed
-from .inplace import OrtInplaceContext
+from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, cpuinfo, one_row_tile, pad
 
 ORT_HINT = 'pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); from the jacobi-rt checkout: pip install ".[cpu]" or ".[gpu]"'
-DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
 def physical_cores() -> int:
     """Physical cores this process may run on (hyper-threads do not help the matmuls)."""
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        cores = set()
-        physical = core = None
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "physical id":
-                physical = value.strip()
-            elif key == "core id":
-                core = value.strip()
-                cores.add((physical, core))
-        count = len(cores) or allowed
-    except OSError:
-        count = allowed
-    return max(1, min(count, allowed))
-
-
-def cuda_available(ort) -> bool:
-    return "CUDAExecutionProvider" in ort.get_available_providers()
+    cores = {(block.get("physical id"), block["core id"]) for block in cpuinfo() if "core id" in block}
+    return max(1, min(len(cores) or allowed, allowed))
 
 
 class OrtBackend(Backend):
@@ -79,6 +60,7 @@ class OrtBackend(Backend):
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs and EPs
             raise BackendError(f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact") from exc
         self._check_graph()
+        self.batched = self.graph == INPLACE  # its contexts hold rows of their own lengths (the batcher's slots)
         self.pad_rows = False  # pad passes that would leave MatMulNBits a one-row tile (exact_rows.py)
         self.rows = self._check_rows()
 
@@ -90,11 +72,6 @@ class OrtBackend(Backend):
         if not self.manifest.quantization and self.manifest.dtype == "float32":
             return RowsCheck(FLOAT)
         return check(self)
-
-    @property
-    def batched(self) -> bool:
-        """The in-place graph's contexts hold rows of their own lengths (the engine's slots)."""
-        return self.graph == INPLACE
 
     @property
     def spare_entries(self) -> int:
@@ -120,6 +97,8 @@ class OrtBackend(Backend):
     def context(self, capacity: int, batch: int = 1) -> "OrtContext":
         capacity = max(1, min(capacity, self.manifest.max_context))
         if self.graph == INPLACE:
+            from .inplace import OrtInplaceContext  # it builds on OrtBinding, below
+
             return OrtInplaceContext(self, capacity, batch)
         return (OrtDeviceContext if self.device == "cuda" else OrtContext)(self, capacity, batch)
 
@@ -174,7 +153,7 @@ def _pick_device(ort, device: str) -> str:
         raise BackendError(f"backend device must be auto, cpu or cuda, not {device!r}")
     if device == "cpu":
         return "cpu"
-    if cuda_available(ort) and device_count() > 0:
+    if "CUDAExecutionProvider" in ort.get_available_providers() and device_count() > 0:
         return "cuda"
     if device == "cuda":
         raise BackendError(
@@ -185,7 +164,7 @@ def _pick_device(ort, device: str) -> str:
 
 
 def _binders(binding, device: str):
-    """(bind_input, bind_output)(name, dtype, shape, pointer) for the KV tensors on `device`.
+    """(bind_input, bind_output)(name, dtype, shape, pointer) for tensors on `device`.
 
     The public IOBinding methods rebuild the device descriptor on every call (~20 us per tensor,
     120 tensors a pass for a 30-layer model); onnxruntime's C binding with the descriptor made
@@ -203,100 +182,117 @@ def _binders(binding, device: str):
                 lambda n, t, s, p: binding.bind_output(n, device, 0, t, s, p))
 
 
-class OrtContext(BackendContext):
-    def __init__(self, backend: OrtBackend, capacity: int, batch: int):
-        arch = backend.manifest.architecture
-        self.backend = backend
-        self.batch, self.capacity = batch, capacity
-        self.length = self.pending = 0
-        self.heads, self.head_dim = arch.kv_heads, arch.head_dim
-        self.dtype = DTYPES[backend.manifest.dtype]
-        self.past_names = [t.name for t in kv_inputs(arch.num_layers)]
-        self.present_names = [t.name for t in kv_outputs(arch.num_layers)]
-        rows = len(self.past_names)
-        elements = batch * self.heads * (capacity + backend.spare_entries) * self.head_dim
-        self.row_bytes = elements * np.dtype(self.dtype).itemsize
-        self.device = backend.device
-        # Two sides x (layers * 2) rows of B*H*capacity*D elements: np.empty leaves pages untouched
-        # until the cache grows into them, so a large capacity costs address space, not RAM.
-        self._allocate(rows, elements)
-        self._current = 0
-        self._ones = np.ones((batch, capacity + backend.spare_entries), dtype=np.int64)
-        self._greedy = np.empty((batch, capacity + backend.spare_entries), dtype=np.int64)
-        self.binding = backend.session.io_binding()
-        self._bind_in, self._bind_out = _binders(self.binding, self.device)
+class OrtBinding(BackendContext):
+    """What the onnxruntime contexts share: one IO binding, host buffers of all-ones attention mask and of greedy
+    ids (a prefix of either is a valid [B, T] array), and forward(), which binds the window and runs the graph.
+    The portable contexts bind their cache every pass (`_bind_cache`), the in-place one once (`_bind_fixed`)."""
 
-    def _allocate(self, rows: int, elements: int) -> None:
-        self._sides = [np.empty((rows, elements), dtype=self.dtype) for _ in range(2)]
-        self._bases = [a.ctypes.data for a in self._sides]
+    def __init__(self, backend: OrtBackend, capacity: int, batch: int, device: str):
+        self.backend, self.batch, self.capacity, self.pending = backend, batch, capacity, 0
+        self.vocab = backend.manifest.architecture.vocab_size
+        entries = batch * (capacity + backend.spare_entries)
+        self._ones = np.ones(entries, dtype=np.int64)
+        self._greedy = np.empty(entries, dtype=np.int64)
+        self._logits_bound = False
+        self.binding = backend.session.io_binding()
+        self._bind_in, self._bind_out = _binders(self.binding, device)  # the cache, on `device`
+        # Small inputs and outputs live in host memory; on CUDA onnxruntime copies them (a few hundred bytes).
+        self._host_in, self._host_out = _binders(self.binding, "cpu")
+
+    def _starts(self) -> tuple[int | np.ndarray, int, int]:
+        """(each row's length: an int, or [rows, 1]; the rows of the next pass; the longest row's length)."""
+        return self.length, self.batch, self.length
 
     def forward(self, ids, positions=None, window_mask=None, want_logits=False) -> StepOutput:
-        if self._sides is None:
-            raise BackendError("this context was closed; open a new one with backend.context(capacity)")
-        batch, window = self._check_window(ids)
-        past, total = self.length, self.length + window
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if positions is None:
-            positions = np.broadcast_to(np.arange(past, total, dtype=np.int64), (batch, window))
-        positions = np.ascontiguousarray(positions, dtype=np.int64)
-        if window_mask is None:
-            window_mask = lower_triangular(window)[None]
-        window_mask = np.ascontiguousarray(np.broadcast_to(window_mask, (batch, window, window)), dtype=bool)
-        ids, positions, window_mask, self.padding = pad_if_needed(self.backend.pad_rows, ids, positions, window_mask)
-        width, total = window + self.padding, total + self.padding
-        mask = self._ones[:, :total]  # [B, P+W], contiguous only for B == 1
-        mask = mask if batch == 1 else np.ascontiguousarray(mask)
-        greedy = self._greedy[:, :width] if batch == 1 else np.empty((batch, width), dtype=np.int64)
-
-        self.binding.clear_binding_inputs()
-        self.binding.clear_binding_outputs()
-        for name, array in (("input_ids", ids), ("position_ids", positions), ("attention_mask", mask), ("window_mask", window_mask)):
-            self._host_in(name, array)
-        self._bind_kv(past, total)
-        self._host_out("greedy_ids", greedy)
-        logits = None
-        if want_logits:
-            logits = np.empty((batch, width, self.backend.manifest.architecture.vocab_size), dtype=np.float32)
-            self._host_out("logits", logits)
+        self._check_open()
+        past, rows, longest = self._starts()
+        _, window = self._check_window(ids, rows, longest)
+        ids, positions, window_mask = window_inputs(ids, positions, window_mask, past)
+        self.padding = int(self.backend.pad_rows and one_row_tile(rows, window))
+        if self.padding:  # a pad row, so that MatMulNBits never gets a one-row tile (exact_rows.py)
+            ids, positions, window_mask = pad(ids, positions, window_mask)
+        width, total = window + self.padding, longest + window + self.padding
+        bind = self._host_in
+        bind("input_ids", ids.dtype, [rows, width], ids.ctypes.data)
+        bind("position_ids", positions.dtype, [rows, width], positions.ctypes.data)
+        bind("window_mask", window_mask.dtype, [rows, width, width], window_mask.ctypes.data)
+        bind("attention_mask", self._ones.dtype, [rows, total], self._ones.ctypes.data)
+        greedy = self._greedy[: rows * width].reshape(rows, width)
+        logits = self._bind_outputs(greedy, want_logits)
+        self._bind_cache(longest, total)
         try:
             self.backend.session.run_with_iobinding(self.binding)
         except Exception as exc:  # onnxruntime's own exception types
-            raise BackendError(f"onnxruntime failed on a window of {window} after {past} cached entries ({type(exc).__name__}: {exc})") from exc
-        self._current ^= 1
-        self.length, self.pending = past, window
+            raise BackendError(
+                f"onnxruntime failed on a window of {window} after {self.lengths.tolist()} cached entries ({type(exc).__name__}: {exc})"
+            ) from exc
+        self.pending = window
         return StepOutput(greedy[:, :window].copy(), None if logits is None else logits[:, :window])
 
-    def _host_in(self, name: str, array: np.ndarray) -> None:
-        # Small inputs live in host memory; on CUDA onnxruntime copies them (a few hundred bytes).
-        self.binding.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+    def _bind_outputs(self, greedy: np.ndarray, want_logits: bool) -> np.ndarray | None:
+        if self._logits_bound and not want_logits:  # an output cannot be unbound alone: rebind the rest
+            self.binding.clear_binding_outputs()
+            self._bind_fixed()
+            self._logits_bound = False
+        self._host_out("greedy_ids", greedy.dtype, list(greedy.shape), greedy.ctypes.data)
+        if not want_logits:
+            return None
+        logits = np.empty((*greedy.shape, self.vocab), dtype=np.float32)
+        self._host_out("logits", logits.dtype, list(logits.shape), logits.ctypes.data)
+        self._logits_bound = True
+        return logits
 
-    def _host_out(self, name: str, array: np.ndarray) -> None:
-        self.binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+    def _bind_fixed(self) -> None:
+        """Bind what stays bound from pass to pass (the in-place cache)."""
 
-    def _bind_kv(self, past: int, total: int) -> None:
+    def _bind_cache(self, past: int, total: int) -> None:
+        """Bind the cache for a pass after `past` entries that writes `total` (the portable graph's)."""
+
+
+class OrtContext(OrtBinding):
+    def __init__(self, backend: OrtBackend, capacity: int, batch: int):
+        super().__init__(backend, capacity, batch, backend.device)
+        arch = backend.manifest.architecture
+        self.length = 0
+        self.heads, self.head_dim = arch.kv_heads, arch.head_dim
+        self.dtype = np.dtype(backend.manifest.dtype)  # the KV cache's: "float32" or "float16"
+        self.past_names = [t.name for t in kv_inputs(arch.num_layers)]
+        self.present_names = [t.name for t in kv_outputs(arch.num_layers)]
+        elements = batch * self.heads * (capacity + backend.spare_entries) * self.head_dim
+        self.row_bytes = elements * self.dtype.itemsize
+        # Two sides x (layers * 2) rows of B*H*capacity*D elements: np.empty leaves pages untouched
+        # until the cache grows into them, so a large capacity costs address space, not RAM.
+        self._allocate(len(self.past_names), elements)
+        self._current = 0
+
+    def _allocate(self, rows: int, elements: int) -> None:
+        self._kv = [np.empty((rows, elements), dtype=self.dtype) for _ in range(2)]
+
+    def _addresses(self, side: int, length: int) -> list[int]:
+        """Each KV row's address on `side` for a cache of `length` entries (rows are a whole capacity apart)."""
+        base = self._kv[side].ctypes.data
+        return [base + row * self.row_bytes for row in range(len(self.past_names))]
+
+    def forward(self, ids, positions=None, window_mask=None, want_logits=False) -> StepOutput:
+        out = super().forward(ids, positions, window_mask, want_logits)
+        self._current ^= 1  # the present side, written by the pass, holds the cache now
+        return out
+
+    def _bind_cache(self, past: int, total: int) -> None:
         shape_past = [self.batch, self.heads, past, self.head_dim]
         shape_total = [self.batch, self.heads, total, self.head_dim]
-        src, dst = self._bases[self._current], self._bases[self._current ^ 1]
-        bind_in, bind_out, dtype = self._bind_in, self._bind_out, self.dtype
-        for i, (inp, out) in enumerate(zip(self.past_names, self.present_names)):
-            offset = i * self.row_bytes
-            bind_in(inp, dtype, shape_past, src + offset)
-            bind_out(out, dtype, shape_total, dst + offset)
+        sources, targets = self._addresses(self._current, past), self._addresses(self._current ^ 1, total)
+        for inp, out, src, dst in zip(self.past_names, self.present_names, sources, targets):
+            self._bind_in(inp, self.dtype, shape_past, src)
+            self._bind_out(out, self.dtype, shape_total, dst)
 
-    def commit_rows(self, rows: list[int]) -> None:
-        window = self.pending
-        if list(rows) == list(range(len(rows))):
-            return self.commit(len(rows))
-        if any(not 0 <= r < window for r in rows) or any(a >= b for a, b in zip(rows, rows[1:])):
-            raise BackendError(f"commit_rows({list(rows)}) needs ascending, distinct rows of the last window of {window}")
-        past, old = self.length, self.length + window + self.padding
+    def _gather(self, old: int, rows: list[int]) -> None:
+        past = self.length
         keep = np.asarray(rows, dtype=np.int64) + past
-        side = self._sides[self._current]
         size = self.batch * self.heads * old * self.head_dim
         for row in range(len(self.past_names)):
-            blocks = side[row, :size].reshape(self.batch * self.heads, old, self.head_dim)
+            blocks = self._kv[self._current][row, :size].reshape(self.batch * self.heads, old, self.head_dim)
             blocks[:, past : past + len(rows)] = blocks[:, keep]  # the gather reads a copy: W rows, not the cache
-        self.pending = 0
         self._compact(old, past + len(rows))
 
     def _compact(self, old: int, new: int) -> None:
@@ -304,11 +300,9 @@ class OrtContext(BackendContext):
         self.length = new
         if new == old:
             return
-        item = np.dtype(self.dtype).itemsize
+        item = self.dtype.itemsize
         block_old, block_new = old * self.head_dim * item, new * self.head_dim * item
-        base = self._bases[self._current]
-        for row in range(len(self.past_names)):
-            start = base + row * self.row_bytes
+        for start in self._addresses(self._current, new):
             for bh in range(1, self.batch * self.heads):  # block 0 is already in place
                 ctypes.memmove(start + bh * block_new, start + bh * block_old, block_new)
 
@@ -316,11 +310,10 @@ class OrtContext(BackendContext):
         """The committed cache of one layer, [B, H, length, D] (a view, for tests and tools)."""
         row = 2 * layer + (kind == "value")
         size = self.batch * self.heads * self.length * self.head_dim
-        return self._sides[self._current][row, :size].reshape(self.batch, self.heads, self.length, self.head_dim)
+        return self._kv[self._current][row, :size].reshape(self.batch, self.heads, self.length, self.head_dim)
 
     def close(self) -> None:
-        self._sides = None
-        self._bases = [0, 0]
+        self._kv = None
 
 
 class OrtDeviceContext(DeviceKVContext, OrtContext):
@@ -342,21 +335,13 @@ class OrtDeviceContext(DeviceKVContext, OrtContext):
         except Exception:
             self.close()  # what was allocated before the failure: a KV side, the stream
             raise
-        self.kv_dtype = np.dtype(self.dtype)
 
     def _allocate(self, rows: int, elements: int) -> None:
-        entry = self.head_dim * np.dtype(self.dtype).itemsize
+        entry = self.head_dim * self.dtype.itemsize
         self._kv = DeviceKV(self._memory, rows, self.batch * self.heads, self.capacity + self.backend.spare_entries, entry)
-        self._sides = self._bases = self._kv.bases
 
-    def _bind_kv(self, past: int, total: int) -> None:
-        shape_past = [self.batch, self.heads, past, self.head_dim]
-        shape_total = [self.batch, self.heads, total, self.head_dim]
-        sources, targets = self._kv.addresses(self._current, past), self._kv.addresses(self._current ^ 1, total)
-        bind_in, bind_out, dtype = self._bind_in, self._bind_out, self.dtype
-        for inp, out, src, dst in zip(self.past_names, self.present_names, sources, targets):
-            bind_in(inp, dtype, shape_past, src)
-            bind_out(out, dtype, shape_total, dst)
+    def _addresses(self, side: int, length: int) -> list[int]:
+        return self._kv.addresses(side, length)
 
     def _after_copy(self) -> None:
         self._memory.synchronize()

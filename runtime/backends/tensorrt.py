@@ -19,6 +19,7 @@ fixed-capacity past (a format change); see docs/architecture.md.
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -30,9 +31,9 @@ from jacobi_rt.engines.records import rebuild_hint, select_engine, verify_engine
 from ..errors import BackendError, MissingDependencyError
 from ..manifest import EngineRecord, Manifest
 from ..spec import input_names, kv_inputs, kv_outputs
-from .base import Backend, BackendLimits, StepOutput
+from .base import Backend, BackendLimits, StepOutput, window_inputs
 from .cuda import DEVICE_TO_HOST, HOST_TO_DEVICE, CudaMemory, gpu_facts, load_cudart
-from .device_kv import ALIGN, DeviceKV, DeviceKVContext, release
+from .device_kv import ALIGN, DeviceKV, DeviceKVContext, release, round_up
 
 TENSORRT_HINT = (
     "pip install \"tensorrt>=10\" polygraphy (from the jacobi-rt checkout: pip install \".[tensorrt]\") on a machine "
@@ -43,7 +44,6 @@ CONTRACT_TYPES = {"input_ids": np.int64, "position_ids": np.int64, "attention_ma
                   "logits": np.float32}
 NUMPY_TYPES = {"FLOAT": np.float32, "HALF": np.float16, "BF16": np.uint16, "INT64": np.int64, "INT32": np.int32,
                "BOOL": np.bool_, "INT8": np.int8, "UINT8": np.uint8}
-_LOGGER: list = []
 
 
 def load_tensorrt():
@@ -57,10 +57,9 @@ def load_tensorrt():
     return trt
 
 
+@functools.lru_cache(maxsize=1)
 def trt_logger(trt):
-    if not _LOGGER:
-        _LOGGER.append(trt.Logger(trt.Logger.WARNING))
-    return _LOGGER[0]
+    return trt.Logger(trt.Logger.WARNING)
 
 
 class TrtBackend(Backend):
@@ -137,10 +136,6 @@ def _numpy_type(trt, dtype) -> np.dtype:
     raise BackendError(f"the engine has a tensor of type {dtype}, which jacobi-rt does not handle; rebuild it from the artifact")
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
-
-
 class TrtContext(DeviceKVContext):
     def __init__(self, backend: TrtBackend, capacity: int, batch: int):
         arch = backend.manifest.architecture
@@ -150,7 +145,7 @@ class TrtContext(DeviceKVContext):
         self.heads, self.head_dim, self.vocab = arch.kv_heads, arch.head_dim, arch.vocab_size
         self.past_names = [t.name for t in kv_inputs(arch.num_layers)]
         self.present_names = [t.name for t in kv_outputs(arch.num_layers)]
-        self.kv_dtype = backend.dtypes[self.past_names[0]]
+        self.dtype = backend.dtypes[self.past_names[0]]
         self.max_window = min(backend.max_window, capacity)
         self._device: list[int] = []
         self._host: list[int] = []
@@ -168,10 +163,10 @@ class TrtContext(DeviceKVContext):
             self.context = self.backend.engine.create_execution_context()
         if self.context is None:
             raise BackendError("TensorRT could not create an execution context (out of GPU memory?); close other contexts or lower the capacity")
-        b, w, item = self.batch, self.max_window, self.kv_dtype.itemsize
+        b, w, item = self.batch, self.max_window, self.dtype.itemsize
         self._kv = DeviceKV(CudaMemory(self.cuda, self.stream), len(self.past_names), b * self.heads, self.capacity, self.head_dim * item)
         # ids | positions | window_mask, one region each, staged in pinned memory and sent in one copy
-        ids_bytes = _aligned(b * w * 8)
+        ids_bytes = round_up(b * w * 8, ALIGN)
         self._offsets = {"input_ids": 0, "position_ids": ids_bytes, "window_mask": 2 * ids_bytes}
         staged = 2 * ids_bytes + b * w * w
         self._inputs = self._device_alloc(staged)
@@ -245,16 +240,10 @@ class TrtContext(DeviceKVContext):
 
     def _stage_inputs(self, ids, positions, window_mask, batch: int, window: int, past: int) -> int:
         """Write the window into pinned memory; returns the bytes to send."""
-        stage = self._stage
-        stage["input_ids"][: batch * window] = np.asarray(ids, dtype=np.int64).ravel()
-        if positions is None:
-            positions = np.broadcast_to(np.arange(past, past + window, dtype=np.int64), (batch, window))
-        stage["position_ids"][: batch * window] = np.asarray(positions, dtype=np.int64).ravel()
-        mask = stage["window_mask"][: batch * window * window].reshape(batch, window, window)
-        if window_mask is None:
-            mask[:] = np.tri(window, dtype=bool)
-        else:
-            mask[:] = np.broadcast_to(window_mask, (batch, window, window))
+        ids, positions, window_mask = window_inputs(ids, positions, window_mask, past)
+        self._stage["input_ids"][: batch * window] = ids.ravel()
+        self._stage["position_ids"][: batch * window] = positions.ravel()
+        self._stage["window_mask"][: batch * window * window] = window_mask.ravel()
         return self._offsets["window_mask"] + batch * window * window
 
     def _set_shapes(self, batch: int, window: int, past: int, total: int) -> None:

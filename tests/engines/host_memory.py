@@ -18,8 +18,6 @@ from jacobi_rt.runtime.errors import BackendError
 
 
 class HostMemory:
-    device = "cpu"
-
     def __init__(self, fail_alloc: int | None = None):
         self.buffers: dict[int, np.ndarray] = {}
         self.copies = 0

@@ -117,7 +117,7 @@ def test_each_row_of_a_batch_has_its_own_length(backends):
     window = np.array([[7, 11, 12, 40, 41, 42], [21, 22, 23, 22, 23, 24]])
     with inplace.context(40, batch=2) as ctx:
         ctx.forward(prompts)
-        ctx.commit([3, 6])  # row 0 keeps 3 entries, row 1 all 6
+        ctx.commit_each([[0, 1, 2], list(range(6))])  # row 0 keeps 3 entries, row 1 all 6
         assert ctx.lengths.tolist() == [3, 6]
         with pytest.raises(BackendError, match="different lengths"):
             ctx.length
@@ -133,8 +133,11 @@ def test_each_row_of_a_batch_has_its_own_length(backends):
         with prefill(inplace, prompts[1].tolist() + [21, 22]) as alone:
             for layer in range(inplace.manifest.architecture.num_layers):
                 np.testing.assert_allclose(ctx.kv(layer, "value", row=1), alone.kv(layer, "value"), atol=1e-5)
-        ctx.trim([2, 5])
+        ctx.trim_row(0, 2)
+        ctx.trim_row(1, 5)
         assert ctx.lengths.tolist() == [2, 5]
+        with pytest.raises(BackendError, match="outside"):
+            ctx.trim(3)  # every row to 3: row 0 has only 2
 
 
 def test_logits_can_be_asked_for_then_not_then_again(backends):
