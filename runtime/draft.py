@@ -111,11 +111,8 @@ class DraftLength:
         self.acceptance.observe(accepted, accepted + (accepted < sent), self.config.decay)
 
     def observe_draft(self, seconds: float) -> None:
-        self.draft_seconds = _average(self.draft_seconds, seconds, self.config.smoothing)
-
-
-def _average(old: float | None, new: float, a: float) -> float:
-    return new if old is None else (1 - a) * old + a * new
+        a, old = self.config.smoothing, self.draft_seconds
+        self.draft_seconds = seconds if old is None else (1 - a) * old + a * seconds
 
 
 class DraftProposer(Proposer):

@@ -40,14 +40,13 @@ class DraftSlots:
     """S rows of one draft context; `seat` gives a row's drafts a slot, `run` is the draft step (the batcher's,
     or at each `want` on one-row slots: a lone draft's own, with no pads, so no SPARE)."""
 
-    def __init__(self, backend: Backend, slots: int, capacity: int, clock=time.perf_counter):
+    def __init__(self, backend: Backend, slots: int, capacity: int):
         self.backend = backend
         self.capacity = capacity
         self.lone = slots == 1
         self.ctx = backend.context(capacity + (0 if self.lone else SPARE), batch=slots)
         self.free = list(range(slots))  # the lowest is taken first: drafting rows stay low, passes narrow
         self.wanted: list[tuple[DraftProposer, int]] = []
-        self.clock = clock
         self.passes = 0  # draft passes run (for tests and tools)
 
     @classmethod
@@ -133,10 +132,10 @@ class DraftSlots:
         rows = [windows.get(lo + i, [0]) for i in range(hi - lo)]  # a row in range that wants nothing runs a pad
         ids, positions, mask = padded([(w, n + np.arange(len(w)), lower_triangular(len(w))) for w, n in zip(rows, lengths)])
         self.ctx.select(lo, hi)
-        started = self.clock()
+        started = time.perf_counter()
         out = self.ctx.forward(ids, positions, mask, want_logits=want_logits)
         self.passes += 1
-        return out, lo, self.clock() - started  # the one timing of the draft's passes
+        return out, lo, time.perf_counter() - started  # the one timing of the draft's passes
 
     @staticmethod
     def _charge(drafts: list[DraftProposer], seconds: float, narrow: bool = False, catch_up: bool = False) -> None:
