@@ -1,9 +1,9 @@
 """Speculative decoding with a draft model: a cheaper model of the same vocabulary guesses the next K tokens.
 
-The draft runs autoregressively in its own backend context (its own KV cache), the target
-verifies the K guesses in one pass, and the draft's cache is rolled back to what the target
-committed. The output is the target's own (greedy, or sampled for the seed) whatever the draft
-says; the draft only decides how many target passes it takes.
+The draft runs autoregressively on a row of draft slots (its own KV cache; runtime.draft_slots
+runs and times its passes), the target verifies the K guesses in one pass, and the draft's cache
+is rolled back to what the target committed. The output is the target's own (greedy, or sampled
+for the seed) whatever the draft says; the draft only decides how many target passes it takes.
 
     proposer = DraftProposer(draft_backend, capacity=len(prompt) + max_new_tokens, config=DraftConfig(length=4))
     ... the batcher's row runs it: windows of up to config.max_length + 1 ...
@@ -17,7 +17,6 @@ out some passes) are fed as one window at the start of the next proposal.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -27,13 +26,12 @@ from .acceptance import PassCosts, Rate, matched_prefix
 from .allocator import Allocation, Guess, Offer
 from .backends.base import PREFILL_CHUNK, Backend
 from .config import DEFAULTS, DraftConfig
+from .draft_slots import CATCHUP, DraftRow, DraftSlots
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
 from .passes import PassResult
 from .proposers import Proposer, close_state
 from .tree import Tree
-
-CATCHUP = 8  # more pending tokens than this are fed as a catch-up before the proposal's own pass
 
 
 def check_draft(target: Manifest, draft: Manifest, target_name: str | None = None, draft_name: str | None = None) -> None:
@@ -113,24 +111,23 @@ class DraftLength:
         self.acceptance.observe(accepted, accepted + (accepted < sent), self.config.decay)
 
     def observe_draft(self, seconds: float) -> None:
-        self.draft_seconds = _average(self.draft_seconds, seconds, self.config.smoothing)
-
-
-def _average(old: float | None, new: float, a: float) -> float:
-    return new if old is None else (1 - a) * old + a * new
+        a, old = self.config.smoothing, self.draft_seconds
+        self.draft_seconds = seconds if old is None else (1 - a) * old + a * seconds
 
 
 class DraftProposer(Proposer):
     """Guesses from a draft model: one chain of K tokens per target pass, K adapted to what pays.
 
     backend: the draft's loaded model (check_draft it against the target first).
-    capacity: KV entries of the draft's context (prompt + new tokens, as the target's).
+    capacity: KV entries of the draft's cache (prompt + new tokens, as the target's).
     config: `length`, a fixed number of guesses per pass (0..max_length; None adapts K: DraftLength);
     `jacobi_tail`, speculative Jacobi. The target's predictions past the first rejected guess guess
         the tokens after the new last token (from a wrong prefix, so often wrong); the draft's
         first pass of the next proposal runs them too and keeps those that match its own
         predictions, so it gets several draft tokens from one pass. The guesses sent are the
         draft's own greedy chain either way: only the number of draft passes changes.
+    The draft's passes run on `row`, a row of draft slots (runtime.draft_slots): one-row slots of its own,
+    or a batcher's (`sit`); this class decides what they run and keeps the cache in step.
     """
 
     def __init__(
@@ -143,20 +140,18 @@ class DraftProposer(Proposer):
         max_window: int | None = None,
     ) -> None:
         super().__init__()
-        self.backend = backend
         self.k, self.jacobi = config.length, config.jacobi_tail  # both checked by DraftConfig
         self.prefill_chunk = prefill_chunk
         self.max_window = max_window  # the draft backend's widest pass (Backend.limits); None: any
         self.length = length or DraftLength(config=config)
-        self.ctx = backend.context(capacity)
+        self.row = DraftSlots.row_of_its_own(backend, capacity)
         self.kept: list[int] = []  # an adopted cache's tokens (the conversation's previous turn)
         self.tokens: list[int] = []  # the committed sequence: prompt, then every committed token
         self.chain: list[int] = []  # the guesses sent in the pass being verified
         self.after: list[int] = []  # the tokens the pass sends before the chain (a grammar's forced run)
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
-        self.usable = True  # False when the prompt does not fit the draft's context
+        self.usable = True  # False when the prompt does not fit the draft's cache
         self.sampler = None  # with sampling, the draft samples its chain (use_sampler)
-        self.seat = None  # a row of the batcher's draft slots (sit()); None: its own context
         self.stats = _zero_stats()
 
     # -- the Proposer interface -------------------------------------------------------------
@@ -173,9 +168,9 @@ class DraftProposer(Proposer):
         self.stats = {**_zero_stats(), "jacobi_tail": self.jacobi}
         self.catchup_seconds = 0.0  # counted in stats["draft_seconds"] too: own_seconds takes it out
         self.tokens, self.chain, self.jacobi_guesses, self.after = [*prompt, first], [], [], []
-        self.ctx.trim(min(matched_prefix(self.kept, prompt), self.ctx.length))  # 0 unless a cache was adopted
-        self.stats["cached"], self.kept = self.ctx.length, []
-        self.usable = len(prompt) + 1 < self.ctx.capacity
+        self.row.trim(min(matched_prefix(self.kept, prompt), self.row.length))  # 0 unless a cache was adopted
+        self.stats["cached"], self.kept = self.row.length, []
+        self.usable = len(prompt) + 1 < self.row.capacity
         # No prefill here: the first proposal feeds the prompt (in chunks), so a draft that is
         # never asked (K = 0 throughout, or a losing arm of `auto`) costs nothing.
 
@@ -185,23 +180,23 @@ class DraftProposer(Proposer):
         self.after = list(after)
         limit = min(limit, self._room()) if self.usable else 0  # what the draft's own cache can hold
         if after and self.max_window is not None and min(CATCHUP, self.max_window) + len(after) > self.max_window:
-            limit = 0  # the pending tokens (at most CATCHUP, `_window`) and the run would not fit the first pass
+            limit = 0  # the pending tokens (at most CATCHUP, `window`) and the run would not fit the first pass
         if self.k is None:
             return self.length.offer(limit)
         k = min(self.k, limit)  # a fixed K: sent whole
         return Offer((Guess((self.length.p,) * k, cost=self.length.relative_cost),), fixed=True) if k else Offer()
 
     def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
+        """The chain, filled by the draft step of the slots the draft sits on: at once on its own, by the
+        batcher's step (before the pass is planned) on a batcher's."""
         k = allocation.picks[0][1] if allocation.picks else 0
         if self.k is None and limit >= 1:
             self.length.sent(k)
-        if k > 0 and self.seat is not None:  # seated on the batcher's draft slots: its draft step fills the chain
-            self.chain = []
-            self.seat.want(self, k)
-            return [self.chain]
-        self.chain = self._run_draft(k) if k > 0 else []
-        self.stats["proposed"] += len(self.chain)
-        return [self.chain] if self.chain else []
+        self.chain = []
+        if k <= 0:
+            return []
+        self.row.want(self, k)
+        return [self.chain]
 
     @property
     def own_seconds(self) -> float:
@@ -222,22 +217,17 @@ class DraftProposer(Proposer):
             # The cache holds tokens + chain[:-1]; keep the chain entries the target committed,
             # but never the new last token's (it stays pending, so its pass yields the next guess).
             valid = min(matched_prefix(chain[:-1], committed), len(committed) - 1)
-            self.ctx.trim(len(self.tokens) + valid)
+            self.row.trim(len(self.tokens) + valid)
             if self.jacobi and accepted < len(chain):
                 self.jacobi_guesses = _predictions_below(tree, predictions, chain, accepted)
         self.tokens.extend(committed)
         self.chain = []
 
     def handover(self) -> dict:
-        """The draft's cache and the tokens it holds, for the conversation's next turn (a seated draft's
-        row is copied into a context of its own: the slot goes to the next row)."""
-        tokens = self.tokens[: self.ctx.length]
-        if self.seat is not None:
-            kept = DraftCache(self.seat.copy(self.backend), tokens)
-            self.seat.close()
-        else:
-            kept = DraftCache(self.ctx, tokens)
-        self.ctx = self.seat = None
+        """The draft's cache and the tokens it holds, for the conversation's next turn (a lone draft's own
+        row as it is; a batcher's row copied out: the slot goes to the next row)."""
+        tokens = self.tokens[: self.row.length]
+        kept, self.row = DraftCache(self.row.detach(), tokens), None
         return {"cache": kept}
 
     def adopt(self, state: dict) -> None:
@@ -245,70 +235,46 @@ class DraftProposer(Proposer):
         close_state(state)
         if kept is None:
             return
-        if kept.ctx.capacity >= self.ctx.capacity and self.seat is None:
-            self.ctx.close()
-            self.ctx, self.kept = kept.ctx, kept.tokens
+        if kept.row.capacity >= self.row.capacity and self.row.slots.lone:
+            self.row.close()
+            self.row, self.kept = kept.row, kept.tokens
             return
-        if self.ctx.load_prefix(kept.ctx, len(kept.tokens)):  # the conversation outgrew it: copy the prefix over
+        if self.row.load_prefix(kept.row, len(kept.tokens)):  # the conversation outgrew it: copy the prefix over
             self.kept = kept.tokens
         kept.close()
 
     def close(self) -> None:
-        if self.ctx is not None:
-            self.ctx.close()
-            self.ctx = self.seat = None
+        if self.row is not None:
+            self.row.close()
+            self.row = None
 
-    def sit(self, seat) -> None:
-        """Run on `seat`, a row of a batcher's draft slots (runtime.draft_slots), instead of a context of its
-        own: its passes then join the other seated drafts' (before start() and adopt())."""
-        self.ctx.close()
-        self.ctx = self.seat = seat
+    def sit(self, row) -> None:
+        """Run on `row`, a row of a batcher's draft slots, instead of one-row slots of its own: its passes
+        then join the other seated drafts' (before start() and adopt())."""
+        self.row.close()
+        self.row = row
 
-    # -- the draft's passes ---------------------------------------------------------------------
+    # -- what the draft's passes run (DraftSlots runs them) ---------------------------------------
 
     def _room(self) -> int:
-        """The most guesses the draft's context can hold: pending tokens, the forced run and K-1 guesses must fit."""
-        pending = len(self.tokens) - self.ctx.length + len(self.after)
-        return self.ctx.capacity - self.ctx.length - pending + 1
-
-    def _run_draft(self, k: int) -> list[int]:
-        """K draft tokens after the committed sequence and the forced run `after`; leaves the KV of the forced
-        run and the first K-1 cached."""
-        window, pending, guesses = self._window(k)
-        tick = time.perf_counter()
-        chain = self._chain(pending, guesses, self._forward(window, first=pending - 1, sequence=self.known), k)
-        self.ctx.commit(pending + len(chain) - 1)
-        narrow = [time.perf_counter() - tick] if len(window) <= 2 else []  # the cost estimate: 1-2 token passes
-        passes, seconds = 1, time.perf_counter() - tick
-        while len(chain) < k:
-            tick = time.perf_counter()
-            chain.append(self._forward([chain[-1]], first=0, sequence=[*self.known, *chain])[0])
-            self.ctx.commit(1)
-            narrow.append(time.perf_counter() - tick)
-            passes, seconds = passes + 1, seconds + narrow[-1]
-        self._count(passes, seconds)
-        if narrow:
-            self.length.observe_draft(sum(narrow) / len(narrow))
-        return chain
+        """The most guesses the draft's cache can hold: pending tokens, the forced run and K-1 guesses must fit."""
+        pending = len(self.tokens) - self.row.length + len(self.after)
+        return self.row.capacity - self.row.length - pending + 1
 
     @property
     def known(self) -> list[int]:
         """The tokens the next chain continues: the committed ones and the forced run sent before it."""
         return [*self.tokens, *self.after]
 
-    def _window(self, k: int) -> tuple[list[int], int, list[int]]:
-        """The first draft pass of a K-token chain: (its window, how many of its tokens are known ones, the
-        pending committed tokens and the forced run, the Jacobi guesses after them). Many pending tokens (the prompt, or what the target committed
-        while the draft sat out) are fed first, all but the last, in prefill chunks."""
-        pending = self.tokens[self.ctx.length :]
-        widest = self.max_window or len(pending) + len(self.after) + k
-        if len(pending) > min(CATCHUP, widest):
-            pending = self._catch_up(pending)
-        pending = [*pending, *self.after]  # a grammar's forced run: known, run with the pending tokens
-        guesses = [] if self.after else self.jacobi_guesses[: max(0, min(k - 1, widest - len(pending)))]
+    def window(self, k: int) -> tuple[list[int], int, list[int]]:
+        """The first draft pass of a K-token chain, after the catch-up: (its window, how many of its tokens are
+        known ones, the pending committed tokens and the forced run, the Jacobi guesses after them)."""
+        pending = [*self.tokens[self.row.length :], *self.after]  # a grammar's forced run: run with the pending tokens
+        room = k - 1 if self.max_window is None else min(k - 1, self.max_window - len(pending))
+        guesses = [] if self.after else self.jacobi_guesses[: max(0, room)]
         return [*pending, *guesses], len(pending), guesses
 
-    def _chain(self, pending: int, guesses: list[int], ids: list[int], k: int) -> list[int]:
+    def first_chain(self, pending: int, guesses: list[int], ids: list[int], k: int) -> list[int]:
         """The chain the first pass gives: ids[pending - 1] is the draft's token after the last committed one;
         each Jacobi guess that equals the draft's own token there lets the next position's id stand too."""
         chain = [ids[pending - 1]]
@@ -317,27 +283,9 @@ class DraftProposer(Proposer):
         self.stats["draft_passes_saved"] += len(chain) - 1
         return chain
 
-    def _catch_up(self, pending: list[int]) -> list[int]:
-        """Feed all but the last pending token (in prefill chunks); returns [last]."""
-        began = time.perf_counter()
-        for at in range(0, len(pending) - 1, self.prefill_chunk):
-            chunk = pending[at : min(at + self.prefill_chunk, len(pending) - 1)]
-            self._forward(chunk)
-            self.ctx.commit(len(chunk))
-        seconds = time.perf_counter() - began
-        self.catchup_seconds += seconds
-        self._count(1, seconds)
-        return pending[-1:]
-
-    def _forward(self, window: list[int], first: int | None = None, sequence: list[int] = ()) -> list[int]:
-        """The draft's token after each window row (see `picks`); the caller commits."""
-        before = self.before(sequence, first)
-        out = self.ctx.forward(np.array([window], dtype=np.int64), want_logits=before is not None)
-        return self.picks(window, out.greedy_ids[0], None if out.logits is None else out.logits[0], first, before)
-
     def before(self, sequence: list[int], first: int | None) -> list[int] | None:
         """What precedes the next window (a prefix of `sequence`), when the draft samples it; None: greedy."""
-        return list(sequence[: self.ctx.length]) if self.sampler is not None and first is not None else None
+        return list(sequence[: self.row.length]) if self.sampler is not None and first is not None else None
 
     def picks(self, window: list[int], greedy: np.ndarray, logits: np.ndarray | None, first: int | None,
               before: list[int] | None) -> list[int]:
@@ -349,20 +297,16 @@ class DraftProposer(Proposer):
             ids[row] = self.sampler.sample(logits[row], prefix, len(prefix))
         return ids
 
-    def _count(self, passes: int, seconds: float) -> None:
-        self.stats["draft_passes"] += passes
-        self.stats["draft_seconds"] += seconds
-
 
 @dataclass
 class DraftCache:
-    """A draft's context handed over with the tokens whose KV it holds."""
+    """A draft's cache (a row of one-row draft slots) handed over with the tokens whose KV it holds."""
 
-    ctx: object
+    row: DraftRow
     tokens: list[int]
 
     def close(self) -> None:
-        self.ctx.close()
+        self.row.close()
 
 
 def _zero_stats() -> dict:

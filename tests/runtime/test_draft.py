@@ -152,7 +152,8 @@ def feed(ctx, tokens: list[int], chunk: int) -> None:
 def assert_draft_cache_follows(proposer: DraftProposer, draft: OrtBackend) -> None:
     """The draft's cache holds exactly the KV of the committed sequence's first ctx.length tokens,
     and at least the last committed token is still to be fed."""
-    ctx, tokens = getattr(proposer.ctx, "_ctx", proposer.ctx), proposer.tokens  # a NoisyContext's real one
+    ctx, tokens = proposer.row.slots.ctx, proposer.tokens  # its own one-row draft slots' context
+    ctx = getattr(ctx, "_ctx", ctx)  # a NoisyContext's real one
     assert ctx.pending == 0 and ctx.length <= len(tokens) - 1
     with draft.context(len(tokens)) as fresh:
         if ctx.length:
