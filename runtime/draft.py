@@ -88,7 +88,7 @@ class DraftLength:
     def relative_cost(self) -> float:
         """One draft pass in target W=1 passes."""
         unit = self.costs.unit_seconds()
-        if self.draft_seconds is None or unit is None:
+        if self.draft_seconds is None or not unit:  # untimed, or a clock too coarse to time a target pass
             return self.config.prior_cost
         return self.draft_seconds / unit
 

@@ -308,6 +308,16 @@ def test_length_follows_measured_costs():
     assert 1 <= choose(length, 8) < cheap
 
 
+def test_length_keeps_the_prior_cost_when_target_passes_time_as_zero():
+    """A clock too coarse to time a target pass (0 s measured) leaves the draft's cost at its prior,
+    instead of dividing by zero."""
+    length = DraftLength(config=DraftConfig(prior_cost=0.4))
+    length.costs.observe(1, 0.0)
+    length.observe_draft(0.002)
+    assert length.relative_cost == 0.4
+    assert choose(length, 8) >= 0
+
+
 def test_adaptive_proposer_stops_drafting_when_the_draft_is_as_slow_as_the_target(backend):
     """A draft pass that costs a target pass (pinned: on a loaded machine a measured cost curve can make
     wide passes look free, and then even rare hits pay) and guesses that are wrong: mostly greedy passes."""
