@@ -7,6 +7,7 @@ looks valid.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -50,12 +51,13 @@ def export(
     overwrite: bool = False,
     step: Step = lambda message: None,
     check_progress: Callable[[int], Callable[[], None]] | None = None,
+    write_progress: Callable[[int], Callable[[], None]] | None = None,
 ) -> Manifest:
     """Export MODEL (HF folder, .gguf, or built-in name) to the artifact folder OUT; return its manifest.
 
     overwrite: replace OUT if it is an existing artifact. step: called with a line per stage.
     check_progress(n): called as each check starts (n: its shapes); returns a callable ticked once per
-    checked shape (a progress bar).
+    checked shape (a progress bar). write_progress(n): likewise as each graph's n weights are written.
     Invalid options raise OptionError naming the ExportOptions field.
     """
     started = time.time()
@@ -75,7 +77,7 @@ def export(
         _remove_empty(created)
         raise OptionError(f"cannot write to {out.parent} ({exc.strerror}); choose an `out` in a writable folder", "out") from exc
     try:
-        manifest = _export_into(staging, source, options, step, check_progress)
+        manifest = _export_into(staging, source, options, step, check_progress, write_progress)
         manifest.created["export_seconds"] = round(time.time() - started, 1)
         manifest.created["peak_rss_mb"] = _peak_rss_mb()
         (staging / MANIFEST_NAME).write_text(manifest.to_json())
@@ -88,15 +90,16 @@ def export(
     return manifest
 
 
-def _export_into(folder: Path, source, options: ExportOptions, step, check_progress) -> Manifest:
+def _export_into(folder: Path, source, options: ExportOptions, step, check_progress, write_progress) -> Manifest:
     import torch
 
     from .check import check_against_onnx
     from .trace import probe
 
-    step(f"loading {source.name} ({source.model_type})")
     dtype, quantize, opset, keep_layers = options.torch_dtype, options.quantize, options.opset, options.keep_layers
-    model, tokenizer = sources.load(source, dtype)
+    opened = sources.open_model(source, dtype)
+    model, tokenizer = opened.model, opened.tokenizer
+    step(f"{'streaming' if opened.streamed else 'loaded'} {source.name} ({source.model_type})")
     if keep_layers is not None:
         step(f"keeping the first {keep_layers} decoder layers")
         keep_first_layers(model, keep_layers)
@@ -114,7 +117,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         step(f"reusing the checked graphs of {options.graphs_from}")
         graphs, check = reuse_graphs(Path(options.graphs_from).expanduser(), folder, source_info, options, max_context)
     else:
-        graphs, check = _trace_and_check(model, shape, folder, options, max_context, step, check_progress)
+        graphs, check = _trace_and_check(opened, shape, folder, options, max_context, step, check_progress, write_progress)
     graph = folder / graphs[PORTABLE]
 
     weights = None
@@ -122,7 +125,8 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         gguf_path = source.folder / source.gguf_file if source.gguf_file else None
         weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step, max_positions=shape.max_positions)
         sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][: max_context]
-        report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), model, shape, sample_ids, _progress(check_progress), max_context)
+        with _weights_in(opened):
+            report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), model, shape, sample_ids, _progress(check_progress), max_context)
         check[f"{weights.kind}_vs_fp"] = report.to_dict()
         check["weights"] = weights.to_dict()
         weight_step.replace_graphs(folder, graphs)
@@ -153,30 +157,46 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     )
 
 
-def _trace_and_check(model, shape, folder: Path, options: ExportOptions, max_context: int, step, check_progress) -> tuple[dict[str, str], dict]:
-    """Trace the portable graph (and the in-place one) into `folder`, each checked against PyTorch
-    at shapes inside `max_context`."""
+def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, max_context: int, step, check_progress,
+                     write_progress) -> tuple[dict[str, str], dict]:
+    """Trace the portable graph (and the in-place one) into `folder`, their weights in one shared file,
+    each checked against PyTorch at shapes inside `max_context`."""
     import torch
 
     from .check import SHAPES, check_against_torch
-    from .trace import export_onnx
+    from .trace import GraphWeights, export_onnx
+    from .weight_file import WeightFile
 
-    step(f"tracing the window graph ({shape.num_layers} layers, opset {options.opset})")
-    graph = folder / GRAPH_FILE
-    torch.manual_seed(0)
-    step(f"  {export_onnx(model, shape, graph, options.opset)}")
+    model = opened.model
+    with WeightFile(folder) as file:
+        def weights() -> GraphWeights:  # one per graph: its own progress bar, one shared file
+            tensors = sum(1 for _ in model.parameters())
+            return GraphWeights.of(model, opened.read, file, write_progress(tensors) if write_progress else None)
 
-    step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
-    report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress), max_context)
-    check = {"vs_pytorch": report.to_dict()}
-    graphs = {PORTABLE: GRAPH_FILE}
-    if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
-        from .inplace import add_inplace_graph
+        step(f"tracing the window graph ({shape.num_layers} layers, opset {options.opset})")
+        graph = folder / GRAPH_FILE
+        torch.manual_seed(0)
+        step(f"  {export_onnx(model, shape, graph, options.opset, weights())}")
+        step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
+        with _weights_in(opened):
+            report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress), max_context)
+        check = {"vs_pytorch": report.to_dict()}
+        graphs = {PORTABLE: GRAPH_FILE}
+        if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
+            from .inplace import add_inplace_graph
 
-        extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step,
-                                                  check_progress, max_context)
-        graphs.update(extra)
+            with _weights_in(opened):
+                extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step,
+                                                          check_progress, max_context, weights())
+            graphs.update(extra)
     return graphs, check
+
+
+def _weights_in(opened):
+    """The PyTorch model with its real weights for a check (a streamed skeleton is filled, then emptied)."""
+    from .skeleton import filled
+
+    return filled(opened.model, opened.read) if opened.streamed else contextlib.nullcontext()
 
 
 def _check_limits(source, options: ExportOptions) -> None:

@@ -146,7 +146,7 @@ def sample_inputs(shape, dtype, batch=2, window=3, lengths=(1, 4), capacity=11) 
     )
 
 
-def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = ATTENTION) -> str:
+def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = ATTENTION, weights=None) -> str:
     """torch.onnx.export (dynamo) of the in-place window graph, then the contract's axis names.
     Returns how its layers were made (stitch.py)."""
     from dataclasses import asdict
@@ -173,7 +173,8 @@ def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = A
     # onnxruntime-only already (the contrib op): skip norms, rotary, GQA's own layout too; the scatter form stays standard ONNX
     return trace_window_graph(build, model, inplace_attention_for, path, opset, shape.num_layers, spec.INPLACE,
                               translation(attention),
-                              partial(onnxruntime_fusions, max_positions=shape.max_positions) if attention == "gqa" else None)
+                              partial(onnxruntime_fusions, max_positions=shape.max_positions) if attention == "gqa" else None,
+                              weights)
 
 
 def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
@@ -185,7 +186,7 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, check_progress=None,
-                      max_context: int | None = None) -> tuple[dict, dict]:
+                      max_context: int | None = None, weights=None) -> tuple[dict, dict]:
     """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures with the
     attention form), or ({}, {"skipped": why}) when this family cannot map onto it (the artifact
     then has the portable graph only). A graph that traces but disagrees with PyTorch raises.
@@ -201,7 +202,7 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
     if reason is None:
         step(f"tracing the in-place graph ({attention} attention, opset {opset})")
         try:
-            step(f"  {export_inplace_onnx(model, shape, path, opset, attention)}")
+            step(f"  {export_inplace_onnx(model, shape, path, opset, attention, weights)}")
         except JacobiError:
             raise
         except Exception as exc:  # torch.export / onnxscript raise many types for an architecture they cannot trace

@@ -145,10 +145,49 @@ def _hf_folder(path: Path) -> ModelSource:
     return ModelSource("hf-folder", str(path), path, None, model_type, context_limit(config), layers if isinstance(layers, int) else None)
 
 
+@dataclass
+class OpenedModel:
+    """What the export traces (`model`), where its weights come from (`read`), and its tokenizer.
+
+    streamed: `model` is a skeleton (skeleton.py) whose weights are read one tensor at a time from
+    the source files; else the whole model was loaded by transformers and `read` takes its tensors."""
+
+    model: object
+    tokenizer: object
+    read: object  # skeleton.Read
+    streamed: bool
+
+
+def open_model(source: ModelSource, dtype: str = "float32") -> OpenedModel:
+    """The model to export: streamed from its safetensors where it can be, else loaded whole."""
+    import torch
+    from transformers import AutoConfig
+
+    from .skeleton import build, state_dict_reader
+    from .weight_source import open_source
+
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
+    if source.gguf_file is None and any(source.folder.glob("*.safetensors")):
+        try:
+            config = AutoConfig.from_pretrained(source.folder)
+        except Exception as exc:
+            raise ModelSourceError(f"{source.name}: transformers could not read config.json ({type(exc).__name__}: {exc})") from exc
+        model = build(config, torch_dtype)
+        if (source.folder / "generation_config.json").is_file():  # its EOS ids, as from_pretrained reads them
+            from transformers import GenerationConfig
+
+            model.generation_config = GenerationConfig.from_pretrained(source.folder)
+        weights = open_source(source, model)
+        tokenizer = load_tokenizer(source)
+        return OpenedModel(model, tokenizer, lambda name: weights.read(name, torch_dtype).numpy(), True)
+    model, tokenizer = load(source, dtype)
+    return OpenedModel(model, tokenizer, state_dict_reader(model), False)
+
+
 def load(source: ModelSource, dtype: str = "float32"):
     """Load (model, tokenizer) for export. Eager attention: it traces with dynamic shapes."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     torch_dtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
@@ -158,6 +197,14 @@ def load(source: ModelSource, dtype: str = "float32"):
         )
     except Exception as exc:
         raise ModelSourceError(f"{source.name}: transformers could not load the model ({type(exc).__name__}: {exc})") from exc
+    return model.to(torch_dtype).eval(), load_tokenizer(source)
+
+
+def load_tokenizer(source: ModelSource):
+    """The source's fast tokenizer (the runtime needs its tokenizer.json form)."""
+    from transformers import AutoTokenizer
+
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
         if source.gguf_file is None and (source.folder / "tokenizer.json").is_file():
             # the folder's own tokenizer.json as shipped: AutoTokenizer may pick a model-specific class
@@ -171,4 +218,4 @@ def load(source: ModelSource, dtype: str = "float32"):
         raise ModelSourceError(f"{source.name}: no usable tokenizer next to the model ({type(exc).__name__}: {exc}); add tokenizer.json") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelSourceError(f"{source.name}: the tokenizer has no fast (tokenizer.json) form, which the runtime needs")
-    return model.to(torch_dtype).eval(), tokenizer
+    return tokenizer

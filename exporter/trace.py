@@ -5,17 +5,19 @@ from __future__ import annotations
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from jacobi_rt.runtime import spec
 
-from . import graph_optimizer
+from . import graph_optimizer, lazy_weights
 from .attention import grouped_attention_for
 from .limits import static_rope
 from .norms import fusable_norms
 from .quiet import torchvision_notices_hidden
 from .stitch import TRACED, NotStitchable, decoder_layers, extend_layers, first_layers, layers_to_trace
+from .weight_file import WeightFile
 from .window_model import WindowModel, output_cache
 
 TWO_GB = 2 * 1024**3
@@ -63,7 +65,7 @@ def sample_inputs(shape: ModelShape, dtype: torch.dtype, batch=2, window=3, past
     )
 
 
-def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> str:
+def export_onnx(model, shape: ModelShape, path: Path, opset: int, weights: "GraphWeights | None" = None) -> str:
     """torch.onnx.export (dynamo) of the window graph, then name every dynamic axis per the contract.
     Returns how its layers were made (stitch.py)."""
     from torch.export import Dim
@@ -82,35 +84,84 @@ def export_onnx(model, shape: ModelShape, path: Path, opset: int) -> str:
         layer_shape = ModelShape(**{**asdict(shape), "num_layers": layers})
         return WindowModel(model, layers).eval(), sample_inputs(layer_shape, dtype), dynamic_shapes
 
-    return trace_window_graph(build, model, grouped_attention_for, path, opset, shape.num_layers, spec.PORTABLE)
+    return trace_window_graph(build, model, grouped_attention_for, path, opset, shape.num_layers, spec.PORTABLE,
+                              weights=weights)
 
 
 def trace_window_graph(build, model, attention, path: Path, opset: int, num_layers: int, variant: str,
-                       translation_table: dict | None = None, rewrite=None) -> str:
+                       translation_table: dict | None = None, rewrite=None, weights: GraphWeights | None = None) -> str:
     """torch.onnx.export (dynamo) of a window graph with `attention` (a context manager) swapped into
-    `model`, saved to `path` (external data past 2 GB) with the contract's names for `variant`;
-    `rewrite(onnx_model)`, if given, edits the graph in the same load and save.
+    `model`, saved to `path` with the contract's names for `variant`; `rewrite(onnx_model)`, if given,
+    edits the graph in the same load and save.
 
     build(layers) -> (wrapper, example inputs, dynamic shapes) of a graph with that many layers:
     the first stitch.TRACED layers are traced and the rest written as copies where the layers
-    are alike (stitch.py), else all of them are traced. Returns which, as a line for the log."""
+    are alike (stitch.py), else all of them are traced. The weights go in by reference
+    (lazy_weights.py) and are written by `weights` (None: the model's own, inside the graph file,
+    or beside it past 2 GB). Returns how the layers were made, as a line for the log."""
+    weights = weights or GraphWeights.own(model)
     traced, why = layers_to_trace(model, num_layers)
-    program = None
+    program, rules = None, None
     with warnings.catch_warnings(), torch.no_grad(), attention(model), fusable_norms(model), static_rope(model), \
             torchvision_notices_hidden():
         warnings.simplefilter("ignore")
         if traced < num_layers:
             try:
-                program = _traced_and_written(build, model, traced, num_layers, opset, variant, translation_table)
+                program, rules = _traced_and_written(build, model, traced, num_layers, opset, variant, translation_table, weights)
                 how = f"traced {traced} of {num_layers} layers, wrote the other {num_layers - traced}"
             except NotStitchable as exc:
                 why = str(exc)
         if program is None:
-            program = _onnx_program(*build(num_layers), opset, num_layers, variant, translation_table, optimize=True)
+            program = _onnx_program(*build(num_layers), opset, num_layers, variant, translation_table, optimize=False)
+            weights.bind(program.model)
             how = f"traced all {num_layers} layers" + (f" ({why})" if why and num_layers > TRACED else "")
-    program.save(str(path), external_data=_weights_bytes(model) > TWO_GB)
+    graph_optimizer.optimize(program.model, rules)  # what torch.onnx.export(optimize=True) runs (rules: stitch's)
+    weights.save(program.model, path)
     name_axes(path, num_layers, variant, rewrite)
     return how
+
+
+@dataclass
+class GraphWeights:
+    """Where a traced graph's weights come from (`read`: parameter name -> array) and go (`file`:
+    the artifact's shared weights file; None: inside the graph file)."""
+
+    read: lazy_weights.Read
+    parameters: dict[str, str]  # initializer name in the traced graph -> parameter name
+    file: WeightFile | None = None
+    progress: Callable[[], None] | None = None  # ticked per tensor written
+
+    @classmethod
+    def of(cls, model, read: lazy_weights.Read, file: WeightFile | None = None, progress=None) -> "GraphWeights":
+        names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+        return cls(read, {WRAPPED + n: n for n in names}, file, progress)
+
+    @classmethod
+    def own(cls, model) -> "GraphWeights":
+        from .skeleton import state_dict_reader
+
+        return cls.of(model, state_dict_reader(model))
+
+    def bind(self, onnx_model, fold: bool = True) -> None:
+        """Every parameter initializer a lazy read; with `fold`, transposes of them folded the same way."""
+        lazy_weights.bind(onnx_model, self.read, self.parameters)
+        if fold:
+            lazy_weights.fold_transposes(onnx_model)
+
+    def save(self, onnx_model, path: Path) -> None:
+        import onnx_ir as ir
+
+        if self.file is not None:
+            lazy_weights.externalize(onnx_model, self.file, self.progress)
+            ir.save(onnx_model, str(path))
+        elif _initializer_bytes(onnx_model) > TWO_GB:
+            ir.save(onnx_model, str(path), external_data=path.name + ".data")
+        else:
+            ir.save(onnx_model, str(path))
+
+
+def _initializer_bytes(onnx_model) -> int:
+    return sum(v.const_value.nbytes for v in onnx_model.graph.initializers.values() if v.const_value is not None)
 
 
 def _onnx_program(wrapper, inputs: tuple, dynamic_shapes: dict, opset: int, num_layers: int, variant: str,
@@ -129,23 +180,24 @@ def _onnx_program(wrapper, inputs: tuple, dynamic_shapes: dict, opset: int, num_
     )
 
 
-def _traced_and_written(build, model, traced: int, num_layers: int, opset: int, variant: str, translation_table):
-    """The first `traced` layers traced unoptimized, the rest written into the graph, then optimized."""
+def _traced_and_written(build, model, traced: int, num_layers: int, opset: int, variant: str, translation_table,
+                        weights: GraphWeights):
+    """The first `traced` layers traced unoptimized, the rest written into the graph: (program, the
+    rewrite rules that fire, found on the traced layers where it is cheap)."""
     with first_layers(model, traced):
         wrapper, inputs, dynamic_shapes = build(traced)
         program = _onnx_program(wrapper, inputs, dynamic_shapes, opset, traced, variant, translation_table, optimize=False)
     wrapped = f"{WRAPPED}{decoder_layers(model)[0]}."
     tensors = {WRAPPED + n: t for n, t in model.named_parameters(remove_duplicate=False)}
     tensors.update({WRAPPED + n: t for n, t in model.named_buffers(remove_duplicate=False)})
-    rules = graph_optimizer.rules_that_fire(program.model)  # found on the traced layers, where it is cheap
+    weights.bind(program.model, fold=False)  # the stitch follows weights by their parameter names
+    folded = program.model.clone()
+    lazy_weights.fold_transposes(folded)
+    rules = graph_optimizer.rules_that_fire(folded)
     extend_layers(program.model, wrapped, num_layers, tensors, spec.input_names(num_layers, variant),
                   spec.output_names(num_layers, variant))
-    graph_optimizer.optimize(program.model, rules)  # what torch.onnx.export(optimize=True) runs, over the whole graph
-    return program
-
-
-def _weights_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    weights.bind(program.model)  # the written layers' own weights
+    return program, rules
 
 
 def name_axes(path: Path, num_layers: int, variant: str = spec.PORTABLE, rewrite=None) -> None:
