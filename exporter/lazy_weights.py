@@ -83,6 +83,14 @@ def fold_transposes(model) -> int:
     return len(folded)
 
 
+def _array(tensor) -> np.ndarray:
+    """The tensor's data as an array, without the copy `tobytes()` makes (bfloat16 and other non-numpy types: bytes)."""
+    try:
+        return tensor.numpy()
+    except (TypeError, ValueError):
+        return np.frombuffer(tensor.tobytes(), np.uint8)
+
+
 def externalize(model, weights: WeightFile, progress: Callable[[], None] | None = None) -> int:
     """Write every initializer of EXTERNAL_ABOVE bytes or more into `weights` and point the graph at it.
 
@@ -96,8 +104,8 @@ def externalize(model, weights: WeightFile, progress: Callable[[], None] | None 
         if tensor is None or isinstance(tensor, ir.ExternalTensor) or tensor.nbytes < EXTERNAL_ABOVE:
             continue
         found = origin(tensor)
-        produce = lambda t=tensor: t.tobytes()  # noqa: E731
-        stored = weights.put((found, tensor.dtype), produce) if found is not None else weights.add(tensor.tobytes())
+        produce = lambda t=tensor: _array(t)  # noqa: E731
+        stored = weights.put((found, tensor.dtype), produce) if found is not None else weights.add(_array(tensor))
         value.const_value = ir.ExternalTensor(weights.name, stored.offset, stored.length, tensor.dtype,
                                               shape=ir.Shape(tensor.shape), name=value.name, base_dir=str(weights.path.parent))
         written += 1

@@ -25,6 +25,7 @@ def build(config, dtype: torch.dtype):
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
+    model.tie_weights()  # init_empty_weights re-creates each parameter, which unties the embedding and the head
     placeholders: dict[int, torch.nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
@@ -44,11 +45,11 @@ def parameter_names(model) -> dict[str, list[str]]:
 
 
 @contextlib.contextmanager
-def filled(model, read: Read, prefix: str = "") -> Iterator[None]:
-    """Within the block, the parameters whose names start with `prefix` hold their real values;
-    placeholders again on exit, so the memory is given back."""
+def filled(model, read: Read, names: list[str] | None = None, prefix: str = "") -> Iterator[None]:
+    """Within the block, the parameters named in `names` (default: all) whose names start with
+    `prefix` hold their real values; placeholders again on exit, so the memory is given back."""
     params = dict(model.named_parameters())  # one name per distinct parameter
-    chosen = {name: p for name, p in params.items() if name.startswith(prefix)}
+    chosen = {name: p for name, p in params.items() if name.startswith(prefix) and (names is None or name in names)}
     saved = {name: p.data for name, p in chosen.items()}
     try:
         for name, param in chosen.items():

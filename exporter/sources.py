@@ -158,8 +158,8 @@ class OpenedModel:
     streamed: bool
 
 
-def open_model(source: ModelSource, dtype: str = "float32") -> OpenedModel:
-    """The model to export: streamed from its safetensors where it can be, else loaded whole."""
+def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True) -> OpenedModel:
+    """The model to export: streamed from its safetensors where it can be (and `stream`), else loaded whole."""
     import torch
     from transformers import AutoConfig
 
@@ -167,7 +167,7 @@ def open_model(source: ModelSource, dtype: str = "float32") -> OpenedModel:
     from .weight_source import open_source
 
     torch_dtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
-    if source.gguf_file is None and any(source.folder.glob("*.safetensors")):
+    if stream and source.gguf_file is None and any(source.folder.glob("*.safetensors")):
         try:
             config = AutoConfig.from_pretrained(source.folder)
         except Exception as exc:

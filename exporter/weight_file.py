@@ -47,7 +47,7 @@ class WeightFile:
 
     def add(self, data: np.ndarray | bytes) -> Stored:
         """Write `data` (little-endian, C order) unless the same bytes are stored already."""
-        raw = data if isinstance(data, (bytes, bytearray, memoryview)) else np.ascontiguousarray(data).tobytes()
+        raw = data if isinstance(data, (bytes, bytearray, memoryview)) else memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         digest = ("sha256", hashlib.sha256(raw).digest())
         if digest in self._stored:
             return self._stored[digest]

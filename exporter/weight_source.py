@@ -34,9 +34,9 @@ class SafetensorsSource:
         from safetensors import safe_open
         key = self.keys_of[key]
         f = self.mapping[key]
-        if f not in self._open:
-            self._open[f] = safe_open(str(self.folder / f), "pt")
-        return self._open[f].get_tensor(key).to(dtype)
+        with safe_open(str(self.folder / f), "pt") as h:
+            tensor = h.get_tensor(key)
+            return tensor.to(dtype) if tensor.dtype != dtype else tensor.clone()
 
 
 def open_source(source, model):

@@ -167,8 +167,9 @@ def make_tiny_model(family: str, folder: Path, seed: int = 0) -> Path:
     return save_tiny_model(tiny_config(family), folder, seed)
 
 
-def save_tiny_model(config, folder: Path, seed: int = 0) -> Path:
-    """Write a tiny random model of `config` with the tiny tokenizer (weights scaled up so greedy output varies)."""
+def save_tiny_model(config, folder: Path, seed: int = 0, dtype=None, max_shard_size: str | None = None) -> Path:
+    """Write a tiny random model of `config` with the tiny tokenizer (weights scaled up so greedy output varies);
+    dtype: the saved weights' torch dtype (default float32); max_shard_size: write shards of that size."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -179,6 +180,8 @@ def save_tiny_model(config, folder: Path, seed: int = 0) -> Path:
             if p.dim() == 2:
                 p.mul_(4.0)
     folder = Path(folder)
-    model.save_pretrained(folder)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     tiny_tokenizer().save_pretrained(folder)
     return folder
