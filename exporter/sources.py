@@ -164,7 +164,7 @@ def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True)
     from transformers import AutoConfig
 
     from .skeleton import build, state_dict_reader
-    from .weight_source import open_source
+    from .weight_source import NotStreamable, open_source
 
     torch_dtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
     if stream and source.gguf_file is None and any(source.folder.glob("*.safetensors")):
@@ -177,9 +177,12 @@ def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True)
             from transformers import GenerationConfig
 
             model.generation_config = GenerationConfig.from_pretrained(source.folder)
-        weights = open_source(source, model)
-        tokenizer = load_tokenizer(source)
-        return OpenedModel(model, tokenizer, lambda name: weights.read(name, torch_dtype).numpy(), True)
+        try:
+            weights = open_source(source, model)
+        except NotStreamable:
+            weights = None
+        if weights is not None:
+            return OpenedModel(model, load_tokenizer(source), lambda name: weights.read(name, torch_dtype).numpy(), True)
     model, tokenizer = load(source, dtype)
     return OpenedModel(model, tokenizer, state_dict_reader(model), False)
 
