@@ -25,6 +25,11 @@ def nbytes(proto) -> int:
     return int(np.prod(proto.dims, dtype=np.int64)) * np.dtype(helper.tensor_dtype_to_np_dtype(proto.data_type)).itemsize
 
 
+def raw_bytes(array: np.ndarray) -> memoryview:
+    """An array's bytes in C order without a copy when it is contiguous already (a mapped tensor)."""
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
 def data_files(graph: Path) -> list[str]:
     """The external data files a graph file's initializers name, in order of first use."""
     import onnx
@@ -85,5 +90,5 @@ class GraphWeights:
             if nbytes(init) < INLINE_BELOW:
                 init.CopyFrom(numpy_helper.from_array(values, init.name))
             else:
-                point_at(init, out.name, out.add(np.ascontiguousarray(values)))
+                point_at(init, out.name, out.add(raw_bytes(values)))
             del values

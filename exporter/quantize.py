@@ -35,7 +35,7 @@ import numpy as np
 
 from .blocks import BLOCK, BlockMatrix, quantize_float
 from .gguf_weights import Candidate, Planned, WeightPlan
-from .graph_weights import INLINE_BELOW, GraphWeights
+from .graph_weights import INLINE_BELOW, GraphWeights, raw_bytes
 from .gqa_rows import pad_attention_rows
 from .rotary import attribute, fuse_rotary, live_nodes
 from .skip_norms import fuse_skip_norms
@@ -238,7 +238,7 @@ class _Emitter:
             self.initializers.append(numpy_helper.from_array(array, name))
         else:
             proto = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
-            point_at(proto, self._weights.name, self._weights.add(array))
+            point_at(proto, self._weights.name, self._weights.add(raw_bytes(array)))
             self.initializers.append(proto)
             self.written.add(name)
         return name

@@ -42,6 +42,7 @@ def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None
             report.attention_extra_row |= plan.padded_attention > 0
             report.messages = sorted({why for _, why in plan.kept_float.values()})
             report.graph_bytes[name] = (staging / name).stat().st_size
+            del plan  # its blocks' makers hold the graph it was made from
         report.graph_bytes[weights.name] = weights.size
     for message in report.messages:
         step(f"  {message}")
