@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+ROWS_AT_ONCE = 1024  # rows of a float weight rounded at a time
 BLOCK = 32  # the block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the sub-blocks of Q4_K, Q5_K along K
 
 
@@ -202,9 +203,19 @@ def quantize_float(w: np.ndarray, bits: int, block: int = BLOCK) -> BlockMatrix:
     """Symmetric round-to-nearest per block of `block` along K, no zero point (the fast kernel).
 
     4 bits as llama.cpp's Q4_0: the value of largest magnitude maps to -8, so all 16 levels are used.
+    Rows are rounded ROWS_AT_ONCE at a time (each row is alone), so W may be a mapped, transposed
+    view: only a chunk of it is ever copied.
     """
     n, k = w.shape
-    x = w.reshape(n, k // block, block).astype(np.float32)
+    parts = [_quantize_rows(np.ascontiguousarray(w[start:start + ROWS_AT_ONCE], dtype=np.float32), bits, block)
+             for start in range(0, n, ROWS_AT_ONCE)]
+    q, d = parts[0] if len(parts) == 1 else (np.concatenate(arrays) for arrays in zip(*parts))
+    return BlockMatrix(f"int{bits}", bits, block, q, d)
+
+
+def _quantize_rows(w: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    n, k = w.shape
+    x = w.reshape(n, k // block, block)
     if bits == 8:
         d = np.abs(x).max(axis=-1) / 127
         inv = np.divide(1, d, out=np.zeros_like(d), where=d > 0)
@@ -214,4 +225,4 @@ def quantize_float(w: np.ndarray, bits: int, block: int = BLOCK) -> BlockMatrix:
         d = extreme / -8
         inv = np.divide(1, d, out=np.zeros_like(d), where=d != 0)
         q = np.clip(np.floor(x * inv[..., None] + 8.5), 0, 15)
-    return BlockMatrix(f"int{bits}", bits, block, q.astype(np.uint8).reshape(n, k), d.astype(np.float32))
+    return q.astype(np.uint8).reshape(n, k), d.astype(np.float32)

@@ -6,13 +6,20 @@ with rows reverse-permuted. So each candidate weight W [N, K] is matched to the 
 the same shape whose dequantized rows are W's rows in some order: rows are hashed exactly (their
 float32 bits), the order found is applied to the quantized rows (a row of W is a row of
 MatMulNBits), and the match is then verified bit for bit. Nothing depends on the loader's names.
+
+Memory stays at a few tensors: each GGUF tensor is dequantized once, a chunk of rows at a time,
+to keep only its row hashes (8 bytes a row) and their sum, a signature of the multiset of rows
+that a row permutation keeps; a candidate is hashed, looked up by shape and signature (one
+dictionary look-up, so the cost is linear in the tensors), and its blocks are made again, from
+the mapped GGUF bytes, when the pass writes them.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Hashable
 
 import numpy as np
 
@@ -21,13 +28,49 @@ from jacobi_rt.runtime.errors import ExportCheckError
 from .blocks import BlockMatrix, UnsupportedType, from_gguf
 
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+ROWS_AT_ONCE = 4096  # rows dequantized (or compared) at a time
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A weight the pass may quantize, W [N, K] float32, read only when asked."""
+
+    name: str  # "NAME" for MatMul(x, NAME), "gather:NAME" for an embedding table
+    shape: tuple[int, int]
+    read: Callable[[], np.ndarray] = field(compare=False)  # W [N, K] (a view of the mapped file where it can be)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One weight's blocks: their layout known when planned, the arrays made when written (`make`)."""
+
+    kind: str  # the GGUF tensor type ("Q4_1", ...) or the re-quantization ("int4", "int8")
+    bits: int
+    block: int
+    shape: tuple[int, int]  # (N, K)
+    has_offsets: bool
+    make: Callable[[], BlockMatrix] = field(compare=False, repr=False)
+    ident: Hashable = None  # equal idents share one set of initializers in a graph (a tied table and head); None: its own
+
+    @staticmethod
+    def of(m: BlockMatrix, ident: Hashable = None) -> "Planned":
+        """A matrix already made."""
+        return Planned(m.kind, m.bits, m.block, m.shape, m.offsets is not None, lambda: m, ident)
+
+    @staticmethod
+    def stack(parts: list["Planned"]) -> "Planned":
+        """The rows of `parts` (one block layout) as one matrix, in order (BlockMatrix.stack, made when written)."""
+        first = parts[0]
+        rows = sum(p.shape[0] for p in parts)
+        return Planned(first.kind, first.bits, first.block, (rows, first.shape[1]), first.has_offsets,
+                       lambda: BlockMatrix.stack([p.make() for p in parts]))
 
 
 @dataclass
 class WeightPlan:
     """What the weight pass does to one graph: initializer -> blocks, and what stays float and why."""
 
-    matrices: dict[str, BlockMatrix] = field(default_factory=dict)
+    matrices: dict[str, Planned] = field(default_factory=dict)
     kept_float: dict[str, tuple[str, str]] = field(default_factory=dict)  # initializer -> (tensor type, why)
     padded_attention: int = 0  # GroupQueryAttention nodes given an extra query row (gqa_rows.py), level 4 only
 
@@ -42,32 +85,37 @@ class WeightPlan:
 class _Tensor:
     name: str
     kind: str
-    raw: np.ndarray
+    raw: np.ndarray  # the mapped blocks, [N, bytes a row]
     shape: tuple[int, int]  # (N, K)
-    _values: np.ndarray | None = None
-    _index: dict[int, int] | None = None
-    _blocks: BlockMatrix | None = None
 
-    def values(self) -> np.ndarray:
-        """float32 [N, K] as the gguf package dequantizes it (what transformers loads)."""
-        if self._values is None:
-            from gguf import GGMLQuantizationType
-            from gguf.quants import dequantize
+    def row_hashes(self) -> np.ndarray:
+        """row_hashes of the values as the gguf package dequantizes them (what transformers loads), a chunk at a time."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
 
-            self._values = dequantize(self.raw, GGMLQuantizationType[self.kind]).reshape(self.shape).astype(np.float32)
-        return self._values
-
-    def index(self) -> dict[int, int]:
-        if self._index is None:
-            self._index = {}
-            for row, h in enumerate(row_hashes(self.values())):
-                self._index.setdefault(int(h), row)
-        return self._index
+        kind = GGMLQuantizationType[self.kind]
+        n, k = self.shape
+        return np.concatenate([row_hashes(dequantize(self.raw[start:start + ROWS_AT_ONCE], kind).reshape(-1, k).astype(np.float32))
+                               for start in range(0, n, ROWS_AT_ONCE)])
 
     def blocks(self) -> BlockMatrix:
-        if self._blocks is None:
-            self._blocks = from_gguf(self.kind, self.raw, *self.shape)
-        return self._blocks
+        return from_gguf(self.kind, self.raw, *self.shape)
+
+
+@dataclass
+class _Signed:
+    """A tensor's row hashes: sorted (stably, so the first of equal rows comes first) for look-ups."""
+
+    tensor: _Tensor
+    order: np.ndarray  # row indices sorting the hashes
+    sorted: np.ndarray  # the hashes in that order
+
+    def rows_of(self, hashes: np.ndarray) -> np.ndarray | None:
+        """For each hash, the first row of the tensor with it; None when one is missing."""
+        at = np.minimum(np.searchsorted(self.sorted, hashes, side="left"), len(self.sorted) - 1)
+        if not np.array_equal(self.sorted[at], hashes):
+            return None
+        return self.order[at]
 
 
 class GgufWeights:
@@ -82,14 +130,16 @@ class GgufWeights:
             kind = t.tensor_type.name
             if len(t.shape) == 2 and kind not in FLOAT_TYPES:
                 k, n = (int(x) for x in t.shape)  # GGUF lists ne0 (the contiguous K) first
-                self.tensors.append(_Tensor(t.name, kind, np.asarray(t.data), (n, k)))
-        self._cache: dict[tuple[str, bytes], BlockMatrix] = {}
+                self.tensors.append(_Tensor(t.name, kind, t.data, (n, k)))
+        self._signed: dict[tuple, list[_Signed]] = {}  # (shape, signature) -> tensors in file order
+        self._shapes_signed: set[tuple[int, int]] = set()
 
-    def plan(self, candidates: dict[str, np.ndarray]) -> WeightPlan:
-        """candidates: initializer -> W [N, K] float32. Unmatched ones stay float, silently: they
-        are float in the GGUF too (norms, biases) or not GGUF tensors at all."""
+    def plan(self, candidates: list[Candidate]) -> WeightPlan:
+        """Unmatched candidates stay float, silently: they are float in the GGUF too (norms, biases)
+        or not GGUF tensors at all. Each candidate is read, matched and verified, then dropped."""
         plan = WeightPlan()
-        for name, w in candidates.items():
+        for candidate in candidates:
+            w = candidate.read()
             found = self._find(w)
             if found is None:
                 continue
@@ -97,51 +147,71 @@ class GgufWeights:
             try:
                 blocks = self._blocks_in_order(tensor, rows)
             except UnsupportedType:
-                plan.kept_float[name] = (tensor.kind, f"{tensor.name} is {tensor.kind}, which has no exact MatMulNBits form here: kept as float32")
+                plan.kept_float[candidate.name] = (tensor.kind, f"{tensor.name} is {tensor.kind}, which has no exact MatMulNBits form here: kept as float32")
                 continue
-            if not np.array_equal(blocks.dequantize().view(np.uint32), w.view(np.uint32)):
+            if not reproduces(blocks, w):
                 raise ExportCheckError(
-                    f"GGUF tensor {tensor.name} ({tensor.kind}) does not reproduce the traced weight {name} bit for bit; "
+                    f"GGUF tensor {tensor.name} ({tensor.kind}) does not reproduce the traced weight {candidate.name} bit for bit; "
                     "export without weights='gguf' and report this"
                 )
-            plan.matrices[name] = blocks
+            identity = np.array_equal(rows, np.arange(len(rows)))
+            ident = (tensor.name, b"" if identity else rows.tobytes())  # a tied embedding and LM head share their arrays
+            plan.matrices[candidate.name] = Planned(blocks.kind, blocks.bits, blocks.block, blocks.shape, blocks.offsets is not None,
+                                                    lambda t=tensor, r=rows: self._blocks_in_order(t, r), ident)
+            del w, blocks
         return plan
 
     def _find(self, w: np.ndarray) -> tuple[_Tensor, np.ndarray] | None:
-        hashes = None
-        for tensor in self.tensors:
-            if tensor.shape != w.shape:
-                continue
-            hashes = row_hashes(w) if hashes is None else hashes
-            index = tensor.index()
-            if int(hashes[0]) not in index:
-                continue
-            try:
-                rows = np.fromiter((index[int(h)] for h in hashes), dtype=np.int64, count=len(hashes))
-            except KeyError:
-                continue
-            if np.array_equal(tensor.values()[rows].view(np.uint32), w.view(np.uint32)):
-                return tensor, rows
+        shape = tuple(w.shape)
+        if not any(t.shape == shape for t in self.tensors):
+            return None
+        self._sign(shape)
+        hashes = row_hashes(w)
+        for signed in self._signed.get((shape, _signature(hashes)), []):
+            rows = signed.rows_of(hashes)
+            if rows is not None:
+                return signed.tensor, rows
         return None
 
-    def _blocks_in_order(self, tensor: _Tensor, rows: np.ndarray) -> BlockMatrix:
-        """The tensor's blocks with its rows in graph order; one object per (tensor, order), so a tied
-        embedding and LM head share their quantized arrays."""
-        identity = np.array_equal(rows, np.arange(len(rows)))
-        key = (tensor.name, b"" if identity else rows.tobytes())
-        if key not in self._cache:
-            blocks = tensor.blocks()
-            self._cache[key] = blocks if identity else blocks.take_rows(rows)
-        return self._cache[key]
+    def _sign(self, shape: tuple[int, int]) -> None:
+        """Hash the rows of every tensor of this shape, once."""
+        if shape in self._shapes_signed:
+            return
+        self._shapes_signed.add(shape)
+        for tensor in self.tensors:
+            if tensor.shape == shape:
+                hashes = tensor.row_hashes()
+                order = np.argsort(hashes, kind="stable")
+                self._signed.setdefault((shape, _signature(hashes)), []).append(_Signed(tensor, order, hashes[order]))
+
+    @staticmethod
+    def _blocks_in_order(tensor: _Tensor, rows: np.ndarray) -> BlockMatrix:
+        """The tensor's blocks with its rows in graph order."""
+        blocks = tensor.blocks()
+        return blocks if np.array_equal(rows, np.arange(len(rows))) else blocks.take_rows(rows)
+
+
+def _signature(hashes: np.ndarray) -> int:
+    """The sum of a tensor's row hashes (mod 2**64): the same for any order of the same rows."""
+    with np.errstate(over="ignore"):
+        return int(hashes.sum(dtype=np.uint64))
+
+
+def reproduces(blocks: BlockMatrix, w: np.ndarray) -> bool:
+    """blocks dequantize to W's float32 bits exactly (compared a chunk of rows at a time)."""
+    for start in range(0, blocks.shape[0], ROWS_AT_ONCE):
+        part = blocks.take_rows(slice(start, start + ROWS_AT_ONCE)).dequantize()
+        if not np.array_equal(part.view(np.uint32), np.ascontiguousarray(w[start:start + ROWS_AT_ONCE], dtype=np.float32).view(np.uint32)):
+            return False
+    return True
 
 
 def row_hashes(w: np.ndarray, chunk: int = 4096) -> np.ndarray:
     """An exact hash of each row's float32 bits (equal rows, equal hashes; -0.0 and 0.0 differ)."""
-    bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
-    coeffs = np.random.default_rng(0).integers(1, 2**63, size=bits.shape[1], dtype=np.uint64) | np.uint64(1)
-    out = np.empty(bits.shape[0], dtype=np.uint64)
+    coeffs = np.random.default_rng(0).integers(1, 2**63, size=w.shape[1], dtype=np.uint64) | np.uint64(1)
+    out = np.empty(w.shape[0], dtype=np.uint64)
     with np.errstate(over="ignore"):
-        for start in range(0, bits.shape[0], chunk):
-            part = bits[start : start + chunk].astype(np.uint64)
+        for start in range(0, w.shape[0], chunk):  # each chunk made contiguous alone: W may be a transposed view
+            part = np.ascontiguousarray(w[start : start + chunk], dtype=np.float32).view(np.uint32).astype(np.uint64)
             out[start : start + chunk] = (part * coeffs).sum(axis=1)  # wraps modulo 2**64
     return out

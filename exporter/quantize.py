@@ -17,6 +17,11 @@ it (onnxruntime's cost here is per node, not per column). An embedding Gather wh
 planned becomes `com.microsoft.GatherBlockQuantized` on the same bytes. The pass works on one
 ONNX file at a time, so every graph variant of an artifact gets it; the plan comes from a GGUF
 file's own blocks (`gguf_weights.py`) or from rounding the floats (`--quantize`).
+
+The pass holds one weight at a time: the graph is loaded without its external data, a weight is
+read (memory-mapped) when its blocks are made, and every array written goes straight to the
+artifact's one weights file (`weight_file.py`), which both graphs of the artifact read: the in-place
+graph's packed q|k|v is the portable graph's stacked siblings, the same bytes, stored once.
 """
 
 from __future__ import annotations
@@ -29,17 +34,18 @@ from typing import Callable
 import numpy as np
 
 from .blocks import BLOCK, BlockMatrix, quantize_float
-from .gguf_weights import WeightPlan
+from .gguf_weights import Candidate, Planned, WeightPlan
+from .graph_weights import INLINE_BELOW, GraphWeights, raw_bytes
 from .gqa_rows import pad_attention_rows
 from .rotary import attribute, fuse_rotary, live_nodes
 from .skip_norms import fuse_skip_norms
+from .weight_file import WeightFile, point_at
 
 BITS = {"int8": 8, "int4": 4}
-EXTERNAL_DATA_ABOVE = 3 << 29  # 1.5 GiB of initializers: protobuf cannot hold a 2 GiB file
 MS_DOMAIN = "com.microsoft"
 BLOCK_SUMS = "reduce"  # Q4_1 block sums: "reduce" (Reshape + ReduceSum) or "columns" (K/32 extra MatMulNBits outputs: not faster, measured)
 
-Planner = Callable[[dict[str, np.ndarray]], WeightPlan]
+Planner = Callable[[list[Candidate]], WeightPlan]
 
 
 @dataclass
@@ -51,7 +57,7 @@ class WeightReport:
     tensor_types: dict[str, int] = field(default_factory=dict)  # blocks' type -> tensors quantized
     kept_float: dict[str, int] = field(default_factory=dict)  # tensor type -> tensors left float
     messages: list[str] = field(default_factory=list)  # why, one line each, naming tensor and type
-    graph_bytes: dict[str, int] = field(default_factory=dict)  # file -> size on disk
+    graph_bytes: dict[str, int] = field(default_factory=dict)  # file -> size on disk: each graph file, their one weights file
     attention_extra_row: bool = False  # the in-place graph's attention has gqa_rows.py's extra row
 
     def to_dict(self) -> dict:
@@ -64,34 +70,44 @@ def float_planner(kind: str) -> Planner:
     """--quantize int4|int8: round each MatMul weight (K a multiple of 32); tables stay float."""
     bits = BITS[kind]
 
-    def plan(candidates: dict[str, np.ndarray]) -> WeightPlan:
+    def plan(candidates: list[Candidate]) -> WeightPlan:
         out = WeightPlan()
-        for name, w in candidates.items():
-            if not name.startswith("gather:") and w.shape[1] % BLOCK == 0:
-                out.matrices[name] = quantize_float(w, bits)
+        for c in candidates:
+            if not c.name.startswith("gather:") and c.shape[1] % BLOCK == 0:
+                out.matrices[c.name] = Planned(kind, bits, BLOCK, c.shape, False, lambda c=c: quantize_float(c.read(), bits), c.name)
         return out
 
     return plan
 
 
 def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_level: int, siblings: bool = True,
-                        max_positions: int | None = None) -> WeightPlan:
-    """Read SOURCE (external data too), apply the planned blocks, write TARGET (+ TARGET.data when large).
+                        max_positions: int | None = None, weights: WeightFile | None = None) -> WeightPlan:
+    """Read SOURCE (its weights one at a time, from wherever its protos point), apply the planned blocks,
+    write TARGET with every initializer of 1 KiB or more in `weights` (a WeightFile in TARGET's folder,
+    shared by the artifact's graphs; None: TARGET.data of its own).
     siblings: MatMuls of one input share one MatMulNBits (False: one each, as a reference).
     max_positions: the rotary tables' length, for com.microsoft.RotaryEmbedding (rotary.py); None leaves rotary as traced."""
     import onnx
 
-    model = onnx.load(str(source))
-    fold_transposed_weights(model)
-    plan = planner(weight_candidates(model))
+    if weights is None:
+        with WeightFile(Path(target).parent, Path(target).name + ".data") as own:
+            return quantize_graph_file(source, target, planner, accuracy_level, siblings, max_positions, own)
+    if weights.path.parent.resolve() != Path(target).parent.resolve():
+        raise ValueError(f"{target}'s weights must be written beside it, not in {weights.path.parent}")
+    model = onnx.load(str(source), load_external_data=False)
+    values = GraphWeights(Path(source).parent)
+    values.inline_small(model)
+    fold_transposed_weights(model, values)
+    plan = planner(weight_candidates(model, values))
     matrices = {_initializer(k): v for k, v in plan.matrices.items()}
     tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}
-    rewrite(model, matrices, tables, accuracy_level, siblings)
+    written = rewrite(model, matrices, tables, accuracy_level, siblings, weights)
     fuse_skip_norms(model)  # the graph holds contrib ops now: onnxruntime-only
     if accuracy_level == 4:  # int8 activations: GroupQueryAttention's one-row path must not be taken (gqa_rows.py)
         plan.padded_attention = pad_attention_rows(model)
     if max_positions is not None:
         fuse_rotary(model, max_positions)
+    values.write_rest(model, weights, written)
     save_model(model, target)
     return plan
 
@@ -100,23 +116,24 @@ def _initializer(key: str) -> str:
     return key.split(":", 1)[1] if key.startswith("gather:") else key
 
 
-def weight_candidates(model) -> dict[str, np.ndarray]:
-    """Weights a pass may quantize, as W [N, K] float32: "NAME" for MatMul(x, NAME) (stored [K, N]) or
-    a part of MatMul(x, Concat(NAME, ...)) (gqa_packed.py's q|k|v), "gather:NAME" for an embedding
-    Gather(NAME, ids) on axis 0 (stored [V, K])."""
-    from onnx import TensorProto, numpy_helper
+def weight_candidates(model, values: GraphWeights) -> list[Candidate]:
+    """Weights a pass may quantize, as W [N, K] float32, in graph order, none read yet: "NAME" for
+    MatMul(x, NAME) (stored [K, N]: W is its transposed view) or a part of MatMul(x, Concat(NAME, ...))
+    (gqa_packed.py's q|k|v), "gather:NAME" for an embedding Gather(NAME, ids) on axis 0 (stored [V, K])."""
+    from onnx import TensorProto
 
     inits = {i.name: i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2}
     producer = {o: n for n in model.graph.node for o in n.output}
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Candidate] = {}
     for node in model.graph.node:
         if node.op_type == "MatMul":
             for name in weight_parts(node, producer, inits) or []:
-                if name not in out:
-                    out[name] = np.ascontiguousarray(numpy_helper.to_array(inits[name]).T)
+                k, n = inits[name].dims
+                out.setdefault(name, Candidate(name, (n, k), lambda p=inits[name]: values.read(p).T))
         elif node.op_type == "Gather" and node.input[0] in inits and attribute(node, "axis", 0) == 0:
-            out.setdefault("gather:" + node.input[0], numpy_helper.to_array(inits[node.input[0]]))
-    return out
+            table = inits[node.input[0]]
+            out.setdefault("gather:" + table.name, Candidate("gather:" + table.name, tuple(table.dims), lambda p=table: values.read(p)))
+    return list(out.values())
 
 
 def weight_parts(matmul, producer: dict, inits) -> list[str] | None:
@@ -131,12 +148,16 @@ def weight_parts(matmul, producer: dict, inits) -> list[str] | None:
     return None
 
 
-def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_level: int, siblings: bool = True) -> None:
-    """Replace the MatMuls (and, for names in `tables`, the Gathers) of the planned initializers."""
+def rewrite(model, matrices: dict[str, Planned | BlockMatrix], tables: set[str], accuracy_level: int, siblings: bool = True,
+            weights: WeightFile | None = None) -> set[str]:
+    """Replace the MatMuls (and, for names in `tables`, the Gathers) of the planned initializers; the
+    arrays of 1 KiB or more go to `weights` as they are made (None: into the graph). Returns the names
+    of the initializers written to `weights`."""
     from onnx import helper
 
     graph = model.graph
-    emit = _Emitter(graph)
+    matrices = {k: m if isinstance(m, Planned) else Planned.of(m, k) for k, m in matrices.items()}
+    emit = _Emitter(graph, weights)
     groups = sibling_groups(graph.node, matrices, tables, siblings)
     producer = {o: n for n in graph.node for o in n.output}
     nodes = []
@@ -160,14 +181,15 @@ def rewrite(model, matrices: dict[str, BlockMatrix], tables: set[str], accuracy_
     graph.initializer.extend(kept + emit.initializers)
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return emit.written
 
 
-def _layout(m: BlockMatrix) -> tuple:
+def _layout(m: Planned) -> tuple:
     """What block matrices must share for one MatMulNBits to hold them side by side."""
-    return m.bits, m.block, m.shape[1], m.offsets is None
+    return m.bits, m.block, m.shape[1], not m.has_offsets
 
 
-def sibling_groups(nodes, matrices: dict[str, BlockMatrix], tables: set[str], siblings: bool = True) -> dict[str, list]:
+def sibling_groups(nodes, matrices: dict[str, Planned], tables: set[str], siblings: bool = True) -> dict[str, list]:
     """Planned MatMuls grouped by (input, block layout), in graph order: first member's output -> the
     group, every other member's output -> [] (emitted with its group). siblings=False: groups of one."""
     groups: dict[tuple, list] = {}
@@ -184,12 +206,14 @@ def sibling_groups(nodes, matrices: dict[str, BlockMatrix], tables: set[str], si
 
 
 class _Emitter:
-    """Builds the quantized nodes; each BlockMatrix's arrays are stored once, however many nodes read them."""
+    """Builds the quantized nodes, writing each array as it is made (to `weights` when given); a planned
+    matrix's arrays are stored once per ident, however many nodes read them. Only the protos are kept."""
 
-    def __init__(self, graph):
+    def __init__(self, graph, weights: WeightFile | None = None):
         self.initializers = []
-        self._arrays: dict[int, tuple[str, str, str | None]] = {}
-        self._kept: list[BlockMatrix] = []
+        self.written: set[str] = set()  # initializers whose data is in `weights`
+        self._weights = weights
+        self._arrays: dict[object, tuple[str, str, str | None]] = {}
         self._blocksums: dict[tuple[str, int], str] = {}
         self._constants: dict[tuple, str] = {}
         self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*graph.input, *graph.value_info]
@@ -206,20 +230,31 @@ class _Emitter:
                 return name
 
     def _add(self, array: np.ndarray, base: str) -> str:
-        from onnx import numpy_helper
+        from onnx import TensorProto, helper, numpy_helper
 
         name = self._name(base)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        array = np.ascontiguousarray(array)
+        if self._weights is None or array.nbytes < INLINE_BELOW:
+            self.initializers.append(numpy_helper.from_array(array, name))
+        else:
+            proto = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+            point_at(proto, self._weights.name, self._weights.add(raw_bytes(array)))
+            self.initializers.append(proto)
+            self.written.add(name)
         return name
 
-    def arrays(self, m: BlockMatrix, base: str) -> tuple[str, str, str | None]:
-        if id(m) not in self._arrays:
-            offsets = None if m.offsets is None else self._add(m.offsets.T, base + "_offsets")
-            self._arrays[id(m)] = (self._add(m.packed(), base + "_blocks"), self._add(m.scales, base + "_scales"), offsets)
-            self._kept.append(m)  # keys are ids: the object must outlive the pass
-        return self._arrays[id(m)]
+    def arrays(self, m: Planned, base: str, made: BlockMatrix | None = None) -> tuple[str, str, str | None]:
+        """The names of m's blocks, scales and offsets (transposed), written now unless m's ident has them."""
+        if m.ident is not None and m.ident in self._arrays:
+            return self._arrays[m.ident]
+        made = made or m.make()
+        offsets = None if made.offsets is None else self._add(made.offsets.T, base + "_offsets")
+        names = (self._add(made.packed(), base + "_blocks"), self._add(made.scales, base + "_scales"), offsets)
+        if m.ident is not None:
+            self._arrays[m.ident] = names
+        return names
 
-    def matmuls(self, nodes: list, ms: list[BlockMatrix], accuracy_level: int) -> list:
+    def matmuls(self, nodes: list, ms: list[Planned], accuracy_level: int) -> list:
         """MatMuls of one input: one quantized MatMul over the concatenated outputs, then a Split."""
         from onnx import helper
 
@@ -230,28 +265,28 @@ class _Emitter:
         fused = helper.make_node("MatMul", [nodes[0].input[0], weight], [joined], name=self._name(nodes[0].name or "matmul"))
         sizes = self._constant([m.shape[0] for m in ms])
         split = helper.make_node("Split", [joined, sizes], [n.output[0] for n in nodes], name=self._name("split"), axis=-1)
-        return self.matmul(fused, BlockMatrix.stack(ms), accuracy_level) + [split]
+        return self.matmul(fused, Planned.stack(ms), accuracy_level) + [split]
 
-    def packed(self, node, ms: list[BlockMatrix], accuracy_level: int) -> list:
+    def packed(self, node, ms: list[Planned], accuracy_level: int) -> list:
         """MatMul(x, Concat(parts)) as one MatMulNBits over the stacked parts; parts of different block
         layouts (a GGUF may store v in another type than q and k) as one per run of a layout, concatenated."""
         from onnx import helper
 
         runs = [list(run) for _, run in groupby(ms, key=_layout)]
         if len(runs) == 1:
-            return self.matmul(node, BlockMatrix.stack(ms), accuracy_level)
+            return self.matmul(node, Planned.stack(ms), accuracy_level)
         outputs = [self._name(f"{node.output[0]}_part{i}") for i in range(len(runs))]
         out = []
         for run, y in zip(runs, outputs):
             part = helper.make_node("MatMul", [node.input[0], self._name(node.input[1] + "_part")], [y], name=node.name)
-            out += self.matmul(part, BlockMatrix.stack(run), accuracy_level)
+            out += self.matmul(part, Planned.stack(run), accuracy_level)
         return out + [helper.make_node("Concat", outputs, [node.output[0]], name=self._name("concat"), axis=-1)]
 
-    def matmul(self, node, m: BlockMatrix, accuracy_level: int) -> list:
+    def matmul(self, node, m: Planned, accuracy_level: int) -> list:
         from onnx import helper
 
         x, weight = node.input[0], node.input[1]
-        if m.offsets is not None and BLOCK_SUMS == "columns" and (x, m.block) not in self._blocksums:
+        if m.has_offsets and BLOCK_SUMS == "columns" and (x, m.block) not in self._blocksums:
             return self.matmul_with_sums(node, m, accuracy_level)
         n, k = m.shape
         blocks, scales, offsets = self.arrays(m, weight)
@@ -265,7 +300,7 @@ class _Emitter:
             out += made + [helper.make_node("MatMul", [sums, offsets], [correction]), helper.make_node("Add", [main, correction], [y])]
         return out
 
-    def matmul_with_sums(self, node, m: BlockMatrix, accuracy_level: int) -> list:
+    def matmul_with_sums(self, node, m: Planned, accuracy_level: int) -> list:
         """The offset form with x's block sums computed by the MatMulNBits itself, as K/32 extra output
         columns (an indicator row per block: scale 1, q = zero + 1 in its block, zero elsewhere), then
         Split(main, sums), MatMul(sums, offsets) and Add: no Reshape/ReduceSum."""
@@ -274,9 +309,11 @@ class _Emitter:
         x, y = node.input[0], node.output[0]
         n, k = m.shape
         nb = k // m.block
-        offsets = self._add(m.offsets.T, node.input[1] + "_offsets")
+        made = m.make()
+        offsets = self._add(made.offsets.T, node.input[1] + "_offsets")
         joined = self._name(y + "_withsums")
-        out = self.matmul(helper.make_node("MatMul", [x, node.input[1] + "_sums"], [joined], name=node.name), with_block_sums(m), accuracy_level)
+        out = self.matmul(helper.make_node("MatMul", [x, node.input[1] + "_sums"], [joined], name=node.name),
+                          Planned.of(with_block_sums(made)), accuracy_level)
         main, sums, correction = self._name(y + "_nbits"), self._name(x + "_blocksum"), self._name(y + "_offset")
         self._blocksums[(x, m.block)] = sums
         return out + [helper.make_node("Split", [joined, self._constant([n, nb])], [main, sums], name=self._name("split"), axis=-1),
@@ -309,20 +346,21 @@ class _Emitter:
             self._constants[key] = self._add(array, "constant")
         return self._constants[key]
 
-    def gather(self, node, m: BlockMatrix) -> list:
+    def gather(self, node, m: Planned) -> list:
         from onnx import helper
 
         table, ids = node.input[0], node.input[1]
         n, k = m.shape
-        blocks, scales, _ = self.arrays(m, table)
+        made = m.make() if m.has_offsets else None  # row_offsets reads its offsets
+        blocks, scales, _ = self.arrays(m, table, made)
         flat, shape = self._name(table + "_rows"), self._add(np.array([n, k * m.bits // 8], np.int64), table + "_rowshape")
-        rows = node.output[0] if m.offsets is None else self._name(node.output[0] + "_nbits")
+        rows = node.output[0] if made is None else self._name(node.output[0] + "_nbits")
         out = [
             helper.make_node("Reshape", [blocks, shape], [flat]),
             helper.make_node("GatherBlockQuantized", [flat, ids, scales], [rows], name=self._name(node.name or "gather"),
                              domain=MS_DOMAIN, gather_axis=0, quantize_axis=1, block_size=m.block, bits=m.bits),
         ]
-        return out if m.offsets is None else out + self.row_offsets(rows, ids, m, table, node.output[0])
+        return out if made is None else out + self.row_offsets(rows, ids, made, table, node.output[0])
 
     def row_offsets(self, rows: str, ids: str, m: BlockMatrix, table: str, y: str) -> list:
         """Gathered rows [.., K] plus each row's block offsets (gathered from [V, K/block]), added per block:
@@ -353,29 +391,20 @@ def with_block_sums(m: BlockMatrix) -> BlockMatrix:
 
 
 def save_model(model, path: Path) -> None:
-    """One file, or PATH + PATH.data when the initializers are large (a 2 GiB protobuf cannot be written).
-    The data file's name is stored inside the graph, so it is the final name from the start."""
+    """The graph file alone: its initializers of 1 KiB or more point into the artifact's weights file already."""
     import onnx
 
-    size = sum(len(i.raw_data) for i in model.graph.initializer)
-    for stale in (path, path.with_name(path.name + ".data")):
-        stale.unlink(missing_ok=True)
-    if size > EXTERNAL_DATA_ABOVE:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
+    path.unlink(missing_ok=True)
+    onnx.save_model(model, str(path))
 
 
-def fold_transposed_weights(model) -> int:
-    """Replace MatMul(x, Transpose(W)) by MatMul(x, W^T) with W^T stored as its own initializer.
+def fold_transposed_weights(model, values: GraphWeights) -> int:
+    """Replace MatMul(x, Transpose(W)) by MatMul(x, W^T), W^T an initializer of its own (read as a view of W).
 
     A tied LM head reads the embedding table through a Transpose; the quantizer only sees
     MatMuls whose weight is an initializer, so without this the largest matrix stays float.
     The embedding Gather keeps the original table.
     """
-    from onnx import numpy_helper
-
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     consumers: dict[str, list] = {}
@@ -389,10 +418,8 @@ def fold_transposed_weights(model) -> int:
         users = consumers.get(node.output[0], [])
         if not users or any(u.op_type != "MatMul" or list(u.input).index(node.output[0]) != 1 for u in users):
             continue
-        perm = [a.ints for a in node.attribute if a.name == "perm"]
-        weight = numpy_helper.to_array(initializers[node.input[0]])
-        transposed = weight.transpose(*perm[0]) if perm else weight.T
-        graph.initializer.append(numpy_helper.from_array(transposed.copy(), node.output[0]))
+        perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
+        graph.initializer.append(values.transposed(initializers[node.input[0]], node.output[0], perm[0] if perm else None))
         graph.node.remove(node)
         folded += 1
     return folded

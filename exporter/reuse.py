@@ -17,6 +17,7 @@ from jacobi_rt.runtime.errors import ArtifactError, OptionError
 from jacobi_rt.runtime.manifest import read_manifest, verify_files
 from jacobi_rt.runtime.spec import INPLACE, PORTABLE
 
+from .graph_weights import data_files
 from .options import ExportOptions
 
 
@@ -43,9 +44,14 @@ def reuse_graphs(base: Path, folder: Path, source_info: dict, options: ExportOpt
                 "graphs_from",
             )
     graphs = dict(manifest.graphs) if options.inplace else {PORTABLE: manifest.graphs[PORTABLE]}
-    files = [name for graph in graphs.values() for name in (graph, graph + ".data") if name in manifest.files]
-    verify_files(base, manifest, files)
-    for name in files:
+    names = list(dict.fromkeys(graphs.values()))
+    verify_files(base, manifest, names)
+    data = list(dict.fromkeys(d for name in names for d in data_files(base / name)))  # weights.data once, or each legacy NAME.data
+    missing = [d for d in data if d not in manifest.files]
+    if missing:
+        raise ArtifactError(f"{base}'s graphs read {', '.join(missing)}, which its manifest does not list; export it again")
+    verify_files(base, manifest, data)
+    for name in names + data:
         shutil.copyfile(base / name, folder / name)
     check = {"vs_pytorch": manifest.check["vs_pytorch"]}
     if options.inplace and INPLACE in manifest.check:  # its check, or why the family has no in-place graph

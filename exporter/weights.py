@@ -1,8 +1,8 @@
 """The export's weight step: every graph file of the artifact through the same weight pass.
 
-The quantized files are written beside the float ones (in a staging folder, under their final
-names, since an external-data file's name is stored inside its graph), checked against the float
-graph, and only then moved over them.
+The quantized graphs are written beside the float ones, in a staging folder, with every weight
+in ONE shared file (`.weights/weights.data`: a tensor both graphs read is stored once), checked
+against the float graph, and only then moved over the float graphs; the float data files go.
 """
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ from pathlib import Path
 
 from .gguf_weights import GgufWeights
 from .options import ExportOptions
+from .graph_weights import data_files
 from .quantize import WeightReport, float_planner, quantize_graph_file
+from .weight_file import WEIGHTS_FILE, WeightFile
 
 STAGING = ".weights"
 
 
 def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None, options: ExportOptions, step,
                     max_positions: int | None = None) -> WeightReport:
-    """Write folder/.weights/<file> for each graph file; return what was done (the same for each file).
-    max_positions: the model's, for the rotary tables (None: rotary stays as traced)."""
+    """Write folder/.weights/<file> for each graph file and their one folder/.weights/weights.data;
+    return what was done (the same for each file). max_positions: the model's, for the rotary tables
+    (None: rotary stays as traced)."""
     kind = "gguf" if options.weights == "gguf" else options.quantize
     if kind == "gguf":
         step(f"mapping {gguf_path.name}'s quantized blocks onto MatMulNBits (accuracy level {options.accuracy_level})")
@@ -31,12 +34,16 @@ def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None
     staging = folder / STAGING
     staging.mkdir(exist_ok=True)
     report = WeightReport(kind, options.accuracy_level)
-    for name in dict.fromkeys(graphs.values()):
-        plan = quantize_graph_file(folder / name, staging / name, planner, options.accuracy_level, max_positions=max_positions)
-        report.tensor_types, report.kept_float = plan.tensor_types(), plan.kept_types()
-        report.attention_extra_row |= plan.padded_attention > 0
-        report.messages = sorted({why for _, why in plan.kept_float.values()})
-        report.graph_bytes[name] = sum(p.stat().st_size for p in (staging / name, staging / (name + ".data")) if p.is_file())
+    with WeightFile(staging) as weights:
+        for name in dict.fromkeys(graphs.values()):
+            plan = quantize_graph_file(folder / name, staging / name, planner, options.accuracy_level,
+                                       max_positions=max_positions, weights=weights)
+            report.tensor_types, report.kept_float = plan.tensor_types(), plan.kept_types()
+            report.attention_extra_row |= plan.padded_attention > 0
+            report.messages = sorted({why for _, why in plan.kept_float.values()})
+            report.graph_bytes[name] = (staging / name).stat().st_size
+            del plan  # its blocks' makers hold the graph it was made from
+        report.graph_bytes[weights.name] = weights.size
     for message in report.messages:
         step(f"  {message}")
     return report
@@ -47,11 +54,15 @@ def staged(folder: Path, name: str) -> Path:
 
 
 def replace_graphs(folder: Path, graphs: dict[str, str]) -> None:
-    """Move the staged quantized files over the float ones (graph and data file together)."""
+    """Move the staged graphs and their weights file over the float ones, removing the float graphs'
+    external data files (whatever their protos name: `weights.data`, `model.onnx.data`)."""
     staging = folder / STAGING
-    for name in dict.fromkeys(graphs.values()):
-        for file in (name, name + ".data"):
-            (folder / file).unlink(missing_ok=True)
-            if (staging / file).is_file():
-                (staging / file).rename(folder / file)
+    names = list(dict.fromkeys(graphs.values()))
+    stale = {data for name in names for data in data_files(folder / name)}
+    for name in names:
+        (staging / name).replace(folder / name)
+    for data in stale - {WEIGHTS_FILE}:
+        (folder / data).unlink(missing_ok=True)
+    (staging / WEIGHTS_FILE).replace(folder / WEIGHTS_FILE)
     shutil.rmtree(staging)
+

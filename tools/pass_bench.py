@@ -77,9 +77,10 @@ def pass_bytes(weights: int, manifest, variant: str, past: int, window: int, row
 
 
 def graph_bytes(graph: Path) -> int:
-    """The graph file and its external data (PATH.data), if any: what a pass reads as weights."""
-    data = graph.with_name(graph.name + ".data")
-    return graph.stat().st_size + (data.stat().st_size if data.exists() else 0)
+    """The graph file and its external data (the artifact's shared weights.data, or a legacy PATH.data), if
+    any: what a pass reads as weights (the shared file also holds the other graph's few own tensors)."""
+    data = [graph.with_name(graph.name + ".data"), graph.with_name("weights.data")]
+    return graph.stat().st_size + sum(d.stat().st_size for d in data if d.exists())
 
 
 @click.command()

@@ -102,32 +102,39 @@ def test_quantized_artifact_runs_in_onnxruntime(quantized, tiny_artifact, hf_mod
         assert np.abs(out["logits"] - case.logits).max() < 5.0  # close to the float model, if not exact
 
 
+def portable_bytes(folder: Path) -> int:
+    """The portable graph file and the bytes of the external tensors it reads (in the shared weights.data)."""
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    lengths = (int(e.value) for i in model.graph.initializer for e in i.external_data if e.key == "length")
+    return (folder / "model.onnx").stat().st_size + sum(lengths)
+
+
 def test_quantized_graph_smaller(quantized, tiny_artifact):
     kind, folder, manifest = quantized.kind, quantized.folder, quantized.manifest
     fp = tiny_artifact(quantized.family)
-    fp32 = (fp.artifact / "model.onnx").stat().st_size
     # the embedding (a Gather) stays float, so the tiny model shrinks less than its MatMul weights do
-    assert (folder / "model.onnx").stat().st_size < fp32 * (0.6 if kind == "int4" else 0.8)
+    assert portable_bytes(folder) < portable_bytes(fp.artifact) * (0.6 if kind == "int4" else 0.8)
+    # both graphs read one weights file: the artifact holds its weights about once
+    assert (folder / "weights.data").stat().st_size < 1.1 * portable_bytes(folder)
 
 
 def test_quantize_with_external_data(tiny_model, tmp_path, monkeypatch):
-    """A model over 2 GB is traced with its weights in model.onnx.data and must be quantized the
-    same way (issue 14.9); forced here on the tiny model by lowering both thresholds to zero."""
-    import jacobi_rt.exporter.quantize as quantize
+    """A model over 2 GB is traced with its weights in model.onnx.data (issue 14.9), forced here on the
+    tiny model: the pass reads them and writes one weights.data that both quantized graphs name, and
+    the float data files are gone."""
     import jacobi_rt.exporter.trace as trace
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.runtime import Generator
     from jacobi_rt.runtime.manifest import load_manifest
 
     monkeypatch.setattr(trace, "TWO_GB", 0)
-    monkeypatch.setattr(quantize, "EXTERNAL_DATA_ABOVE", 0)
     out = tmp_path / "external"
     manifest = export(str(tiny_model("llama")), out, ExportOptions(quantize="int4"))
     for graph in dict.fromkeys(manifest.graphs.values()):
-        assert (out / (graph + ".data")).is_file() and graph + ".data" in manifest.files
         model = onnx.load(str(out / graph), load_external_data=False)
         locations = {e.value for i in model.graph.initializer for e in i.external_data if e.key == "location"}
-        assert locations == {graph + ".data"}, locations  # the name stored inside the graph is the final one
+        assert locations == {"weights.data"}, locations
+    assert sorted(p.name for p in out.glob("*.data")) == ["weights.data"] and "weights.data" in manifest.files
     assert not list(out.glob(".*")), "staging left behind"
     load_manifest(out, verify=True)
     result = Generator.load(out).generate([5, 17, 33], max_new_tokens=4)

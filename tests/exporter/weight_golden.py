@@ -1,0 +1,139 @@
+"""Golden properties of the weight pass on tiny models, recorded from the in-memory pass it replaced.
+
+`describe(folder)` reduces an artifact's graphs to digests: the float graph it was made from
+(so that a changed float export is told apart from a changed pass), each quantized graph's nodes
+(op, domain, name, inputs, outputs, attributes, in order), its initializers (name, type, dims and
+the sha256 of the values, wherever they are stored), and the portable graph's outputs on fixed
+feeds, plus the tokens `Generator.generate` gives. Equal initializer values and equal nodes are
+equal graphs, so outputs are then bitwise equal on any machine; the output digests themselves were
+taken with onnxruntime 1.32's CPU kernels, one thread.
+
+    python tests/exporter/weight_golden.py   # (re)writes tests/exporter/data/weight_pass/*.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "weight_pass"
+PROMPT = [5, 17, 33, 2, 9]
+
+# case -> (source: a tiny family, "name:layers" for more layers, or "gguf:TYPE[:tied][:v=TYPE]", options)
+CASES = {
+    "llama-int4": ("llama", {"quantize": "int4"}),
+    "llama-mha-tied-int4": ("llama-mha-tied", {"quantize": "int4"}),  # the LM head through a folded Transpose
+    "llama5-int8": ("llama:5", {"quantize": "int8"}),  # 5 layers: the graph is stitched
+    "gguf-q4_1": ("gguf:Q4_1", {"weights": "gguf"}),  # offsets, permuted q/k rows
+    "gguf-q8_0-tied": ("gguf:Q8_0:tied", {"weights": "gguf"}),  # GatherBlockQuantized sharing the head's blocks
+    "gguf-q4_0-v-q8_0": ("gguf:Q4_0:v=Q8_0", {"weights": "gguf"}),  # packed q|k|v of two block layouts
+}
+
+
+def make_source(source: str, root: Path) -> Path:
+    """The model (folder or .gguf) of a case, written under root."""
+    sys.path[:0] = [str(HERE.parent)]
+    from tiny_models import make_tiny_model, save_tiny_model, tiny_config
+
+    parts = source.split(":")
+    if parts[0] == "gguf":
+        from tiny_gguf import LAYERS, write_tiny_gguf
+
+        overrides = {f"blk.{i}.attn_v.weight": p[2:] for p in parts[2:] if p.startswith("v=") for i in range(LAYERS)}
+        return write_tiny_gguf(root / f"{source.replace(':', '-')}.gguf", parts[1], tied="tied" in parts, overrides=overrides)
+    if len(parts) == 2:
+        config = tiny_config(parts[0])
+        config.num_hidden_layers = int(parts[1])
+        return save_tiny_model(config, root / source.replace(":", "-"))
+    return make_tiny_model(source, root / source)
+
+
+def export_case(case: str, root: Path) -> Path:
+    """Export the case's float artifact, then its weight variant from those graphs; return the variant's folder."""
+    from jacobi_rt.exporter import ExportOptions, export
+
+    source, options = CASES[case]
+    model = make_source(source, root)
+    export(str(model), root / "float", ExportOptions())
+    export(str(model), root / case, ExportOptions(graphs_from=str(root / "float"), **options))
+    return root / case
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def graph_digests(path: Path) -> dict:
+    """A graph file's nodes and initializers (values read wherever they are stored) as digests."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    nodes = [[n.op_type, n.domain, n.name, list(n.input), list(n.output),
+              sorted((a.name, repr(helper.get_attribute_value(a))) for a in n.attribute)] for n in model.graph.node]
+    inits = sorted([i.name, i.data_type, list(i.dims), hashlib.sha256(numpy_helper.to_array(i).tobytes()).hexdigest()]
+                   for i in model.graph.initializer)
+    return {"nodes": _digest(nodes), "node_count": len(nodes), "initializers": _digest(inits), "initializer_count": len(inits),
+            "opsets": sorted([o.domain, o.version] for o in model.opset_import)}
+
+
+def portable_feeds(arch, seed: int = 0) -> dict[str, np.ndarray]:
+    """A window of 5 over a past of 7, two rows."""
+    rng = np.random.default_rng(seed)
+    batch, window, past = 2, 5, 7
+    feeds = {
+        "input_ids": rng.integers(0, arch.vocab_size, (batch, window)).astype(np.int64),
+        "position_ids": np.tile(np.arange(past, past + window, dtype=np.int64), (batch, 1)),
+        "attention_mask": np.ones((batch, past + window), np.int64),
+        "window_mask": np.tile(np.tril(np.ones((window, window), bool)), (batch, 1, 1)),
+    }
+    for i in range(arch.num_layers):
+        for kind in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kind}"] = rng.standard_normal((batch, arch.kv_heads, past, arch.head_dim)).astype(np.float32)
+    return feeds
+
+
+def output_digests(folder: Path, arch) -> dict[str, str]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return {name: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()
+            for name, v in zip(names, session.run(names, portable_feeds(arch)))}
+
+
+def describe(folder: Path, float_folder: Path) -> dict:
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    manifest = load_manifest(folder)
+    graphs = dict(manifest.graphs)
+    generator = Generator.load(folder)
+    return {
+        "float": {role: graph_digests(float_folder / name) for role, name in graphs.items()},
+        "graphs": {role: graph_digests(folder / name) for role, name in graphs.items()},
+        "outputs": output_digests(folder, manifest.architecture),
+        "tokens": list(generator.generate(PROMPT, max_new_tokens=8).ids),
+    }
+
+
+def main() -> None:
+    import tempfile
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    for case in sys.argv[1:] or CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = export_case(case, Path(tmp))
+            (DATA / f"{case}.json").write_text(json.dumps(describe(folder, Path(tmp) / "float"), indent=1, sort_keys=True) + "\n")
+        print("wrote", case, flush=True)
+
+
+if __name__ == "__main__":
+    main()
