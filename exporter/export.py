@@ -21,7 +21,7 @@ from typing import Callable
 
 from jacobi_rt import __version__
 from jacobi_rt.runtime.errors import OptionError
-from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens, sha256_file
+from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens, file_records
 from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTABLE
 
 from . import sources
@@ -138,7 +138,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     step("saving the tokenizer")
     tokenizer_info = _save_tokenizer(tokenizer, folder)
     eos_ids = _eos_ids(model, tokenizer)
-    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    files, samples = file_records(folder)
     return Manifest(
         format_version=FORMAT_VERSION,
         role=options.role,
@@ -152,6 +152,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         graphs=graphs,
         tokenizer=tokenizer_info,
         files=files,
+        samples=samples,
         check=check,
         created={
             "tool": f"jacobi-rt {__version__}",

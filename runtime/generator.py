@@ -19,7 +19,7 @@ from .config import DEFAULTS, DecodingConfig, changed_fields, dotted
 from .constraints import GrammarTokenizer, Matcher, grammar_tokenizer
 from .batcher import END, Batcher, Row, run_alone
 from .errors import ContextLimitError, InputError
-from .manifest import Manifest, load_manifest
+from .manifest import Manifest, load_manifest, verify_mode
 from .params import STRATEGIES, GenerationParams, Overrides
 from .prefix_cache import KeptContexts, PrefixCache
 from .sampling import Sampler, SamplingParams, TokenLogprob, draw_seed
@@ -162,13 +162,19 @@ class Generator:
         draft: str | Path | None = None,
         backend: str = "auto",
         threads: int | None = None,
-        verify: bool = True,
+        verify: bool | str = "sampled",
         prefill_chunk: int | None = None,
         graph: str = "auto",
         config: DecodingConfig | Mapping[str, Any] | None = None,
         prefix_cache: bool = True,
     ) -> "Generator":
-        """Validate the artifact at `path` (manifest, every file's sha256) and load it.
+        """Validate the artifact at `path` (its manifest and files) and load it.
+
+        verify: how its files are checked against the manifest (runtime/file_digest.py): "sampled" (the
+        default; True): each file's size and a digest of 64 blocks of 64 KiB, a few MB read whatever the
+        size -- a change outside those blocks is not seen, only by "full"; "full": every byte's sha256
+        (what `jacobi-rt verify DIR` runs); "none" (False): no check. Files of manifests written before
+        the sampled digests get the full check.
 
         draft: an artifact exported with `--role draft` (same vocabulary) for speculative decoding.
         backend: "auto" (CUDA when onnxruntime-gpu and a GPU are present, else CPU), "cpu" or "cuda"
@@ -190,12 +196,13 @@ class Generator:
         if backend not in ("auto", "cpu", "cuda", "tensorrt"):
             raise InputError(f"backend must be auto, cpu, cuda or tensorrt, not {backend!r}")
         decoding = DEFAULTS.with_overrides(config)  # checked before the (slow) loading
+        verify = verify_mode(verify)
 
         def open_backend(folder, manifest):
             if backend == "tensorrt":
                 from .backends.tensorrt import TrtBackend
 
-                return TrtBackend(folder, manifest, verify=verify)
+                return TrtBackend(folder, manifest, verify=verify != "none")
             return OrtBackend(folder, manifest, backend, threads, graph)
 
         manifest = load_manifest(path, verify=verify)

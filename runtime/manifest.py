@@ -1,18 +1,21 @@
 """The artifact manifest, `jacobi.json`: what an artifact folder holds, and its validation.
 
 Written by the exporter (and extended by the engine builder), read by the runtime before it
-loads anything. Every file's sha256 is recorded, so a changed or missing file is caught with an
-error that names it.
+loads anything. Every file's sha256 is recorded (`files`), and its size and sampled digest
+(`samples`, runtime/file_digest.py): loading checks the size and sampled digest (a few MB read
+per file), `verify="full"` and `jacobi-rt verify` every byte. A missing, truncated or extended
+file, or one changed inside a sampled block, is caught at load with an error that names it; a
+change outside the sampled blocks only by the full check.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from .errors import ArtifactError
+from .errors import ArtifactError, OptionError
+from .file_digest import MODES, file_records, matches_sample, sha256_file  # noqa: F401 (file_records: the exporter's)
 from .manifest_checks import check_fields, check_inside, check_names
 from .spec import FORMAT_VERSION, MANIFEST_NAME
 
@@ -75,6 +78,7 @@ class Manifest:
     check: dict = field(default_factory=dict)  # export check figures
     engines: list[EngineRecord] = field(default_factory=list)  # TensorRT engines, added by `jacobi-rt build`
     created: dict = field(default_factory=dict)  # tool version, date, export seconds
+    samples: dict[str, dict] = field(default_factory=dict)  # file -> {size, sampled_sha256, blocks, block_size}; absent before
 
     # What the runtime reads of the export's check report, typed and in one place:
 
@@ -114,14 +118,6 @@ class Manifest:
         return cls(**data)
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def read_manifest(folder: str | Path) -> Manifest:
     """Read and structurally validate `jacobi.json`; files are not hashed here (see verify_files)."""
     folder = Path(folder)
@@ -151,8 +147,18 @@ def read_manifest(folder: str | Path) -> Manifest:
     return manifest
 
 
-def verify_files(folder: str | Path, manifest: Manifest, names: list[str] | None = None) -> None:
-    """Check that every recorded file (or just `names`) exists and has its recorded sha256."""
+def verify_mode(verify: bool | str) -> str:
+    """"sampled" (size and sampled digest), "full" (every byte's sha256) or "none"; True means "sampled", False "none"."""
+    if verify is True or verify is False:
+        return "sampled" if verify else "none"
+    if verify not in MODES:
+        raise OptionError(f"`verify` must be one of {', '.join(MODES)} (or True/False), not {verify!r}", "verify")
+    return verify
+
+
+def verify_files(folder: str | Path, manifest: Manifest, names: list[str] | None = None, mode: str = "full") -> None:
+    """Check that every recorded file (or just `names`) exists and matches its record: its sha256 ("full"), or its
+    size and sampled digest ("sampled"; files recorded without one get the full check)."""
     folder = Path(folder)
     for name, expected in manifest.files.items():
         if names is not None and name not in names:
@@ -160,15 +166,24 @@ def verify_files(folder: str | Path, manifest: Manifest, names: list[str] | None
         path = check_inside(folder, name)
         if not path.is_file():
             raise ArtifactError(f"{path} is missing from the artifact; re-export it with `jacobi-rt export --overwrite`")
-        if sha256_file(path) != expected:
+        sample = manifest.samples.get(name) if mode == "sampled" else None
+        if sample is not None:
+            if not matches_sample(path, sample):
+                raise ArtifactError(
+                    f"{path} was changed after export (its size or sampled sha256 differs from {MANIFEST_NAME}); "
+                    "re-export the artifact with `jacobi-rt export --overwrite`"
+                )
+        elif sha256_file(path) != expected:
             raise ArtifactError(
                 f"{path} was changed after export (sha256 differs from {MANIFEST_NAME}); "
                 "re-export the artifact with `jacobi-rt export --overwrite`"
             )
 
 
-def load_manifest(folder: str | Path, verify: bool = True) -> Manifest:
+def load_manifest(folder: str | Path, verify: bool | str = "sampled") -> Manifest:
+    """Read the manifest and check its files: verify "sampled" (the default; True), "full" or "none" (False)."""
+    mode = verify_mode(verify)
     manifest = read_manifest(folder)
-    if verify:
-        verify_files(folder, manifest)
+    if mode != "none":
+        verify_files(folder, manifest, mode=mode)
     return manifest

@@ -36,6 +36,8 @@ _TOP: dict[str, tuple[str, object]] = {
     "check": (_OBJECT, lambda v: isinstance(v, dict)),
     "engines": ("a list of engine records (objects)", lambda v: isinstance(v, list) and all(isinstance(e, dict) for e in v)),
     "created": (_OBJECT, lambda v: isinstance(v, dict)),
+    "samples": ("an object mapping file names to {size, sampled_sha256, blocks, block_size} records",
+                lambda v: isinstance(v, dict) and all(isinstance(k, str) and _sample(r) for k, r in v.items())),
 }
 _ARCHITECTURE_INTS = ("num_layers", "num_heads", "kv_heads", "head_dim", "hidden_size", "vocab_size", "max_positions")
 _ENGINE_STRINGS = ("file", "sha256", "precision", "tensorrt_version", "compute_capability")
@@ -43,6 +45,14 @@ _ENGINE_STRINGS = ("file", "sha256", "precision", "tensorrt_version", "compute_c
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _sample(record) -> bool:
+    """A file's sampled-digest record (runtime/file_digest.py FileSample)."""
+    if not isinstance(record, dict) or not isinstance(record.get("sampled_sha256"), str):
+        return False
+    return _is_int(record.get("size")) and record["size"] >= 0 and all(
+        _is_int(record.get(k)) and record[k] >= 1 for k in ("blocks", "block_size"))
 
 
 def _str_map(value) -> bool:

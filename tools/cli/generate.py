@@ -44,13 +44,16 @@ from .decoding import decoding_config, decoding_option
 @click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens less likely than this times the top token (0: none).")
 @click.option("--seed", type=int, default=None, help="Sampling seed (the same seed gives the same text). Default: drawn, and printed with the stats.")
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="Divide the logits of tokens already in the prompt or output (1: none).")
-@click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start; unsafe if files may have changed).")
+@click.option("--verify", "verify", type=click.Choice(["sampled", "full", "none"]), default="sampled", show_default=True,
+              help="How the artifact's files are checked before loading: sampled = size and a digest of 64 blocks of each "
+                   "(a few MB read); full = every byte's sha256 (as `jacobi-rt verify`); none = no check.")
+@click.option("--no-verify", is_flag=True, help="The same as --verify none.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print to stderr what was loaded: the backend, graph and threads, and how "
                                                     "this CPU keeps every strategy's output equal to greedy's (the load-time exactness check).")
 @decoding_option
 @constraint_options
 def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, graph, jacobi_tail, temperature,
-                     top_k, top_p, min_p, seed, repetition_penalty, no_verify, verbose, decoding, constraint):
+                     top_k, top_p, min_p, seed, repetition_penalty, verify, no_verify, verbose, decoding, constraint):
     """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
 
     The output is token-for-token the model's greedy output (or, with --temperature, the same
@@ -76,7 +79,7 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
     if stream and as_json:
         raise InputError("--stream and --json do not mix; pick one")
     config = decoding_config(decoding)
-    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify=not no_verify, graph=graph,
+    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify="none" if no_verify else verify, graph=graph,
                                config=config)
     if verbose:
         loaded = generator.backend

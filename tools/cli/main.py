@@ -44,13 +44,15 @@ def cli():
 
 
 def _add_commands() -> None:
-    from . import bench, build, export, generate, serve
+    from . import bench, build, export, generate, random_model, serve, verify
 
     cli.add_command(export.export_command)
     cli.add_command(build.build_command)
     cli.add_command(generate.generate_command)
     cli.add_command(serve.serve_command)
     cli.add_command(bench.bench_command)
+    cli.add_command(random_model.random_model_command)
+    cli.add_command(verify.verify_command)
 
 
 _add_commands()
