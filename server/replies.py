@@ -39,6 +39,7 @@ class ToolCalls:
     name: str | None
     tags: tuple[str, str] | None = None
     names: tuple[str, ...] = ()
+    parallel: bool = True  # parallel_tool_calls: false keeps the first call only ("required" is held to one by its grammar)
 
     def calls(self, text: str) -> list[dict] | None:
         """OpenAI's tool_calls for a finished output (None when it does not parse: cut short, or plain text)."""
@@ -54,6 +55,8 @@ class ToolCalls:
                 pairs = [(call["name"], json.dumps(call["arguments"], ensure_ascii=False)) for call in json.loads(text)]
         except (ValueError, TypeError, KeyError):
             return None
+        if not self.parallel:
+            pairs = pairs[:1]
         return [{"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
                 for name, arguments in pairs]
 

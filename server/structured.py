@@ -122,7 +122,7 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
     if choice == "none":
         return None, None
     if choice in (None, "auto"):  # the model decides; the server checks that the chat template shows it the tools
-        return None, ToolCalls(None, TOOL_CALL_TAGS, tuple(functions))
+        return None, ToolCalls(None, TOOL_CALL_TAGS, tuple(functions), parallel=parallel is not False)
     if choice == "required":
         calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                   "properties": {"name": {"const": name}, "arguments": parameters}} for name, parameters in functions.items()]

@@ -94,7 +94,10 @@ BAD = [
      "invalid_value"),
     (CHAT, {"messages": HI, "stream": False, "stream_options": {}}, 400, "stream_options", "invalid_value"),
     (CHAT, {"messages": [{"role": "bogus", "content": "Hi"}]}, 400, "messages.0.role", "invalid_value"),
-    (CHAT, {"messages": [{"role": "tool", "content": "42"}]}, 400, "messages.0.role", "invalid_value"),
+    (CHAT, {"messages": [{"role": "tool", "content": "42"}]}, 400, "messages.0.tool_call_id", "missing"),
+    (CHAT, {"messages": [{"role": "tool", "content": "42", "tool_call_id": "call_1"}]}, 400, "messages.0.tool_call_id",
+     "invalid_value"),  # answers no earlier call
+    (CHAT, {"messages": [{"role": "function", "content": "42"}]}, 400, "messages.0.name", "missing"),
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages.0.content", "missing"),
     (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "messages.0.content", "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": []}]}, 400, "messages.0.content", "invalid_value"),
