@@ -45,6 +45,7 @@ BAD = [
     (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "n": 17}, 400, "n", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 1}}, 400, "logit_bias", "unsupported_value"),
+    (CHAT, {"messages": HI, "logit_bias": {"19556": -100}}, 400, "logit_bias", "unsupported_value"),  # one rule for both
     (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo", "unsupported_value"),
     (COMPLETIONS, {"prompt": "hi", "logprobs": 6}, 400, "logprobs", "invalid_value"),  # OpenAI's limit: 5
     (COMPLETIONS, {"prompt": "hi", "seed": "x"}, 400, "seed", "invalid_value"),
