@@ -129,7 +129,8 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
         schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
         if parallel is False:
             schema["maxItems"] = 1
-        return _made(Constraint.json_schema, "tools", schema), ToolCalls(None)
+        return _made(Constraint.json_schema, "tools", schema), ToolCalls(None, names=tuple(functions),
+                                                                         parallel=parallel is not False)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
     if not isinstance(name, str):
         raise APIError(400, 'tool_choice must be "none", "required" or {"type": "function", "function": {"name": ...}}',

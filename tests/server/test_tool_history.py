@@ -112,3 +112,24 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     both = ToolCalls(None, ("<tool_call>", "</tool_call>"), ("f",)).calls(text)
     one = ToolCalls(None, ("<tool_call>", "</tool_call>"), ("f",), parallel=False).calls(text)
     assert len(both) == 2 and [c["function"]["arguments"] for c in one] == ['{"x": 1}']
+
+
+def test_a_call_cut_by_max_tokens_comes_back_in_tool_calls(start_server):
+    """finish_reason "length" with the call begun in tool_calls (its arguments as far as written), never the
+    internal [{"name": ...}] wrapper as content; streamed and not, "required" and a named tool."""
+    server = start_server("smollm2-135m")
+    named = {"type": "function", "function": {"name": "multiply"}}
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as api:
+        for choice, tokens in (("required", 14), (named, 4)):
+            body = dict(model="smollm2-135m", messages=QUESTION, tools=[MULTIPLY], tool_choice=choice, max_tokens=tokens)
+            whole = api.chat.completions.create(**body).choices[0]
+            chunks = list(api.chat.completions.create(**body, stream=True))
+            assert whole.finish_reason == "length" and whole.message.content is None, whole
+            (call,) = whole.message.tool_calls
+            assert call.function.name == "multiply" and call.function.arguments  # begun, unfinished
+            with pytest.raises(ValueError):
+                json.loads(call.function.arguments)
+            streamed = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+            assert [(d.function.name, d.function.arguments) for d in streamed] == [("multiply", call.function.arguments)]
+            assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+            assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
