@@ -135,8 +135,9 @@ class Detokenizer:
         return after[len(before) :]
 
     def flush(self) -> str:
-        """Whatever is held back (an incomplete character at the very end decodes to U+FFFD)."""
+        """Whatever is held back, less an incomplete character at the very end (the output stopped, by
+        max_tokens say, inside one): its bytes would decode to U+FFFD, so they are dropped, as add() holds them."""
         before = self.tokenizer.decode(self.ids[self.prefix : self.read])
         after = self.tokenizer.decode(self.ids[self.prefix :])
         self.prefix = self.read = len(self.ids)
-        return after[len(before) :] if len(after) > len(before) else ""
+        return after[len(before) :].rstrip("\ufffd") if len(after) > len(before) else ""

@@ -48,6 +48,7 @@ from jacobi_rt.runtime.generator import Generator
 from .bodies import parse_json, read_body
 from .choices import Choices
 from .errors import LOG, APIError, from_input_error, internal_error, timeout_error
+from .history import for_template
 from .hosts import HostCheck
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, MetricsMiddleware
@@ -117,19 +118,20 @@ class Server:
     def _with_tools(self, call: GenerationCall) -> tuple[str | list[int] | None, list[dict] | None]:
         """The prompt and messages to generate from: a chat with tools, on a template that renders them, as the
         template's text with the tools in it (ids); tool_choice "auto" needs such a template and a call format
-        it can read (else a 400)."""
+        it can read (else a 400). A history with tool calls and results is shaped for the template (history.py)."""
         tokenizer = self.generator.tokenizer
-        if not call.tool_specs or call.messages is None or not tokenizer.takes_tools:
+        messages = None if call.messages is None else for_template(call.messages, tokenizer.chat_template)
+        if not call.tool_specs or messages is None or not tokenizer.takes_tools:
             if call.tools is not None and call.tools.tags is not None:
                 raise APIError(400, "tool_choice \"auto\" (the default with tools) needs a chat template that renders the "
                                     "tools; this model's does not: send \"required\" or a named function", "tool_choice",
                                "unsupported_value")
-            return call.prompt, call.messages
+            return call.prompt, messages
         if call.tools is not None and call.tools.tags is not None and tokenizer.tool_call_tags is None:
             raise APIError(400, "tool_choice \"auto\": this model's chat template announces no call format jacobi-rt "
                                 "reads (<tool_call>JSON</tool_call>); send \"required\" or a named function", "tool_choice",
                            "unsupported_value")
-        text = tokenizer.render_chat(call.messages, add_generation_prompt=True, tools=call.tool_specs)
+        text = tokenizer.render_chat(messages, add_generation_prompt=True, tools=call.tool_specs)
         return tokenizer.encode(text, add_special_tokens=False), None
 
     def refuse_if_full(self) -> None:

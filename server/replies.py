@@ -33,12 +33,15 @@ class ToolCalls:
     tags (tool_choice "auto", where the chat template renders the tools): the output is free text, a
     call being a JSON {"name", "arguments"} object between the two tags the template announced
     (`names`: the functions offered); the text before the first call is the message's content.
-    An output cut short (finish "length") is no call: it stays the message's content.
+    An output cut short (finish "length") is presented as OpenAI presents it: the calls begun, the last one's
+    arguments the JSON text written so far (`partial`); a call whose name is not yet written is left out
+    unless the name's beginning picks one offered function.
     """
 
     name: str | None
     tags: tuple[str, str] | None = None
     names: tuple[str, ...] = ()
+    parallel: bool = True  # parallel_tool_calls: false keeps the first call only ("required" is held to one by its grammar)
 
     def calls(self, text: str) -> list[dict] | None:
         """OpenAI's tool_calls for a finished output (None when it does not parse: cut short, or plain text)."""
@@ -54,8 +57,48 @@ class ToolCalls:
                 pairs = [(call["name"], json.dumps(call["arguments"], ensure_ascii=False)) for call in json.loads(text)]
         except (ValueError, TypeError, KeyError):
             return None
+        if not self.parallel:
+            pairs = pairs[:1]
         return [{"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
                 for name, arguments in pairs]
+
+    def partial(self, text: str) -> list[dict]:
+        """OpenAI's tool_calls for an output cut short: each call begun, the last one's arguments unfinished."""
+        if self.name is not None:
+            pairs = [(self.name, text)]
+        elif self.tags is not None:
+            blocks = text.split(self.tags[0])[1:]
+            pairs = [pair for block in blocks for pair in self._begun(block.split(self.tags[1], 1)[0])]
+        else:
+            pairs = self._begun(text.lstrip()[1:])  # the array's calls, one after another
+        return [{"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+                for name, arguments in (pairs if self.parallel else pairs[:1])]
+
+    def _begun(self, text: str) -> list[tuple[str, str]]:
+        """(name, arguments text) of each {"name": ..., "arguments": ...} object begun in `text` (the grammar
+        writes name first); a complete object's arguments re-serialized, the last one's as written."""
+        pairs, starts = [], set()
+        for start in _CALL_START.finditer(text):
+            starts.add(start.start())
+            name = self._named(start.group(1))
+            if name is None:
+                continue
+            rest = text[start.end():]
+            try:
+                arguments, _ = json.JSONDecoder().raw_decode(rest)
+                pairs.append((name, json.dumps(arguments, ensure_ascii=False)))
+            except ValueError:
+                pairs.append((name, rest))
+        cut = _CUT_NAME.search(text)
+        if cut and cut.start() not in starts and (name := self._named(cut.group(1), partial=True)) is not None:
+            pairs.append((name, ""))
+        return pairs
+
+    def _named(self, written: str, partial: bool = False) -> str | None:
+        if not partial:
+            return written if not self.names or written in self.names else None
+        matching = [n for n in self.names if n.startswith(written)]
+        return matching[0] if len(matching) == 1 else None
 
     def content(self, text: str) -> str | None:
         """The message's content beside its calls: the text before the first call ("auto"), else none."""
@@ -76,6 +119,10 @@ class ToolCalls:
                 raise ValueError(f"not a call of one of the tools: {block[:80]!r}")
             pairs.append((call["name"], json.dumps(arguments, ensure_ascii=False)))
         return pairs
+
+
+_CALL_START = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
+_CUT_NAME = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)(?:"[\s,":a-z]*)?$')  # cut in or just after a name
 
 
 def _call_id() -> str:
@@ -129,9 +176,11 @@ class Reply:
             finish = FINISH_REASONS[result.stats.finish_reason]
             calls = self._calls(result)
             if calls:
-                finish = "tool_calls"
+                finish = "tool_calls" if finish == "stop" else finish
                 choice = {"index": index, "message": {"role": "assistant", "content": self.tools.content(result.text),
                                                       "tool_calls": calls}}
+            elif self.tools is not None and self.tools.tags is None:  # cut before any call began: no wrapper as text
+                choice = {"index": index, "message": {"role": "assistant", "content": None}}
             elif self.chat:
                 choice = {"index": index, "message": {"role": "assistant", "content": result.text}}
             else:
@@ -141,8 +190,10 @@ class Reply:
                 "usage": usage(results), "jacobi": jacobi_stats(results[0], [r.stats.seed for r in results])}
 
     def _calls(self, result: GenerationResult) -> list[dict] | None:
-        if self.tools is None or FINISH_REASONS[result.stats.finish_reason] != "stop":
+        if self.tools is None:
             return None
+        if FINISH_REASONS[result.stats.finish_reason] == "length" and (self.tools.tags is None or self.tools.tags[0] in result.text):
+            return self.tools.partial(result.text) or None  # cut short: the calls begun ("auto": only where one began)
         return self.tools.calls(result.text)
 
     def logprobs(self, result: GenerationResult) -> dict | None:
@@ -175,10 +226,11 @@ class Reply:
         delta: dict | str = {} if self.chat else ""
         if self.tools is not None:
             calls = self._calls(result)
-            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else {"content": result.text}
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else \
+                {} if self.tools.tags is None else {"content": result.text}
             if calls and self.tools.content(result.text):
                 delta = {"content": self.tools.content(result.text), **delta}
-            finish = "tool_calls" if calls else finish
+            finish = "tool_calls" if calls and finish == "stop" else finish
         chunk = self._chunk(delta, finish, index, self.logprobs(result))
         return {**chunk, "jacobi": jacobi_stats(result)}
 

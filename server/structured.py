@@ -122,14 +122,15 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
     if choice == "none":
         return None, None
     if choice in (None, "auto"):  # the model decides; the server checks that the chat template shows it the tools
-        return None, ToolCalls(None, TOOL_CALL_TAGS, tuple(functions))
+        return None, ToolCalls(None, TOOL_CALL_TAGS, tuple(functions), parallel=parallel is not False)
     if choice == "required":
         calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                   "properties": {"name": {"const": name}, "arguments": parameters}} for name, parameters in functions.items()]
         schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
         if parallel is False:
             schema["maxItems"] = 1
-        return _made(Constraint.json_schema, "tools", schema), ToolCalls(None)
+        return _made(Constraint.json_schema, "tools", schema), ToolCalls(None, names=tuple(functions),
+                                                                         parallel=parallel is not False)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
     if not isinstance(name, str):
         raise APIError(400, 'tool_choice must be "none", "required" or {"type": "function", "function": {"name": ...}}',

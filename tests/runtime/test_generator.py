@@ -66,7 +66,8 @@ def test_stream_joins_to_generate(generator, family):
             full = gen.generate(prompt, max_new_tokens=48, strategy=strategy)
             pieces = list(gen.stream(prompt, max_new_tokens=48, strategy=strategy))
             assert "".join(pieces) == full.text
-            assert full.text == gen.tokenizer.decode(full.ids)
+            # an incomplete character at the very end is dropped, not written as U+FFFD
+            assert full.text == gen.tokenizer.decode(full.ids).rstrip("\ufffd")
 
 
 def test_detokenizer_holds_back_split_characters(gen):

@@ -45,6 +45,7 @@ BAD = [
     (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "n": 17}, 400, "n", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 1}}, 400, "logit_bias", "unsupported_value"),
+    (CHAT, {"messages": HI, "logit_bias": {"19556": -100}}, 400, "logit_bias", "unsupported_value"),  # one rule for both
     (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo", "unsupported_value"),
     (COMPLETIONS, {"prompt": "hi", "logprobs": 6}, 400, "logprobs", "invalid_value"),  # OpenAI's limit: 5
     (COMPLETIONS, {"prompt": "hi", "seed": "x"}, 400, "seed", "invalid_value"),
@@ -94,7 +95,10 @@ BAD = [
      "invalid_value"),
     (CHAT, {"messages": HI, "stream": False, "stream_options": {}}, 400, "stream_options", "invalid_value"),
     (CHAT, {"messages": [{"role": "bogus", "content": "Hi"}]}, 400, "messages.0.role", "invalid_value"),
-    (CHAT, {"messages": [{"role": "tool", "content": "42"}]}, 400, "messages.0.role", "invalid_value"),
+    (CHAT, {"messages": [{"role": "tool", "content": "42"}]}, 400, "messages.0.tool_call_id", "missing"),
+    (CHAT, {"messages": [{"role": "tool", "content": "42", "tool_call_id": "call_1"}]}, 400, "messages.0.tool_call_id",
+     "invalid_value"),  # answers no earlier call
+    (CHAT, {"messages": [{"role": "function", "content": "42"}]}, 400, "messages.0.name", "missing"),
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages.0.content", "missing"),
     (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "messages.0.content", "invalid_value"),
     (CHAT, {"messages": [{"role": "user", "content": []}]}, 400, "messages.0.content", "invalid_value"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import httpx
 
 import pytest
 
@@ -119,3 +120,18 @@ def test_constrained_and_free_clients_at_once_get_their_solo_answers(start_serve
         assert answers[i][0] == gen.generate(prompt, 40, constraint=constraint).text, i
         if i % 2 and answers[i][1] == "stop":
             json.loads(answers[i][0])
+
+
+@pytest.mark.parametrize("tokens, text", [(1, ""), (4, "日本")])  # SmolLM2 writes 日 and 語 in 2 and 3 byte tokens
+def test_a_text_cut_inside_a_character_drops_its_bytes(start_server, tokens, text):
+    """max_tokens stops the output inside a character: the text ends before it, never in U+FFFD (streamed too)."""
+    server = start_server("smollm2-135m")
+    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": tokens,
+            "structured_outputs": {"regex": "日本語"}}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        reply = c.post("/v1/chat/completions", json=body).json()
+        streamed = c.post("/v1/chat/completions", json={**body, "stream": True}).text
+    assert reply["choices"][0]["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == tokens
+    assert reply["choices"][0]["message"]["content"] == text
+    pieces = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
+    assert "".join(p["choices"][0]["delta"].get("content") or "" for p in pieces if p["choices"]) == text
