@@ -1,9 +1,7 @@
-"""What an export costs the machine: whether its check fits in memory end to end, and whether the
-destination's disk holds the artifact. Both are decided before any graph is traced.
+"""What an export costs the machine's disk, decided before any graph is traced.
 
-The end-to-end check holds the PyTorch model and an onnxruntime session of the same weights at
-once (about twice the weights); it runs when that takes at most a quarter of this machine's
-memory, else each layer is checked on its own (layer_check.py), one layer's weights resident.
+(The export's check still holds the PyTorch model and an onnxruntime session of the same weights
+at once, about twice the weights: a layer-by-layer check for models past that is issue 34's next step.)
 """
 
 from __future__ import annotations
@@ -20,29 +18,6 @@ QUANTIZED_SHARE = {"int4": 0.16, "int8": 0.28, "gguf": 0.30}  # of the float32 b
 def weight_bytes(model) -> int:
     """Bytes of the model's distinct parameters in the export dtype."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def memory_bytes() -> int:
-    """This machine's memory (or the cgroup's limit, when lower)."""
-    import os
-
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
-        try:
-            value = limit.read_text().strip()
-        except OSError:
-            continue
-        if value.isdigit():
-            total = min(total, int(value))
-    return total
-
-
-def check_method(weights: int, chosen: str) -> str:
-    """"full" (end to end) or "layers" for a model of `weights` bytes: `chosen` unless "auto", which
-    takes full when it fits (see above)."""
-    if chosen != "auto":
-        return chosen
-    return "full" if 2 * weights <= memory_bytes() / 4 else "layers"
 
 
 def needed_disk(weights: int, kind: str | None) -> int:

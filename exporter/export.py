@@ -26,7 +26,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 
 from . import sources
 from .destination import recover_interrupted
-from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, weight_bytes
+from .budget import QUANTIZED_SHARE, check_disk, needed_disk, weight_bytes
 from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
@@ -116,13 +116,12 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     kind = "gguf" if options.weights == "gguf" else quantize
     floats = weight_bytes(model)
     check_disk(folder, needed_disk(floats, kind) if not options.graphs_from else int(floats * QUANTIZED_SHARE[kind]))
-    method = check_method(floats, options.check)
 
     if options.graphs_from:
         step(f"reusing the checked graphs of {options.graphs_from}")
         graphs, check = reuse_graphs(Path(options.graphs_from).expanduser(), folder, source_info, options, max_context)
     else:
-        graphs, check = _trace_and_check(opened, shape, folder, options, max_context, method, step, check_progress, write_progress)
+        graphs, check = _trace_and_check(opened, shape, folder, options, max_context, step, check_progress, write_progress)
     graph = folder / graphs[PORTABLE]
 
     weights = None
@@ -163,35 +162,30 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     )
 
 
-def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, max_context: int, method: str, step,
+def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, max_context: int, step,
                      check_progress, write_progress) -> tuple[dict[str, str], dict]:
     """Trace the portable graph (and the in-place one) into `folder`, their weights in one shared file,
-    each checked against PyTorch at shapes inside `max_context`, end to end or (`method` "layers")
-    layer by layer."""
+    each checked against PyTorch at shapes inside `max_context` (a streamed skeleton filled for the check)."""
     import torch
 
     from .check import SHAPES, check_against_torch
-    from .trace import GraphWeights, export_onnx
+    from .trace import TracedWeights, export_onnx
     from .weight_file import WeightFile
 
     model = opened.model
     with WeightFile(folder) as file:
-        def weights() -> GraphWeights:  # one per graph: its own progress bar, one shared file
+        def weights() -> TracedWeights:  # one per graph: its own progress bar, one shared file
             tensors = sum(1 for _ in model.parameters())
-            return GraphWeights.of(model, opened.read, file, write_progress(tensors) if write_progress else None)
+            return TracedWeights.of(model, opened.read, file, write_progress(tensors) if write_progress else None)
 
         step(f"tracing the window graph ({shape.num_layers} layers, opset {options.opset})")
         graph = folder / GRAPH_FILE
         torch.manual_seed(0)
         step(f"  {export_onnx(model, shape, graph, options.opset, weights())}")
-        if method == "layers":
-            step(f"checking ONNX against PyTorch layer by layer ({shape.num_layers} layers, {len(SHAPES)} shapes)")
-            check = {"vs_pytorch": _check_layers(opened, shape, graph, options, check_progress, max_context)}
-        else:
-            step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
-            with _weights_in(opened):
-                report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress), max_context)
-            check = {"vs_pytorch": {**report.to_dict(), "method": "full"}}
+        step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
+        with _weights_in(opened):
+            report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress), max_context)
+        check = {"vs_pytorch": report.to_dict()}
         graphs = {PORTABLE: GRAPH_FILE}
         if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
             from .inplace import add_inplace_graph
@@ -201,21 +195,6 @@ def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, max_co
                                                           check_progress, max_context, weights())
             graphs.update(extra)
     return graphs, check
-
-
-def _check_layers(opened, shape, graph: Path, options: ExportOptions, check_progress, max_context: int) -> dict:
-    """The portable graph checked one layer at a time, that layer's weights alone filled in (layer_check.py)."""
-    from .layer_check import check_layers
-    from .skeleton import filled
-    from .stitch import decoder_layers
-
-    model, read = opened.model, opened.read
-    prefix = decoder_layers(model)[0] + "."
-    outside = [name for name, _ in model.named_parameters() if not name.startswith(prefix)]
-    with filled(model, read, outside):  # the embedding, the final norm, the head
-        report = check_layers(graph, model, shape, options.torch_dtype, lambda j: filled(model, read, prefix=f"{prefix}{j}."),
-                              _progress(check_progress), max_context)
-    return {**report.to_dict(), "method": "layers"}
 
 
 def _weights_in(opened):

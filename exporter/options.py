@@ -14,7 +14,6 @@ QUANTIZE = ("int8", "int4")
 WEIGHTS = ("float", "gguf")
 ACCURACY_LEVELS = (0, 4)  # MatMulNBits: 0 = float activations, 4 = int8 activations (the fast CPU path)
 ROLES = ("target", "draft")
-CHECKS = ("auto", "full", "layers")  # the PyTorch check: end to end, layer by layer, or whichever fits (budget.py)
 
 
 @dataclass
@@ -29,7 +28,6 @@ class ExportOptions:
     keep_layers: int | None = None  # export only the first N decoder layers: a draft cut from the target
     inplace: bool = True  # also the in-place graph (onnxruntime's GroupQueryAttention, CPU) when the family maps
     graphs_from: str | None = None  # a float-weights artifact of the same model: reuse its checked graphs, run only the weight pass
-    check: str = "auto"  # auto | full | layers: how the graphs are checked against PyTorch (exporter/budget.py)
     stream: bool = True  # read the weights one tensor at a time from the source's files; False: load the whole model first
 
     def validate(self) -> None:
@@ -40,7 +38,6 @@ class ExportOptions:
         _one_of("weights", self.weights, WEIGHTS)
         _one_of("accuracy_level", self.accuracy_level, ACCURACY_LEVELS)
         _one_of("role", self.role, ROLES)
-        _one_of("check", self.check, CHECKS)
         if not 17 <= self.opset <= 23:
             raise OptionError(f"`opset` must be between 17 and 23, not {self.opset}", "opset")
         if self.quantize and self.weights == "gguf":

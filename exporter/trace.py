@@ -65,7 +65,7 @@ def sample_inputs(shape: ModelShape, dtype: torch.dtype, batch=2, window=3, past
     )
 
 
-def export_onnx(model, shape: ModelShape, path: Path, opset: int, weights: "GraphWeights | None" = None) -> str:
+def export_onnx(model, shape: ModelShape, path: Path, opset: int, weights: "TracedWeights | None" = None) -> str:
     """torch.onnx.export (dynamo) of the window graph, then name every dynamic axis per the contract.
     Returns how its layers were made (stitch.py)."""
     from torch.export import Dim
@@ -89,7 +89,7 @@ def export_onnx(model, shape: ModelShape, path: Path, opset: int, weights: "Grap
 
 
 def trace_window_graph(build, model, attention, path: Path, opset: int, num_layers: int, variant: str,
-                       translation_table: dict | None = None, rewrite=None, weights: GraphWeights | None = None) -> str:
+                       translation_table: dict | None = None, rewrite=None, weights: TracedWeights | None = None) -> str:
     """torch.onnx.export (dynamo) of a window graph with `attention` (a context manager) swapped into
     `model`, saved to `path` with the contract's names for `variant`; `rewrite(onnx_model)`, if given,
     edits the graph in the same load and save.
@@ -99,7 +99,7 @@ def trace_window_graph(build, model, attention, path: Path, opset: int, num_laye
     are alike (stitch.py), else all of them are traced. The weights go in by reference
     (lazy_weights.py) and are written by `weights` (None: the model's own, inside the graph file,
     or beside it past 2 GB). Returns how the layers were made, as a line for the log."""
-    weights = weights or GraphWeights.own(model)
+    weights = weights or TracedWeights.own(model)
     traced, why = layers_to_trace(model, num_layers)
     program, rules = None, None
     with warnings.catch_warnings(), torch.no_grad(), attention(model), fusable_norms(model), static_rope(model), \
@@ -122,7 +122,7 @@ def trace_window_graph(build, model, attention, path: Path, opset: int, num_laye
 
 
 @dataclass
-class GraphWeights:
+class TracedWeights:
     """Where a traced graph's weights come from (`read`: parameter name -> array) and go (`file`:
     the artifact's shared weights file; None: inside the graph file)."""
 
@@ -132,12 +132,12 @@ class GraphWeights:
     progress: Callable[[], None] | None = None  # ticked per tensor written
 
     @classmethod
-    def of(cls, model, read: lazy_weights.Read, file: WeightFile | None = None, progress=None) -> "GraphWeights":
+    def of(cls, model, read: lazy_weights.Read, file: WeightFile | None = None, progress=None) -> "TracedWeights":
         names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
         return cls(read, {WRAPPED + n: n for n in names}, file, progress)
 
     @classmethod
-    def own(cls, model) -> "GraphWeights":
+    def own(cls, model) -> "TracedWeights":
         from .skeleton import state_dict_reader
 
         return cls.of(model, state_dict_reader(model))
@@ -181,7 +181,7 @@ def _onnx_program(wrapper, inputs: tuple, dynamic_shapes: dict, opset: int, num_
 
 
 def _traced_and_written(build, model, traced: int, num_layers: int, opset: int, variant: str, translation_table,
-                        weights: GraphWeights):
+                        weights: TracedWeights):
     """The first `traced` layers traced unoptimized, the rest written into the graph: (program, the
     rewrite rules that fire, found on the traced layers where it is cheap)."""
     with first_layers(model, traced):

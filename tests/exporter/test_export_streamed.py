@@ -107,11 +107,3 @@ def test_disk_too_small_is_refused_before_any_work(tmp_path):
     check_disk(tmp_path, free // 2)
     with pytest.raises(OptionError, match=r"needs about .* GB .* GB are free"):
         check_disk(tmp_path, free + 10**9)
-
-
-def test_check_method_follows_the_memory(tmp_path):
-    from jacobi_rt.exporter.budget import check_method, memory_bytes
-
-    assert check_method(8 * 10**6, "auto") == "full"
-    assert check_method(memory_bytes(), "auto") == "layers"
-    assert check_method(8 * 10**6, "layers") == "layers"

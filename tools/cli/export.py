@@ -19,11 +19,10 @@ import click
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True, help="target: the model whose greedy output you want; draft: a cheaper model that proposes guesses.")
 @click.option("--keep-layers", type=click.IntRange(min=1), default=None, help="Export only the first N decoder layers (plus final norm and LM head): a cheap draft made from the target, same vocabulary. Use with --role draft.")
 @click.option("--graphs-from", type=click.Path(file_okay=False), default=None, help="With --quantize or --weights gguf: reuse the checked graphs of a float-weights artifact of the same MODEL and options (e.g. build/smollm2-135m) and run only the weight pass: seconds instead of minutes.")
-@click.option("--check", "check_method", type=click.Choice(["auto", "full", "layers"]), default="auto", show_default=True, help="How the graph is checked against PyTorch: full (the whole model at once: about twice its weights in memory), layers (one decoder layer at a time: any size), auto (full when that takes at most a quarter of this machine's memory).")
 @click.option("--no-stream", "no_stream", is_flag=True, help="Load the whole model with transformers before exporting, instead of reading each weight from the safetensors files as it is written (the default: memory stays near one layer's weights, whatever the model's size).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing artifact.")
-def export_command(model, out, dtype, quantize, weights, accuracy_level, max_context, opset, role, keep_layers, graphs_from, check_method,
-                   no_stream, overwrite):
+def export_command(model, out, dtype, quantize, weights, accuracy_level, max_context, opset, role, keep_layers, graphs_from, no_stream,
+                   overwrite):
     """Export MODEL to an artifact folder the runtime can load.
 
     MODEL is a Hugging Face model folder (config.json + weights + tokenizer), a .gguf file, or a
@@ -46,7 +45,7 @@ def export_command(model, out, dtype, quantize, weights, accuracy_level, max_con
 
     options = ExportOptions(
         dtype=dtype, quantize=quantize, weights=weights, accuracy_level=int(accuracy_level), max_context=max_context, opset=opset, role=role, keep_layers=keep_layers,
-        graphs_from=graphs_from, check=check_method, stream=not no_stream,
+        graphs_from=graphs_from, stream=not no_stream,
     )
     started = time.time()
 
