@@ -10,7 +10,7 @@
                          400), calls in the reply, between the tags the template announces, become tool_calls
 
 Every schema, regex and grammar is compiled when parsed, so a bad one is a 400 naming its field
-before any work. At most one of the three may constrain a request.
+before any work; so is one that no finite output matches (server/finite.py). At most one of the three may constrain a request.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from jacobi_rt.runtime.errors import InputError, MissingDependencyError
 from jacobi_rt.runtime.tokenizer import TOOL_CALL_TAGS
 
 from .errors import APIError
+from .finite import no_finite_output
 from .replies import ToolCalls
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function and schema names
@@ -183,8 +184,12 @@ def _only(value: dict, allowed: set[str], where: str) -> None:
 def _made(make, where: str, *args) -> Constraint:
     """The constraint, or a 400 naming the field (its message already begins with the field's name)."""
     try:
-        return make(*args, where=where)
+        constraint = make(*args, where=where)
     except MissingDependencyError as exc:
         raise APIError(501, f"{where}: this server cannot constrain output ({exc})", where, "unsupported_value") from None
     except InputError as exc:
         raise APIError(400, str(exc), where, "invalid_value") from None
+    why = no_finite_output(constraint.grammar)
+    if why is not None:  # llguidance takes it, then generation would run until its parser gives up
+        raise APIError(400, f"{where}: {why}; no output could ever finish", where, "invalid_value")
+    return constraint

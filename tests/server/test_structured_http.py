@@ -135,3 +135,37 @@ def test_a_text_cut_inside_a_character_drops_its_bytes(start_server, tokens, tex
     assert reply["choices"][0]["message"]["content"] == text
     pieces = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: {")]
     assert "".join(p["choices"][0]["delta"].get("content") or "" for p in pieces if p["choices"]) == text
+
+
+TREE = {"type": "object", "required": ["value"], "properties": {  # recursive, finite: children are optional
+    "value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#"}}}}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+     "response_format.json_schema.schema"),
+    ({"extra_body": {"structured_outputs": {"json": {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#"}}}}}},
+     "structured_outputs.json"),
+    ({"extra_body": {"structured_outputs": {"grammar": 'root ::= "a" root'}}}, "structured_outputs.grammar"),
+    ({"extra_body": {"structured_outputs": {"grammar": 'start: x\nx: "a" y\ny: "b" x'}}}, "structured_outputs.grammar"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}], "tool_choice": "required"},
+     "tools"),
+])
+def test_a_constraint_with_no_finite_output_is_a_400_before_any_work(client, body, param):
+    """Refused as the request is parsed, naming the field; streamed requests too (no 200, then an error event)."""
+    fields = {k: v for k, v in body.items() if k != "extra_body"} | body.get("extra_body", {})
+    for stream in (False, True):
+        response = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 10, "stream": stream,
+                                                              **fields})
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+        assert "finite" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "tree", "schema": TREE}}},
+    {"structured_outputs": {"grammar": 'root ::= "(" root? ")"'}},
+    {"structured_outputs": {"grammar": 'start: x{0,2}\nx: "a" x'}},
+])
+def test_a_recursive_constraint_with_finite_outputs_is_served(client, body):
+    response = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 6, **body})
+    assert response.status_code == 200, response.text
