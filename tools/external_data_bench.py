@@ -6,7 +6,8 @@ Each variant copies the artifact with its graphs' initializers moved to `<graph>
 1 KiB or more, offsets aligned to 1, 4096 or 65536 bytes), re-records its files, and runs
 `Generator.load` + one greedy generation in a fresh process for each set of onnxruntime session
 config entries (none; `session.disable_prepacking`), reporting the load seconds, the process's
-peak RSS (ru_maxrss) and decode tokens/s. The artifact's own (embedded) graphs run as the baseline.
+peak RSS (ru_maxrss), its anonymous and file-backed (mapped) resident memory after loading and
+after generating (/proc/self/status RssAnon, RssFile) and decode tokens/s. The artifact's own (embedded) graphs run as the baseline.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ OPTIONS = {"default": {}, "no-prepack": {"session.disable_prepacking": "1"}}
 
 _RUN = """
 import json, resource, sys, time
+def status():
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith(("RssAnon", "RssFile", "VmHWM")))
+    return {k: int(v.split()[0]) * 1024 for k, v in fields.items()}
 from jacobi_rt.runtime.backends import onnxrt
 entries = json.loads(sys.argv[2])
 plain = onnxrt.session_options
@@ -36,10 +40,13 @@ start = time.perf_counter()
 gen = Generator.load(sys.argv[1], threads=2, verify="sampled", prefix_cache=False)
 load = time.perf_counter() - start
 rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+loaded = status()
 out = gen.generate("Write a story about a lighthouse keeper.", int(sys.argv[3]), strategy="greedy", chat=True)
 print(json.dumps({"load_s": round(load, 2), "peak_rss_after_load": rss_loaded,
                   "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "tokens_per_s": round(out.stats.decode_tokens_per_second, 1), "text": out.text[:60]}))
+                  "tokens_per_s": round(out.stats.decode_tokens_per_second, 1), "text": out.text[:60],
+                  "anon_after_load": loaded["RssAnon"], "file_after_load": loaded["RssFile"],
+                  "anon_after_generate": status()["RssAnon"], "file_after_generate": status()["RssFile"]}))
 """
 
 
@@ -96,12 +103,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, required=True, help="scratch folder for the variants")
     parser.add_argument("--aligns", default="embedded,1,4096,65536")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--options", default=",".join(OPTIONS), help="which of " + ", ".join(OPTIONS))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     rows = []
     for align in args.aligns.split(","):
         folder = args.artifact if align == "embedded" else variant(args.artifact, args.work / f"align-{align}", int(align))
-        for name, entries in OPTIONS.items():
+        for name in args.options.split(","):
+            entries = OPTIONS[name]
             row = {"layout": align, "options": name, **run(folder, entries, args.tokens)}
             print(json.dumps(row), flush=True)
             rows.append(row)
