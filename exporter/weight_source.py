@@ -316,7 +316,7 @@ class GgufSource(WeightSource):
 
 class _TopLevel:
     """The model as get_gguf_hf_weights_map sees it, without its children: that helper maps every
-    submodule again, which takes seconds a layer, and finds nothing new for these families."""
+    submodule again (13 s for SmolLM2-135M here) and finds nothing new for these families."""
 
     def __init__(self, model):
         self.config, self.state_dict = model.config, model.state_dict

@@ -79,9 +79,11 @@ def write_tiny_gguf(path: Path, qtype: str, tied: bool = False, overrides: dict[
         ggml = gguf.GGMLQuantizationType[kind]
         if kind in RAW_TYPES:
             data = k_quant_blocks(kind, *array.shape, rng)
+        elif kind == "I8":  # an integer tensor: a type no loader de-quantizes (the streaming error tests)
+            data = np.clip(np.rint(array * 32), -127, 127).astype(np.int8)
         else:
             data = array if kind == "F32" else quantize(array, ggml)
-        writer.add_tensor(name, data, raw_dtype=None if kind == "F32" else ggml)
+        writer.add_tensor(name, data, raw_dtype=None if kind in ("F32", "I8") else ggml)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
