@@ -304,3 +304,26 @@ def _verdict(report: LayerCheckReport, graph_path) -> None:
             f"{graph_path}: every stage is within tolerance but the whole graph disagrees with PyTorch: max |logit diff| "
             f"{report.max_logit_diff:.3g} (tolerance {report.tolerance:g}), greedy ids agree on {report.greedy_agree}/"
             f"{report.positions} positions ({report.near_ties} near-ties); the errors compound: please report it")
+
+
+def streamed_layers(model, tensor):
+    """read_layer for check_layers over a model whose decoder layers are on the meta device:
+    layer j's parameters read one at a time with tensor(name) (its state-dict name, e.g.
+    "model.layers.3.mlp.up_proj.weight"), put back on the meta device on exit."""
+    name, layers = _layers(model)
+
+    def place(layer, make) -> None:
+        for full, _ in list(layer.named_parameters(remove_duplicate=False)):
+            module_name, _, attribute = full.rpartition(".")
+            module = layer.get_submodule(module_name) if module_name else layer
+            module._parameters[attribute] = torch.nn.Parameter(make(full, module._parameters[attribute]), requires_grad=False)
+
+    @contextlib.contextmanager
+    def read(j: int):
+        place(layers[j], lambda full, p: tensor(f"{name}.{j}.{full}").to(p.dtype))
+        try:
+            yield
+        finally:
+            place(layers[j], lambda full, p: torch.empty_like(p, device="meta"))
+
+    return read
