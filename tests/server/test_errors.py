@@ -195,11 +195,15 @@ def test_a_body_that_is_not_json_is_a_415(client):
 
 
 def _artifact_copy(source: Path, folder: Path, template: str) -> Path:
-    """`source` with another chat template, its sha256 updated in jacobi.json."""
+    """`source` with another chat template, its sha256 and sampled record updated in jacobi.json."""
+    from jacobi_rt.runtime.file_digest import file_records
+
     shutil.copytree(source, folder)
     (folder / "chat_template.jinja").write_text(template)
     manifest = json.loads((folder / "jacobi.json").read_text())
     manifest["files"]["chat_template.jinja"] = hashlib.sha256(template.encode()).hexdigest()
+    if "samples" in manifest:
+        manifest["samples"]["chat_template.jinja"] = file_records(folder)[1]["chat_template.jinja"]
     (folder / "jacobi.json").write_text(json.dumps(manifest))
     return folder
 
