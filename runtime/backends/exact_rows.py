@@ -2,25 +2,30 @@
 
 Jacobi decoding commits a guess when the model's pick for it, computed inside a window, equals the
 guess; greedy decoding computes the same pick in a one-token pass. The two are the same decoding
-only if a row's logits do not depend on how many rows share its pass. With float activations they
-do not. With int8 activations (MatMulNBits at accuracy level 4) they can, by CPU:
+only if a row's logits do not depend on how many rows share its pass, and on a CPU they can:
 
-onnxruntime 1.32's MLAS cuts a MatMulNBits of M rows into tiles of 128 rows (MlasQNBitGemmBatch),
-and on x86-64 with AVX2 but no AVX-512 a tile of exactly one row of 4-bit weights in blocks of 32
-or more takes a one-row kernel of its own (`SQ4BitGemmKernel_BlkSum_CompInt8_avx2`: `BlkLen >= 32
-&& CountM == 1`), which folds the weights' zero point in integers where the many-row kernel adds
-the block sums in a float GEMM afterwards: the last bits differ (1.6e-6 on one matmul), and 30
-layers of int8 rounding turn them into other greedy ids. The AVX-512 kernels have no such branch;
-the 8-bit ones have none either. A row in a tile of two or more rows is bitwise the same row in any
-other such tile (checked on AVX2 and AVX-512, 2-row to 8-row passes and the 129th row of a pass).
+- A one-row attention. MLAS's SGEMM runs M = 1 against a B that is not a constant (the portable
+  graph's attention matmuls: Q K^T and P V per head, M = the window) on a kernel of its own
+  (`KernelM1Routine`), whose sums differ in the last bits from the many-row kernel's (onnxruntime
+  1.32, AMD EPYC with AVX2: 9.5e-6 at K = 64, 3.8e-5 at K = 576; every M >= 2 gives a row the same
+  bits). GroupQueryAttention (the in-place graph) has a one-token path of its own too
+  (exporter/gqa_rows.py). So float32 artifacts are not exact as the passes come either: SmolLM2's
+  float artifact left greedy at token 30 of a prompt with a 6-layer draft (CI, 2026-12-03).
+- A one-row MatMulNBits tile (int8 activations, accuracy level 4). MLAS cuts a MatMulNBits of M rows
+  into tiles of 128 rows (MlasQNBitGemmBatch), and on x86-64 with AVX2 but no AVX-512 a tile of
+  exactly one row of 4-bit weights in blocks of 32 or more takes a one-row kernel
+  (`SQ4BitGemmKernel_BlkSum_CompInt8_avx2`: `BlkLen >= 32 && CountM == 1`) that folds the weights'
+  zero point in integers where the many-row kernel adds the block sums in a float GEMM: the last
+  bits differ (1.6e-6 on one matmul), and 30 layers of int8 rounding turn them into other greedy
+  ids. A row in a tile of two or more rows is bitwise the same row in any other such tile.
 
-So a pass whose rows * window would leave a one-row tile gets one more window column (`pad`): a
-copy of each row's last token that no real row attends to (it is last, and the window is causal),
-whose cache entry lands one past the window and is never committed. Padding costs a pass one row,
-so it is paid only where it is needed: at load, `check` runs a short chain window and the same
-tokens one pass at a time and compares the logits bit for bit, as the passes come ("native"),
-then padded ("padded"). If neither is exact on this CPU, only greedy decoding is (its passes are
-all alike): the strategies that guess run greedy there ("greedy"), with a warning.
+So a pass of width 1, or whose rows * window would leave a one-row tile, gets one more window column
+(`pad`): a copy of each row's last token that no real row attends to (it is last, and the window is
+causal), whose cache entry lands one past the window and is never committed. Padding costs a pass
+one token a row, so it is paid only where it is needed: at load, `check` runs a short chain window
+and the same tokens one pass at a time and compares the logits bit for bit, as the passes come
+("native"), then padded ("padded"). If neither is exact on this CPU, only greedy decoding is (its
+passes are all alike): the strategies that guess run greedy there ("greedy"), with a warning.
 """
 
 from __future__ import annotations
@@ -35,12 +40,11 @@ import numpy as np
 
 TILE = 128  # MLAS's rows per MatMulNBits task (onnxruntime 1.32, qnbitgemm.cpp StrideM)
 
-NATIVE, PADDED, GREEDY, FLOAT, UNCHECKED = "native", "padded", "greedy", "float", "unchecked"
+NATIVE, PADDED, GREEDY, UNCHECKED = "native", "padded", "greedy", "unchecked"
 MODES = {
     NATIVE: "windows are bitwise one-token passes on this CPU",
-    PADDED: "one-row passes run as two rows, so that windows are bitwise one-token passes on this CPU",
+    PADDED: "one-token passes run as two tokens, so that windows are bitwise one-token passes on this CPU",
     GREEDY: "no pass shape is exact on this CPU: every strategy decodes greedily here",
-    FLOAT: "float activations: a row does not depend on its pass (not checked)",
     UNCHECKED: "not checked (a draft's passes only guess, and TensorRT runs its own kernels)",
 }
 PROMPT, WINDOW = 5, 6  # the check's tokens: a short prefill, then one chain window
@@ -87,9 +91,10 @@ class RowsCheck:
         return f"exactness: {self.mode}: {MODES[self.mode]} ({self.cpu}{took})"
 
 
-def one_row_tile(rows: int, window: int) -> bool:
-    """Whether a pass of `rows` x `window` tokens leaves MatMulNBits a tile of one row."""
-    return rows * window % TILE == 1
+def needs_pad(rows: int, window: int) -> bool:
+    """Whether a pass of `rows` x `window` tokens would run a one-row attention or leave MatMulNBits a
+    tile of one row."""
+    return window == 1 or rows * window % TILE == 1
 
 
 def pad(ids: np.ndarray, positions: np.ndarray, window_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

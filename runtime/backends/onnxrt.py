@@ -25,7 +25,7 @@ from ..spec import INPLACE, PORTABLE, input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendContext, BackendLimits, StepOutput, window_inputs
 from .cuda import CudaMemory, device_count, load_cudart
 from .device_kv import DeviceKV, DeviceKVContext, release
-from .exact_rows import FLOAT, UNCHECKED, RowsCheck, check, cpuinfo, one_row_tile, pad
+from .exact_rows import UNCHECKED, RowsCheck, check, cpuinfo, needs_pad, pad
 
 ORT_HINT = 'pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); from the jacobi-rt checkout: pip install ".[cpu]" or ".[gpu]"'
 
@@ -61,16 +61,14 @@ class OrtBackend(Backend):
             raise BackendError(f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact") from exc
         self._check_graph()
         self.batched = self.graph == INPLACE  # its contexts hold rows of their own lengths (the batcher's slots)
-        self.pad_rows = False  # pad passes that would leave MatMulNBits a one-row tile (exact_rows.py)
+        self.pad_rows = False  # pad the passes that would run a one-row kernel (exact_rows.py)
         self.rows = self._check_rows()
 
     def _check_rows(self) -> RowsCheck:
-        """How this CPU keeps windows bitwise one-token passes (exact_rows.py): checked for a target whose
-        activations are not float32 (int8 in MatMulNBits, or float16); a draft's passes only guess."""
+        """How this CPU keeps a target's windows bitwise one-token passes (exact_rows.py); a draft's passes
+        only guess."""
         if self.manifest.role == "draft":
             return RowsCheck(UNCHECKED)
-        if not self.manifest.quantization and self.manifest.dtype == "float32":
-            return RowsCheck(FLOAT)
         return check(self)
 
     @property
@@ -208,8 +206,8 @@ class OrtBinding(BackendContext):
         past, rows, longest = self._starts()
         _, window = self._check_window(ids, rows, longest)
         ids, positions, window_mask = window_inputs(ids, positions, window_mask, past)
-        self.padding = int(self.backend.pad_rows and one_row_tile(rows, window))
-        if self.padding:  # a pad row, so that MatMulNBits never gets a one-row tile (exact_rows.py)
+        self.padding = int(self.backend.pad_rows and needs_pad(rows, window))
+        if self.padding:  # a pad column, so that no kernel runs one row (exact_rows.py)
             ids, positions, window_mask = pad(ids, positions, window_mask)
         width, total = window + self.padding, longest + window + self.padding
         bind = self._host_in

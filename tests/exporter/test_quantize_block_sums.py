@@ -73,12 +73,12 @@ def test_rows_of_a_window_are_bitwise_rows_alone_at_level_4(monkeypatch):
     """What runtime/backends/exact_rows.py relies on: a row is the same bits in every pass that leaves no
     one-row MatMulNBits tile; a row alone is padded to two rows, as the runtime pads it (an AVX2-only
     CPU runs a one-row tile on another kernel: tests/runtime/test_exact_rows.py emulates one)."""
-    from jacobi_rt.runtime.backends.exact_rows import one_row_tile
+    from jacobi_rt.runtime.backends.exact_rows import needs_pad
 
     model = graph(q4_1(), "columns", 4, monkeypatch)
     x = np.random.default_rng(3).standard_normal((1, 8, K)).astype(np.float32)
     window = run(model, x)
-    assert one_row_tile(1, 1) and one_row_tile(1, 129)
+    assert needs_pad(1, 1) and needs_pad(1, 129)
     for row in range(8):
         padded = np.repeat(x[:, row : row + 1], 2, axis=1)
         assert np.array_equal(window[0, row], run(model, padded)[0, 0]), f"row {row}"

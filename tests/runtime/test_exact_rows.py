@@ -22,7 +22,7 @@ import pytest
 
 from jacobi_rt.runtime import Generator
 from jacobi_rt.runtime.backends import exact_rows
-from jacobi_rt.runtime.backends.exact_rows import FLOAT, GREEDY, NATIVE, PADDED, UNCHECKED, RowsCheck
+from jacobi_rt.runtime.backends.exact_rows import GREEDY, NATIVE, PADDED, UNCHECKED, RowsCheck
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.manifest import load_manifest
 from chain_windows import window_and_one_token_passes
@@ -36,9 +36,9 @@ def backend(folder, graph: str = "auto", threads: int = 2) -> OrtBackend:
     return OrtBackend(folder, load_manifest(folder, verify=False), device="cpu", threads=threads, graph=graph)
 
 
-def test_a_pass_leaves_a_one_row_tile_at_one_more_than_a_multiple_of_128():
-    assert exact_rows.one_row_tile(1, 1) and exact_rows.one_row_tile(1, 129) and exact_rows.one_row_tile(3, 43)
-    assert not any(exact_rows.one_row_tile(r, w) for r, w in [(1, 2), (2, 1), (1, 128), (4, 16), (1, 130)])
+def test_a_pass_is_padded_at_width_one_or_at_one_more_than_a_multiple_of_128_tokens():
+    assert all(exact_rows.needs_pad(r, w) for r, w in [(1, 1), (2, 1), (8, 1), (1, 129), (3, 43)])
+    assert not any(exact_rows.needs_pad(r, w) for r, w in [(1, 2), (2, 2), (1, 128), (4, 16), (1, 130)])
 
 
 def test_the_pad_column_repeats_the_last_token_and_no_real_row_sees_it():
@@ -53,9 +53,10 @@ def test_the_pad_column_repeats_the_last_token_and_no_real_row_sees_it():
     assert mask2[:, 3].all()
 
 
+@pytest.mark.parametrize("name", [TINY_GGUF, "llama"])  # int8 activations; float32
 @pytest.mark.parametrize("graph", ["inplace", "portable"])
-def test_the_check_picks_an_exact_mode_and_every_strategy_equals_greedy(artifact, graph):
-    generator = Generator(backend(artifact(TINY_GGUF), graph), _tokenizer(artifact(TINY_GGUF)))
+def test_the_check_picks_an_exact_mode_and_every_strategy_equals_greedy(artifact, graph, name):
+    generator = Generator(backend(artifact(name), graph), _tokenizer(artifact(name)))
     assert generator.backend.rows.mode in (NATIVE, PADDED)  # an exact mode exists on every CPU checked so far
     assert generator.backend.pad_rows == (generator.backend.rows.mode == PADDED)
     greedy = generator.generate(PROMPT, max_new_tokens=32, strategy="greedy")
@@ -143,8 +144,28 @@ def test_the_mode_is_reported_by_the_cli_and_the_server(artifact):
     assert card["jacobi"]["exactness"] == loaded.rows.mode
 
 
-def test_float_activations_and_drafts_are_not_checked(artifact):
-    assert backend(artifact("llama")).rows == RowsCheck(FLOAT)
+@pytest.mark.parametrize("name", [TINY_GGUF, "llama"])
+def test_rows_of_a_width_one_pass_are_a_windows_rows_in_the_checked_mode(artifact, name):
+    """The check runs one row; the batcher's passes run many. In the mode the check picked, each row of a
+    two-row pass of width 1 (greedy rows side by side) is bitwise that row's one-token pass inside a
+    chain window: MLAS's one-row attention and GroupQueryAttention's one-token path are padded away
+    for every row, not only for a row alone."""
+    loaded = backend(artifact(name), "inplace")
+    assert loaded.rows.mode in (NATIVE, PADDED)
+    prompts, chain = np.array([[3, 4, 5, 6], [7, 8, 9, 10]]), np.array([[11, 12, 13], [14, 15, 16]])
+    with loaded.context(16, batch=2) as ctx:
+        ctx.forward(prompts)
+        ctx.commit(prompts.shape[1])
+        windows = ctx.forward(chain, want_logits=True).logits
+        ctx.commit(0)
+        for column in range(chain.shape[1]):
+            step = ctx.forward(chain[:, column : column + 1], want_logits=True).logits[:, 0]
+            ctx.commit(1)
+            assert np.array_equal(step, windows[:, column]), f"column {column}"
+
+
+def test_float_targets_are_checked_and_drafts_are_not(artifact):
+    assert backend(artifact("llama")).rows.mode in (NATIVE, PADDED)
     draft = backend(artifact("llama-draft1"))
     assert draft.rows == RowsCheck(UNCHECKED) and not draft.pad_rows
 
