@@ -297,8 +297,9 @@ class Generator:
 
         capacity: each row's context (prompt + output); while the batcher runs, `limits.max_context` is
         this capacity. Default: the artifact's, except that the in-place graph's `scatter` attention
-        (used where GroupQueryAttention refuses the head size) reads the whole capacity every pass (16 rows of one token, SmolLM2: 148 ms
-        at capacity 256, 237 at 2048, 495 at 8192), so it is capped at DEFAULT_BATCH_CONTEXT there.
+        (where GroupQueryAttention refuses the head size) reads the whole capacity every pass (16 rows
+        of one token, SmolLM2: 148 ms at capacity 256, 237 at 2048, 495 at 8192), so it is capped at
+        DEFAULT_BATCH_CONTEXT there.
 
         batched_draft: the drafting rows share one slotted draft context, one batched draft pass a step
         (runtime.draft_slots; a draft of the in-place graph); False: each row's draft runs its own passes."""
