@@ -42,6 +42,7 @@ class CheckReport:
     tolerance: float = 0.0
     reference: str = "pytorch"
     text_agreement: float | None = None  # quantized vs unquantized on natural text
+    method: str = "full"  # the whole graph against the whole model (layer_check.py: "layer by layer")
 
     @property
     def agreement(self) -> float:
@@ -51,17 +52,27 @@ class CheckReport:
         return {**asdict(self), "agreement": round(self.agreement, 6)}
 
 
-def random_case(model, shape: ModelShape, batch: int, window: int, past: int, seed: int) -> list:
-    """Contract inputs (numpy) for one random window over a real past."""
+def case_tensors(vocab_size: int, batch: int, window: int, past: int, seed: int) -> tuple:
+    """One check case's tokens and masks: ids [B, P + W] (the past's, then the window's), attention
+    mask [B, P + W] (row 1 left-padded when there are two), window mask [B, W, W] and positions [B, W]
+    (for windows of 4 and more, the second half is a branch from the same place as the first)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, shape.vocab_size, (batch, past + window), generator=g)
+    ids = torch.randint(0, vocab_size, (batch, past + window), generator=g)
     mask = torch.ones(batch, past + window, dtype=torch.long)
     if batch > 1 and past > 2:
-        mask[1, :2] = 0  # a left-padded row
+        mask[1, :2] = 0
     window_mask = torch.tril(torch.ones(window, window, dtype=torch.bool)).repeat(batch, 1, 1)
-    if window >= 4:  # second half of the window is an independent branch
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+    if window >= 4:
         half = window // 2
         window_mask[:, half:, :half] = False
+        positions[:, half:] = positions[:, : window - half]
+    return ids, mask, window_mask, positions
+
+
+def random_case(model, shape: ModelShape, batch: int, window: int, past: int, seed: int) -> list:
+    """Contract inputs (torch) for one random window over a real past."""
+    ids, mask, window_mask, positions = case_tensors(shape.vocab_size, batch, window, past, seed)
     dtype = next(model.parameters()).dtype
     if past:
         with torch.no_grad():
@@ -69,10 +80,6 @@ def random_case(model, shape: ModelShape, batch: int, window: int, past: int, se
         kv = [t for layer in output_cache(out).layers for t in (layer.keys, layer.values)]
     else:
         kv = [torch.zeros(batch, shape.kv_heads, 0, shape.head_dim, dtype=dtype) for _ in range(2 * shape.num_layers)]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-    if window >= 4:  # the second branch continues from the same place as the first
-        half = window // 2
-        positions[:, half:] = positions[:, : window - half]
     return [ids[:, past:], positions, mask, window_mask, *kv]
 
 
