@@ -58,7 +58,8 @@ def export(
 
     overwrite: replace OUT if it is an existing artifact. step: called with a line per stage.
     check_progress(n): called as each check starts (n: its shapes, or its stages layer by layer); returns
-    a callable ticked once per checked shape or stage (a progress bar). write_progress(n): likewise as each graph's n weights are written.
+    a callable ticked once per checked shape or stage (a progress bar). write_progress(n): likewise as
+    each graph's n weights are written.
     Invalid options raise OptionError naming the ExportOptions field.
     """
     started = time.time()
