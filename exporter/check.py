@@ -123,10 +123,12 @@ def _compare(report: CheckReport, expected: list, got: list, shape: tuple) -> No
     report.shapes.append({"batch": shape[0], "window": shape[1], "past": shape[2], "max_logit_diff": logit_diff})
 
 
-def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape, text_ids: list[int], progress=None,
+def check_against_onnx(reference_path, quantized_path, shape: ModelShape, text_ids: list[int], progress=None,
                        max_context: int | None = None) -> CheckReport:
     """A quantized graph is compared with the unquantized ONNX: agreement is reported, not enforced.
 
+    The cases are random_case's, their past from the unquantized graph itself (checked against PyTorch
+    already), so no PyTorch model is held: two sessions, the float graph's and the quantized one's.
     Besides the random windows, `text_ids` (tokenized natural text) is run as one prefill window;
     its agreement (`text_agreement`) is the figure that predicts generation quality.
     """
@@ -134,17 +136,29 @@ def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape,
 
     ref = ort.InferenceSession(str(reference_path), providers=["CPUExecutionProvider"])
     quant = ort.InferenceSession(str(quantized_path), providers=["CPUExecutionProvider"])
-    names = [i.name for i in ref.get_inputs()]
     report = CheckReport(tolerance=float("inf"), reference="unquantized onnx")
     for seed, (batch, window, past) in enumerate(fitted(SHAPES, max_context)):
-        feeds = dict(zip(names, [t.numpy() for t in random_case(model, shape, batch, window, past, seed)]))
+        feeds = _onnx_case(ref, shape, batch, window, past, seed)
         _compare(report, ref.run(None, feeds), quant.run(None, feeds), (batch, window, past))
         if progress:
             progress()
-    feeds = dict(zip(names, [t.numpy() for t in random_case(model, shape, 1, len(text_ids), 0, 0)]))
+    feeds = _onnx_case(ref, shape, 1, len(text_ids), 0, 0)
     feeds["input_ids"] = np.array([text_ids], dtype=np.int64)
     feeds["position_ids"] = np.arange(len(text_ids), dtype=np.int64)[None]
     feeds["window_mask"] = np.tril(np.ones((len(text_ids),) * 2, dtype=bool))[None]
     expected, got = ref.run(["greedy_ids"], feeds)[0], quant.run(["greedy_ids"], feeds)[0]
     report.text_agreement = float((expected == got).mean())
     return report
+
+
+def _onnx_case(session, shape: ModelShape, batch: int, window: int, past: int, seed: int) -> dict:
+    """random_case's inputs (numpy), the past from `session` run over the past tokens as one window
+    (positions from 0, as random_case's PyTorch forward gives them)."""
+    ids, mask, window_mask, positions = case_tensors(shape.vocab_size, batch, window, past, seed)
+    names = [i.name for i in session.get_inputs()]
+    kv = [np.zeros((batch, shape.kv_heads, 0, shape.head_dim), dtype=np.float32)] * (2 * shape.num_layers)
+    if past:
+        prefill = [ids[:, :past].numpy(), np.arange(past, dtype=np.int64)[None].repeat(batch, 0), mask[:, :past].numpy(),
+                   np.tril(np.ones((past, past), dtype=bool))[None].repeat(batch, 0), *kv]
+        kv = session.run(None, dict(zip(names, prefill)))[2:]
+    return dict(zip(names, [ids[:, past:].numpy(), positions.numpy(), mask.numpy(), window_mask.numpy(), *kv]))
