@@ -141,3 +141,15 @@ def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
     assert opened.streamed
     with pytest.raises(ExportCheckError, match="in layer 2:"):
         _check_portable(opened, probe(opened.model), folder / "model.onnx", "float32", "layers", None, None)
+
+
+def test_a_quantized_export_checked_layer_by_layer_records_its_agreement(exports, tmp_path):
+    """The float graph checked layer by layer, the int8 graph against it as in any quantized export."""
+    from jacobi_rt.exporter import ExportOptions, export
+
+    manifest = export(str(exports[0]), tmp_path / "a", ExportOptions(quantize="int8", check="layers"))
+    assert manifest.check_method == "layer by layer"
+    assert manifest.check["vs_pytorch"]["greedy_agree"] == manifest.check["vs_pytorch"]["positions"]
+    figures = manifest.check["int8_vs_fp"]
+    assert figures["reference"] == "unquantized onnx" and figures["agreement"] >= 0.9, figures
+    assert 0 <= figures["text_agreement"] <= 1
