@@ -1,17 +1,23 @@
-"""What an export costs the machine's disk, decided before any graph is traced.
+"""What an export costs the machine, decided before any graph is traced: its disk, and which check
+its memory allows.
 
-(The export's check still holds the PyTorch model and an onnxruntime session of the same weights
-at once, about twice the weights: a layer-by-layer check for models past that is issue 34's next step.)
+The full check holds the whole PyTorch model and an onnxruntime session of the same graph at once,
+twice the weights, and onnxruntime's session start holds its prepacked copies of the MatMul weights
+beside the initializers for a while: about three times the weights at the peak. It runs when four
+times the weights fit in the memory available (a margin for the rest of the machine); past that
+the check runs layer by layer (layer_check.py), one layer's weights resident on each side.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from jacobi_rt.runtime.errors import OptionError
 
 GB = 1e9
+FULL_CHECK_SHARE = 4  # the full check runs when this many times the weights fit in the available memory
 QUANTIZED_SHARE = {"int4": 0.16, "int8": 0.28, "gguf": 0.30}  # of the float32 bytes, blocks and scales, rounded up
 
 
@@ -32,3 +38,30 @@ def check_disk(folder: Path, needed: int) -> None:
         raise OptionError(f"the export needs about {needed / GB:.1f} GB on the disk of {folder} (the weights as written, "
                           f"and their quantized copy when quantized), but {free / GB:.1f} GB are free; "
                           "free some space or choose an `out` on another disk", "out")
+
+
+def available_memory() -> int:
+    """Bytes the kernel says a new allocation can have without swapping (MemAvailable), or, where there
+    is no /proc/meminfo, the machine's physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_method(requested: str, weights: int, available: int | None = None) -> str:
+    """The export check to run, "full" or "layers", for `weights` bytes of float weights; `requested`
+    is one of options.CHECKS; available: bytes of memory to count on (None: available_memory()).
+    Refuses "full" before any work when it would not fit."""
+    available = available_memory() if available is None else available
+    fits = FULL_CHECK_SHARE * weights <= available
+    if requested == "full" and not fits:
+        raise OptionError(f"the full check holds the model twice (PyTorch and onnxruntime), about {FULL_CHECK_SHARE} x "
+                          f"{weights / GB:.1f} GB with its margin, but {available / GB:.1f} GB of memory are available; "
+                          "use `check` layers (or auto) to check the graph one layer at a time", "check")
+    if requested == "auto":
+        return "full" if fits else "layers"
+    return requested

@@ -42,6 +42,7 @@ class CheckReport:
     tolerance: float = 0.0
     reference: str = "pytorch"
     text_agreement: float | None = None  # quantized vs unquantized on natural text
+    method: str = "full"  # the whole graph against the whole model (layer_check.py: "layer by layer")
 
     @property
     def agreement(self) -> float:
@@ -51,17 +52,27 @@ class CheckReport:
         return {**asdict(self), "agreement": round(self.agreement, 6)}
 
 
-def random_case(model, shape: ModelShape, batch: int, window: int, past: int, seed: int) -> list:
-    """Contract inputs (numpy) for one random window over a real past."""
+def case_tensors(vocab_size: int, batch: int, window: int, past: int, seed: int) -> tuple:
+    """One check case's tokens and masks: ids [B, P + W] (the past's, then the window's), attention
+    mask [B, P + W] (row 1 left-padded when there are two), window mask [B, W, W] and positions [B, W]
+    (for windows of 4 and more, the second half is a branch from the same place as the first)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, shape.vocab_size, (batch, past + window), generator=g)
+    ids = torch.randint(0, vocab_size, (batch, past + window), generator=g)
     mask = torch.ones(batch, past + window, dtype=torch.long)
     if batch > 1 and past > 2:
-        mask[1, :2] = 0  # a left-padded row
+        mask[1, :2] = 0
     window_mask = torch.tril(torch.ones(window, window, dtype=torch.bool)).repeat(batch, 1, 1)
-    if window >= 4:  # second half of the window is an independent branch
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+    if window >= 4:
         half = window // 2
         window_mask[:, half:, :half] = False
+        positions[:, half:] = positions[:, : window - half]
+    return ids, mask, window_mask, positions
+
+
+def random_case(model, shape: ModelShape, batch: int, window: int, past: int, seed: int) -> list:
+    """Contract inputs (torch) for one random window over a real past."""
+    ids, mask, window_mask, positions = case_tensors(shape.vocab_size, batch, window, past, seed)
     dtype = next(model.parameters()).dtype
     if past:
         with torch.no_grad():
@@ -69,10 +80,6 @@ def random_case(model, shape: ModelShape, batch: int, window: int, past: int, se
         kv = [t for layer in output_cache(out).layers for t in (layer.keys, layer.values)]
     else:
         kv = [torch.zeros(batch, shape.kv_heads, 0, shape.head_dim, dtype=dtype) for _ in range(2 * shape.num_layers)]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-    if window >= 4:  # the second branch continues from the same place as the first
-        half = window // 2
-        positions[:, half:] = positions[:, : window - half]
     return [ids[:, past:], positions, mask, window_mask, *kv]
 
 
@@ -116,10 +123,12 @@ def _compare(report: CheckReport, expected: list, got: list, shape: tuple) -> No
     report.shapes.append({"batch": shape[0], "window": shape[1], "past": shape[2], "max_logit_diff": logit_diff})
 
 
-def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape, text_ids: list[int], progress=None,
+def check_against_onnx(reference_path, quantized_path, shape: ModelShape, text_ids: list[int], progress=None,
                        max_context: int | None = None) -> CheckReport:
     """A quantized graph is compared with the unquantized ONNX: agreement is reported, not enforced.
 
+    The cases are random_case's, their past from the unquantized graph itself (checked against PyTorch
+    already), so no PyTorch model is held: two sessions, the float graph's and the quantized one's.
     Besides the random windows, `text_ids` (tokenized natural text) is run as one prefill window;
     its agreement (`text_agreement`) is the figure that predicts generation quality.
     """
@@ -127,17 +136,29 @@ def check_against_onnx(reference_path, quantized_path, model, shape: ModelShape,
 
     ref = ort.InferenceSession(str(reference_path), providers=["CPUExecutionProvider"])
     quant = ort.InferenceSession(str(quantized_path), providers=["CPUExecutionProvider"])
-    names = [i.name for i in ref.get_inputs()]
     report = CheckReport(tolerance=float("inf"), reference="unquantized onnx")
     for seed, (batch, window, past) in enumerate(fitted(SHAPES, max_context)):
-        feeds = dict(zip(names, [t.numpy() for t in random_case(model, shape, batch, window, past, seed)]))
+        feeds = _onnx_case(ref, shape, batch, window, past, seed)
         _compare(report, ref.run(None, feeds), quant.run(None, feeds), (batch, window, past))
         if progress:
             progress()
-    feeds = dict(zip(names, [t.numpy() for t in random_case(model, shape, 1, len(text_ids), 0, 0)]))
+    feeds = _onnx_case(ref, shape, 1, len(text_ids), 0, 0)
     feeds["input_ids"] = np.array([text_ids], dtype=np.int64)
     feeds["position_ids"] = np.arange(len(text_ids), dtype=np.int64)[None]
     feeds["window_mask"] = np.tril(np.ones((len(text_ids),) * 2, dtype=bool))[None]
     expected, got = ref.run(["greedy_ids"], feeds)[0], quant.run(["greedy_ids"], feeds)[0]
     report.text_agreement = float((expected == got).mean())
     return report
+
+
+def _onnx_case(session, shape: ModelShape, batch: int, window: int, past: int, seed: int) -> dict:
+    """random_case's inputs (numpy), the past from `session` run over the past tokens as one window
+    (positions from 0, as random_case's PyTorch forward gives them)."""
+    ids, mask, window_mask, positions = case_tensors(shape.vocab_size, batch, window, past, seed)
+    names = [i.name for i in session.get_inputs()]
+    kv = [np.zeros((batch, shape.kv_heads, 0, shape.head_dim), dtype=np.float32)] * (2 * shape.num_layers)
+    if past:
+        prefill = [ids[:, :past].numpy(), np.arange(past, dtype=np.int64)[None].repeat(batch, 0), mask[:, :past].numpy(),
+                   np.tril(np.ones((past, past), dtype=bool))[None].repeat(batch, 0), *kv]
+        kv = session.run(None, dict(zip(names, prefill)))[2:]
+    return dict(zip(names, [ids[:, past:].numpy(), positions.numpy(), mask.numpy(), window_mask.numpy(), *kv]))

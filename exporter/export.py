@@ -26,7 +26,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 
 from . import sources
 from .destination import recover_interrupted
-from .budget import QUANTIZED_SHARE, check_disk, needed_disk, weight_bytes
+from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, weight_bytes
 from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
@@ -57,8 +57,9 @@ def export(
     """Export MODEL (HF folder, .gguf, or built-in name) to the artifact folder OUT; return its manifest.
 
     overwrite: replace OUT if it is an existing artifact. step: called with a line per stage.
-    check_progress(n): called as each check starts (n: its shapes); returns a callable ticked once per
-    checked shape (a progress bar). write_progress(n): likewise as each graph's n weights are written.
+    check_progress(n): called as each check starts (n: its shapes, or its stages layer by layer); returns
+    a callable ticked once per checked shape or stage (a progress bar). write_progress(n): likewise as
+    each graph's n weights are written.
     Invalid options raise OptionError naming the ExportOptions field.
     """
     started = time.time()
@@ -121,7 +122,8 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         step(f"reusing the checked graphs of {options.graphs_from}")
         graphs, check = reuse_graphs(Path(options.graphs_from).expanduser(), folder, source_info, options, max_context)
     else:
-        graphs, check = _trace_and_check(opened, shape, folder, options, max_context, step, check_progress, write_progress)
+        method = check_method(options.check, floats, options.check_memory)
+        graphs, check = _trace_and_check(opened, shape, folder, options, method, max_context, step, check_progress, write_progress)
     graph = folder / graphs[PORTABLE]
 
     weights = None
@@ -129,8 +131,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         gguf_path = source.folder / source.gguf_file if source.gguf_file else None
         weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step, max_positions=shape.max_positions)
         sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][: max_context]
-        with _weights_in(opened):
-            report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), model, shape, sample_ids, _progress(check_progress), max_context)
+        report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), shape, sample_ids, _progress(check_progress), max_context)
         check[f"{weights.kind}_vs_fp"] = report.to_dict()
         check["weights"] = weights.to_dict()
         weight_step.replace_graphs(folder, graphs)
@@ -162,13 +163,13 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     )
 
 
-def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, max_context: int, step,
+def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, method: str, max_context: int, step,
                      check_progress, write_progress) -> tuple[dict[str, str], dict]:
     """Trace the portable graph (and the in-place one) into `folder`, their weights in one shared file,
-    each checked against PyTorch at shapes inside `max_context` (a streamed skeleton filled for the check)."""
+    each checked against PyTorch at shapes inside `max_context` by `method` (budget.check_method)."""
     import torch
 
-    from .check import SHAPES, check_against_torch
+    from .check import SHAPES
     from .trace import TracedWeights, export_onnx
     from .weight_file import WeightFile
 
@@ -182,19 +183,36 @@ def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, max_co
         graph = folder / GRAPH_FILE
         torch.manual_seed(0)
         step(f"  {export_onnx(model, shape, graph, options.opset, weights())}")
-        step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes")
-        with _weights_in(opened):
-            report = check_against_torch(model, shape, graph, options.torch_dtype, _progress(check_progress), max_context)
+        step(f"checking ONNX against PyTorch at {len(SHAPES)} shapes{' layer by layer' if method == 'layers' else ''}")
+        report = _check_portable(opened, shape, graph, options.torch_dtype, method, check_progress, max_context)
         check = {"vs_pytorch": report.to_dict()}
         graphs = {PORTABLE: GRAPH_FILE}
         if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
             from .inplace import add_inplace_graph
 
-            with _weights_in(opened):
+            with _weights_in(opened) if method == "full" else contextlib.nullcontext():
                 extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step,
-                                                          check_progress, max_context, weights())
+                                                          check_progress, max_context, weights(), checked=method == "full")
             graphs.update(extra)
     return graphs, check
+
+
+def _check_portable(opened, shape, graph: Path, dtype: str, method: str, check_progress, max_context: int):
+    """The portable graph against PyTorch: whole (a streamed skeleton filled for it), or layer by layer
+    (the parameters outside the decoder layers filled throughout, each layer's read in as it is checked)."""
+    from .check import check_against_torch
+    from .layer_check import check_layers, outside_layers, stage_count, streamed_layers
+    from .skeleton import filled
+
+    model = opened.model
+    if method == "full":
+        with _weights_in(opened):
+            return check_against_torch(model, shape, graph, dtype, _progress(check_progress), max_context)
+    progress = check_progress(stage_count(shape.num_layers)) if check_progress else None
+    if not opened.streamed:
+        return check_layers(graph, model, shape, dtype, None, progress, max_context)
+    with filled(model, opened.read, outside_layers(model)):
+        return check_layers(graph, model, shape, dtype, streamed_layers(model, opened.read), progress, max_context)
 
 
 def _weights_in(opened):

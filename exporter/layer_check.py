@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 from jacobi_rt.runtime.errors import ExportCheckError
 
-from .check import SHAPES, TOLERANCE, CheckReport, _compare, fitted
+from .check import SHAPES, TOLERANCE, CheckReport, _compare, case_tensors, fitted
 from .layer_graph import EMBEDDING, TAIL, LayerGraph
 from .stitch import decoder_layers
 from .trace import WRAPPED, ModelShape
@@ -73,7 +73,7 @@ class LayerCheckReport(CheckReport):
 
 @dataclass
 class _Case:
-    """One check case (check.random_case's inputs without the past) and its state between layers."""
+    """One check case (check.case_tensors: random_case's inputs without the past) and its state between layers."""
 
     shape: tuple  # (batch, window, past)
     ids: torch.Tensor  # [B, P + W]
@@ -133,19 +133,7 @@ def _layers(model):
 
 
 def _case(shape: ModelShape, batch: int, window: int, past: int, seed: int) -> _Case:
-    """check.random_case's tokens, masks and positions for the same seed."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, shape.vocab_size, (batch, past + window), generator=g)
-    mask = torch.ones(batch, past + window, dtype=torch.long)
-    if batch > 1 and past > 2:
-        mask[1, :2] = 0  # a left-padded row
-    window_mask = torch.tril(torch.ones(window, window, dtype=torch.bool)).repeat(batch, 1, 1)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
-    if window >= 4:  # the second half of the window is a branch from the same place as the first
-        half = window // 2
-        window_mask[:, half:, :half] = False
-        positions[:, half:] = positions[:, : window - half]
-    return _Case((batch, window, past), ids, mask, window_mask, positions)
+    return _Case((batch, window, past), *case_tensors(shape.vocab_size, batch, window, past, seed))
 
 
 def _feeds(session, case: _Case, hidden=None, past: tuple | None = None) -> dict:
@@ -306,24 +294,32 @@ def _verdict(report: LayerCheckReport, graph_path) -> None:
             f"{report.positions} positions ({report.near_ties} near-ties); the errors compound: please report it")
 
 
-def streamed_layers(model, tensor):
-    """read_layer for check_layers over a model whose decoder layers are on the meta device:
-    layer j's parameters read one at a time with tensor(name) (its state-dict name, e.g.
-    "model.layers.3.mlp.up_proj.weight"), put back on the meta device on exit."""
+def streamed_layers(model, read):
+    """read_layer for check_layers over a model whose decoder layers hold no data (a skeleton's
+    placeholders, or the meta device): within read_layer(j), layer j's parameters hold what
+    read(name) gives (skeleton.Read: its state-dict name, e.g. "model.layers.3.mlp.up_proj.weight",
+    -> an array in the model's dtype); its own parameters again on exit. The parameters are swapped,
+    not written into (`skeleton.filled`), since a meta tensor cannot take CPU data."""
     name, layers = _layers(model)
 
-    def place(layer, make) -> None:
-        for full, _ in list(layer.named_parameters(remove_duplicate=False)):
-            module_name, _, attribute = full.rpartition(".")
-            module = layer.get_submodule(module_name) if module_name else layer
-            module._parameters[attribute] = torch.nn.Parameter(make(full, module._parameters[attribute]), requires_grad=False)
-
     @contextlib.contextmanager
-    def read(j: int):
-        place(layers[j], lambda full, p: tensor(f"{name}.{j}.{full}").to(p.dtype))
+    def read_layer(j: int):
+        owners = [(m, attribute, p) for m in layers[j].modules() for attribute, p in m._parameters.items() if p is not None]
+        names = {id(p): f"{name}.{j}.{n}" for n, p in layers[j].named_parameters()}
         try:
+            for module, attribute, p in owners:
+                value = torch.from_numpy(np.array(read(names[id(p)]))).to(p.dtype)
+                module._parameters[attribute] = torch.nn.Parameter(value, requires_grad=False)
             yield
         finally:
-            place(layers[j], lambda full, p: torch.empty_like(p, device="meta"))
+            for module, attribute, p in owners:
+                module._parameters[attribute] = p
 
-    return read
+    return read_layer
+
+
+def outside_layers(model) -> list[str]:
+    """The parameters check_layers needs resident throughout (the embedding, the final norm, the head):
+    every one that is not in a decoder layer."""
+    name, _ = _layers(model)
+    return [n for n, _ in model.named_parameters() if not n.startswith(f"{name}.")]

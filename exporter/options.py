@@ -14,6 +14,7 @@ QUANTIZE = ("int8", "int4")
 WEIGHTS = ("float", "gguf")
 ACCURACY_LEVELS = (0, 4)  # MatMulNBits: 0 = float activations, 4 = int8 activations (the fast CPU path)
 ROLES = ("target", "draft")
+CHECKS = ("auto", "full", "layers")  # budget.check_method decides auto
 
 
 @dataclass
@@ -29,6 +30,8 @@ class ExportOptions:
     inplace: bool = True  # also the in-place graph (onnxruntime's GroupQueryAttention, CPU) when the family maps
     graphs_from: str | None = None  # a float-weights artifact of the same model: reuse its checked graphs, run only the weight pass
     stream: bool = True  # read the weights one tensor at a time from the source's files; False: load the whole model first
+    check: str = "auto"  # full: the whole graph against the whole model; layers: layer by layer; auto: full when it fits
+    check_memory: int | None = None  # bytes of memory auto counts on; None: what the kernel says is available
 
     def validate(self) -> None:
         """Refuse values no model accepts (limits that depend on the model are checked later)."""
@@ -38,6 +41,7 @@ class ExportOptions:
         _one_of("weights", self.weights, WEIGHTS)
         _one_of("accuracy_level", self.accuracy_level, ACCURACY_LEVELS)
         _one_of("role", self.role, ROLES)
+        _one_of("check", self.check, CHECKS)
         if not 17 <= self.opset <= 23:
             raise OptionError(f"`opset` must be between 17 and 23, not {self.opset}", "opset")
         if self.quantize and self.weights == "gguf":

@@ -102,6 +102,13 @@ class Manifest:
         return (self.check.get("inplace") or {}).get("attention")
 
     @property
+    def check_method(self) -> str:
+        """How the export compared the portable graph with PyTorch: "full" (the whole graph against the
+        whole model; manifests from before the layer-by-layer check say nothing, and ran this) or
+        "layer by layer" (each stage alone, then chained; check["vs_pytorch"]["stages"])."""
+        return (self.check.get("vs_pytorch") or {}).get("method", "full")
+
+    @property
     def inplace_skipped(self) -> str | None:
         """Why the export has no in-place graph, when it says."""
         return (self.check.get("inplace") or {}).get("skipped")

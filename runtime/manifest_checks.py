@@ -40,6 +40,7 @@ _TOP: dict[str, tuple[str, object]] = {
                 lambda v: isinstance(v, dict) and all(isinstance(k, str) and _sample(r) for k, r in v.items())),
 }
 _ARCHITECTURE_INTS = ("num_layers", "num_heads", "kv_heads", "head_dim", "hidden_size", "vocab_size", "max_positions")
+CHECK_METHODS = ("full", "layer by layer")  # check["vs_pytorch"]["method"]; absent: full
 _ENGINE_STRINGS = ("file", "sha256", "precision", "tensorrt_version", "compute_capability")
 
 
@@ -76,6 +77,9 @@ def check_fields(data: dict, path: Path) -> None:
     problems += _wrong("tokens", tokens, ["bos_id", "pad_id"], "an integer or null", lambda v: v is None or _is_int(v))
     problems += _wrong("tokenizer", tokenizer, ["file"], "a string", lambda v: v is None or isinstance(v, str))
     problems += _wrong("tokenizer", tokenizer, ["chat_template"], "a string or null", lambda v: v is None or isinstance(v, str))
+    check = data.get("check")
+    problems += _wrong("check.vs_pytorch", check.get("vs_pytorch") if isinstance(check, dict) else None, ["method"],
+                       '"full" or "layer by layer"', lambda v: v in CHECK_METHODS)
     for i, engine in enumerate(data.get("engines") or []):
         problems += _wrong(f"engines[{i}]", engine, _ENGINE_STRINGS, "a string", lambda v: isinstance(v, str))
     if problems:

@@ -55,7 +55,7 @@ def instrument(timers: Timers) -> None:
     import torch
     from torch.onnx._internal.exporter import _core, _onnx_program
 
-    from jacobi_rt.exporter import check, inplace_check, sources, trace
+    from jacobi_rt.exporter import check, inplace_check, layer_check, sources, trace
     from jacobi_rt.exporter import weights as weight_step
 
     timers.wrap(sources, "load", "load the model")
@@ -68,6 +68,7 @@ def instrument(timers: Timers) -> None:
     timers.wrap(_onnx_program.ONNXProgram, "save", "save the ONNX file")
     timers.wrap(trace, "name_axes", "axis names and rewrites (load, edit, save)")
     timers.wrap(check, "check_against_torch", "check portable vs PyTorch")
+    timers.wrap(layer_check, "check_layers", "check portable vs PyTorch, layer by layer")
     timers.wrap(inplace_check, "check_inplace_against_torch", "check in-place vs PyTorch")
     timers.wrap(weight_step, "quantize_graphs", "weight pass")
     timers.wrap(check, "check_against_onnx", "check quantized vs float")

@@ -131,7 +131,7 @@ def test_export_with_overwrite_replaces_an_artifact(invoke, tiny_artifact, tmp_p
     (out / "stale.txt").write_text("from the old artifact")
     result = invoke("export", tiny_artifact("llama").model_dir, "--out", out, "--overwrite", "--max-context", "64")
     assert result.exit_code == 0, result.output
-    assert "export check: max |logit diff|" in result.stdout and "greedy ids agree on" in result.stdout
+    assert "export check (full): max |logit diff|" in result.stdout and "greedy ids agree on" in result.stdout
     assert "wrote" in result.stderr  # progress goes to stderr
     manifest = load_manifest(out, verify=True)
     assert manifest.architecture.family == "llama" and manifest.max_context == 64

@@ -20,9 +20,10 @@ import click
 @click.option("--keep-layers", type=click.IntRange(min=1), default=None, help="Export only the first N decoder layers (plus final norm and LM head): a cheap draft made from the target, same vocabulary. Use with --role draft.")
 @click.option("--graphs-from", type=click.Path(file_okay=False), default=None, help="With --quantize or --weights gguf: reuse the checked graphs of a float-weights artifact of the same MODEL and options (e.g. build/smollm2-135m) and run only the weight pass: seconds instead of minutes.")
 @click.option("--no-stream", "no_stream", is_flag=True, help="Load the whole model with transformers before exporting, instead of reading each weight from the safetensors files as it is written (the default: memory stays near one layer's weights, whatever the model's size).")
+@click.option("--check", "check", type=click.Choice(["auto", "full", "layers"]), default="auto", show_default=True, help="How the graph is checked against PyTorch before the folder is written. full: the whole graph against the whole model (needs about 4x the weights in memory); layers: one decoder layer at a time, for models too big for that (the in-place graph then goes unchecked, and the manifest says so); auto: full when it fits in the memory available, else layers.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing artifact.")
 def export_command(model, out, dtype, quantize, weights, accuracy_level, max_context, opset, role, keep_layers, graphs_from, no_stream,
-                   overwrite):
+                   check, overwrite):
     """Export MODEL to an artifact folder the runtime can load.
 
     MODEL is a Hugging Face model folder (config.json + weights + tokenizer), a .gguf file, or a
@@ -45,7 +46,7 @@ def export_command(model, out, dtype, quantize, weights, accuracy_level, max_con
 
     options = ExportOptions(
         dtype=dtype, quantize=quantize, weights=weights, accuracy_level=int(accuracy_level), max_context=max_context, opset=opset, role=role, keep_layers=keep_layers,
-        graphs_from=graphs_from, stream=not no_stream,
+        graphs_from=graphs_from, stream=not no_stream, check=check,
     )
     started = time.time()
 
@@ -53,7 +54,7 @@ def export_command(model, out, dtype, quantize, weights, accuracy_level, max_con
         click.echo(f"[{time.time() - started:6.1f}s] {message}", err=True)
 
     def check_bar(total: int):
-        bar = tqdm(total=total, desc="  check", unit="shape", leave=False)
+        bar = tqdm(total=total, desc="  check", unit="step", leave=False)
         return lambda: bar.update(1)
 
     def write_bar(total: int):
@@ -66,7 +67,7 @@ def export_command(model, out, dtype, quantize, weights, accuracy_level, max_con
         raise JacobiError(exc.naming(lambda parameter: "--" + parameter.replace("_", "-"))) from exc
     report = manifest.check["vs_pytorch"]
     click.echo(
-        f"export check: max |logit diff| {report['max_logit_diff']:.2e}, greedy ids agree on "
+        f"export check ({manifest.check_method}): max |logit diff| {report['max_logit_diff']:.2e}, greedy ids agree on "
         f"{report['greedy_agree']}/{report['positions']} positions"
     )
     weights = manifest.check.get("weights")

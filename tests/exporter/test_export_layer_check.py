@@ -1,0 +1,155 @@
+"""The export's choice of check (budget.check_method) and its layer-by-layer check on a streamed
+tiny model: the same files as the full check's export, the figures in the manifest, a wrong layer named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tiny_models import save_tiny_model, tiny_config
+
+LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """A 4-layer tiny llama exported twice: with the full check (library) and `--check layers` (CLI)."""
+    from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.tools.cli.main import cli
+
+    root = tmp_path_factory.mktemp("layer-check")
+    config = tiny_config("llama")
+    config.num_hidden_layers = LAYERS
+    source = save_tiny_model(config, root / "model")
+    export(str(source), root / "full", ExportOptions(check="full"))
+    result = CliRunner().invoke(cli, ["export", str(source), "--out", str(root / "layers"), "--check", "layers"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return source, root / "full", root / "layers", result.stdout
+
+
+def _manifest(folder: Path):
+    from jacobi_rt.runtime.manifest import read_manifest
+
+    return read_manifest(folder)
+
+
+def test_layers_check_writes_the_full_checks_files(exports):
+    source, full, layers, _ = exports
+    names = sorted(p.name for p in full.iterdir() if p.name != "jacobi.json")
+    assert names == sorted(p.name for p in layers.iterdir() if p.name != "jacobi.json")
+    for name in names:
+        assert (full / name).read_bytes() == (layers / name).read_bytes(), name
+    assert _manifest(full).files == _manifest(layers).files
+
+
+def test_the_manifest_records_the_check_and_its_figures(exports):
+    _, full, layers, stdout = exports
+    mine, theirs = _manifest(layers), _manifest(full)
+    assert (mine.check_method, theirs.check_method) == ("layer by layer", "full")
+    report = mine.check["vs_pytorch"]
+    assert [s["stage"] for s in report["stages"]] == ["embedding"] + [f"layer {j}" for j in range(LAYERS)] + ["tail"]
+    assert all(s["max_hidden_diff"] <= report["hidden_tolerance"] * max(1.0, s["max_abs"]) for s in report["stages"][:-1])
+    assert report["positions"] == theirs.check["vs_pytorch"]["positions"] == report["greedy_agree"]
+    assert report["max_logit_diff"] == pytest.approx(theirs.check["vs_pytorch"]["max_logit_diff"], abs=1e-5)
+    # The in-place graph has no layer-by-layer check: the record says it went unchecked, with no figures.
+    assert mine.check["inplace"]["method"] == "none" and "no layer-by-layer check" in mine.check["inplace"]["unchecked"]
+    assert "max_logit_diff" not in mine.check["inplace"]
+    assert mine.inplace_attention == theirs.inplace_attention
+    assert "export check (layer by layer): max |logit diff|" in stdout
+
+
+def test_a_manifest_without_a_method_was_checked_full(exports, tmp_path):
+    from jacobi_rt.runtime.errors import ArtifactError
+
+    _, full, _, _ = exports
+    folder = tmp_path / "old"
+    shutil.copytree(full, folder)
+    data = json.loads((folder / "jacobi.json").read_text())
+    del data["check"]["vs_pytorch"]["method"]
+    (folder / "jacobi.json").write_text(json.dumps(data))
+    assert _manifest(folder).check_method == "full"
+    data["check"]["vs_pytorch"]["method"] = "sometimes"
+    (folder / "jacobi.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"`check.vs_pytorch.method` must be \"full\" or \"layer by layer\""):
+        _manifest(folder)
+
+
+def test_auto_checks_layer_by_layer_when_the_memory_is_small():
+    from jacobi_rt.exporter.budget import FULL_CHECK_SHARE, check_method
+
+    weights = 10**9
+    assert check_method("auto", weights, available=FULL_CHECK_SHARE * weights) == "full"
+    assert check_method("auto", weights, available=FULL_CHECK_SHARE * weights - 1) == "layers"
+    assert check_method("layers", weights, available=10**12) == "layers"
+    assert check_method("auto", 1) == "full"  # this machine's MemAvailable holds a byte of weights
+
+
+def test_full_on_a_model_too_big_is_refused_before_any_work(exports, tmp_path):
+    from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.runtime.errors import OptionError
+
+    source = exports[0]
+    steps: list[str] = []
+    with pytest.raises(OptionError, match=r"use `check` layers \(or auto\)") as caught:
+        export(str(source), tmp_path / "a", ExportOptions(check="full", check_memory=1000), step=steps.append)
+    assert caught.value.parameters == ("check",)
+    assert not any("tracing" in s for s in steps), steps
+    assert not (tmp_path / "a").exists() and not list(tmp_path.iterdir())
+
+
+def test_auto_export_with_little_memory_checks_layer_by_layer(exports, tmp_path):
+    from jacobi_rt.exporter import ExportOptions, export
+
+    source, _, layers, _ = exports
+    manifest = export(str(source), tmp_path / "a", ExportOptions(check_memory=1000))
+    assert manifest.check_method == "layer by layer"
+    assert (tmp_path / "a" / "weights.data").read_bytes() == (layers / "weights.data").read_bytes()
+
+
+def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
+    """Layer 2's weight scaled in the artifact's weights file: the export's layer-by-layer check of that
+    graph (its streamed skeleton, one layer read in at a time) fails naming layer 2."""
+    from jacobi_rt.exporter import sources
+    from jacobi_rt.exporter.export import _check_portable
+    from jacobi_rt.exporter.layer_graph import LayerGraph
+    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.runtime.errors import ExportCheckError
+
+    source, _, layers, _ = exports
+    folder = tmp_path / "artifact"
+    folder.mkdir()
+    for name in ("model.onnx", "weights.data"):
+        shutil.copyfile(layers / name, folder / name)
+    graph = LayerGraph(folder / "model.onnx", LAYERS, "model.model.layers.")
+    stages = {s.name: s for s in graph.stages()}
+    others = {v for name, s in stages.items() if name != "layer 2" for v in s.initializers}
+    weight = next(v for v in stages["layer 2"].initializers if v not in others and len(graph.initializer(v).dims) == 2)
+    place = {e.key: e.value for e in graph.initializer(weight).external_data}
+    offset, length = int(place["offset"]), int(place["length"])
+    with open(folder / "weights.data", "r+b") as f:
+        f.seek(offset)
+        values = np.frombuffer(f.read(length), dtype=np.float32) * 1.05
+        f.seek(offset)
+        f.write(values.astype(np.float32).tobytes())
+
+    opened = sources.open_model(sources.resolve(str(source)))
+    assert opened.streamed
+    with pytest.raises(ExportCheckError, match="in layer 2:"):
+        _check_portable(opened, probe(opened.model), folder / "model.onnx", "float32", "layers", None, None)
+
+
+def test_a_quantized_export_checked_layer_by_layer_records_its_agreement(exports, tmp_path):
+    """The float graph checked layer by layer, the int8 graph against it as in any quantized export."""
+    from jacobi_rt.exporter import ExportOptions, export
+
+    manifest = export(str(exports[0]), tmp_path / "a", ExportOptions(quantize="int8", check="layers"))
+    assert manifest.check_method == "layer by layer"
+    assert manifest.check["vs_pytorch"]["greedy_agree"] == manifest.check["vs_pytorch"]["positions"]
+    figures = manifest.check["int8_vs_fp"]
+    assert figures["reference"] == "unquantized onnx" and figures["agreement"] >= 0.9, figures
+    assert 0 <= figures["text_agreement"] <= 1
