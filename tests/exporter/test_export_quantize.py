@@ -118,16 +118,13 @@ def test_quantized_graph_smaller(quantized, tiny_artifact):
     assert (folder / "weights.data").stat().st_size < 1.1 * portable_bytes(folder)
 
 
-def test_quantize_with_external_data(tiny_model, tmp_path, monkeypatch):
-    """A model over 2 GB is traced with its weights in model.onnx.data (issue 14.9), forced here on the
-    tiny model: the pass reads them and writes one weights.data that both quantized graphs name, and
-    the float data files are gone."""
-    import jacobi_rt.exporter.trace as trace
+def test_quantize_with_external_data(tiny_model, tmp_path):
+    """The float graphs are traced with their weights in weights.data (streamed); the pass reads them and
+    writes one weights.data of its own that both quantized graphs name, and the float one is gone."""
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.runtime import Generator
     from jacobi_rt.runtime.manifest import load_manifest
 
-    monkeypatch.setattr(trace, "TWO_GB", 0)
     out = tmp_path / "external"
     manifest = export(str(tiny_model("llama")), out, ExportOptions(quantize="int4"))
     for graph in dict.fromkeys(manifest.graphs.values()):

@@ -64,6 +64,25 @@ def export_case(case: str, root: Path) -> Path:
     return root / case
 
 
+def to_legacy_layout(folder: Path) -> None:
+    """Rewrite an artifact as exports before the shared weights file wrote one: each graph's weights in
+    a data file of its own (model.onnx.data, model-inplace.onnx.data), the manifest's records updated."""
+    import onnx
+
+    from jacobi_rt.runtime.file_digest import file_records
+
+    manifest_path = folder / "jacobi.json"
+    manifest = json.loads(manifest_path.read_text())
+    for graph in dict.fromkeys(manifest["graphs"].values()):
+        model = onnx.load(str(folder / graph))  # its weights read in from weights.data
+        onnx.save_model(model, str(folder / graph), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=f"{graph}.data", size_threshold=1024)
+    (folder / "weights.data").unlink()
+    manifest_path.unlink()
+    manifest["files"], manifest["samples"] = file_records(folder)
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+
+
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 

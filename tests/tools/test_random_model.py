@@ -127,7 +127,7 @@ def test_rows_that_are_not_whole_k_blocks_fall_back_like_llamacpp():
 
 
 _MEASURE = textwrap.dedent("""
-    import json, resource, sys
+    import json, re, sys
     from pathlib import Path
     from jacobi_rt.tools.random_model import write_gguf_file
     from jacobi_rt.tools.random_shapes import config_for, tensor_shapes
@@ -136,14 +136,16 @@ _MEASURE = textwrap.dedent("""
     import gguf.quants  # imported before the baseline, as the shards' modules are
     out, kind = Path(sys.argv[1]), sys.argv[2]
     config = config_for("tinyllama-1.1b", layers=2)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM, not ru_maxrss: a child's ru_maxrss starts from its parent's peak (kept across execve)
+    peak = lambda: int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+    before = peak()
     if kind == "shards":
         specs = tensor_shapes(config)
         write_shards(out, plan_shards(specs, "fp32", 200_000_000), "fp32",
                      lambda i, s: (encode(v, "fp32") for v in value_chunks(s, i, 0, 0.02)))
     else:
         write_gguf_file("tinyllama-1.1b", out / "m.gguf", "Q4_0", layers=2, quiet=True)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after = peak()
     print(json.dumps({"grew": after - before}))
 """)
 
