@@ -6,8 +6,8 @@
 #  2. a second, torch-free environment (`pip install ".[cpu,serve,structured]"` only) runs the runtime,
 #     engine and server tests against those artifacts, proving they need no PyTorch. They run
 #     there only, not twice: a plain `pytest` in the export environment still runs everything.
-#  The two suites run at once (about 20 minutes on 2 cores in all); the runtime suite's report is
-#  printed after the exporter's.
+#  The two suites run at once (about 20 minutes on 2 cores in all), the exporter's in two workers;
+#  the runtime suite's report is printed after the exporter's.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -44,9 +44,12 @@ JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime tests/e
     >"$runtime_log" 2>&1 &
 runtime_suite=$!
 
-echo "== exporter, tools and docs suites (export environment)"
+# The exporter suites are the longer (about 25 CPU minutes against the runtime's 8): two workers, a test
+# file each at a time (its module fixtures stay in one worker), so that both cores stay busy once the
+# runtime suite is done.
+echo "== exporter, tools and docs suites (export environment, two workers)"
 status=0
-"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra tests/exporter tests/tools tests/test_*.py \
+"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra -n 2 --dist loadfile tests/exporter tests/tools tests/test_*.py \
     tests/runtime/test_vs_transformers.py tests/server/test_ray.py "$@" || status=$?
 
 echo "== runtime suite (torch-free environment): its report"

@@ -37,13 +37,26 @@ def _graph_locations(folder: Path) -> set[str]:
     return places
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-mha-tied", "qwen2", "gpt2"])
-def test_streamed_equals_loaded_whole(family, tmp_path):
-    source = _stitched(family, tmp_path / "model")
-    streamed = _export(source, tmp_path / "streamed")
+@pytest.fixture(scope="module")
+def streamed_llama(tmp_path_factory):
+    """(source, its streamed artifact, the manifest): a 5-layer Llama, shared by the tests that read it."""
+    root = tmp_path_factory.mktemp("streamed-llama")
+    source = _stitched("llama", root / "model")
+    return source, root / "streamed", _export(source, root / "streamed")
+
+
+# Qwen2 and the other families' reads are compared with transformers' load in test_weight_source.py;
+# these cover an untied and a tied Llama and GPT-2's Conv1D weights end to end.
+@pytest.mark.parametrize("family", ["llama", "llama-mha-tied", "gpt2"])
+def test_streamed_equals_loaded_whole(family, tmp_path, request):
+    if family == "llama":
+        source, folder, streamed = request.getfixturevalue("streamed_llama")
+    else:
+        source, folder = _stitched(family, tmp_path / "model"), tmp_path / "streamed"
+        streamed = _export(source, folder)
     whole = _export(source, tmp_path / "whole", stream=False)
     for name in (*GRAPHS, "weights.data"):
-        assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+        assert (folder / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     assert streamed.files == whole.files
     for graph in streamed.check:  # PyTorch's side of the check ran on other memory: the last bits may differ
         mine, theirs = streamed.check[graph], whole.check[graph]
@@ -52,15 +65,13 @@ def test_streamed_equals_loaded_whole(family, tmp_path):
         assert mine["max_logit_diff"] == pytest.approx(theirs["max_logit_diff"], abs=1e-5)
 
 
-def test_one_copy_of_the_weights(tmp_path):
+def test_one_copy_of_the_weights(streamed_llama):
     """Both graphs read the one weights file, which holds each parameter once."""
     import onnx
     import torch
     from transformers import AutoModelForCausalLM
 
-    source = _stitched("llama", tmp_path / "model")
-    manifest = _export(source, tmp_path / "artifact")
-    folder = tmp_path / "artifact"
+    source, folder, manifest = streamed_llama
     assert set(manifest.graphs.values()) == set(GRAPHS)
     assert _graph_locations(folder) == {"weights.data"}
     assert not list(folder.glob("*.onnx.data"))
@@ -86,15 +97,13 @@ def test_sharded_bfloat16_source(tmp_path):
     assert streamed.check["vs_pytorch"]["greedy_agree"] == streamed.check["vs_pytorch"]["positions"]
 
 
-def test_streamed_artifact_generates_as_loaded(tmp_path):
+def test_streamed_artifact_generates_as_loaded(streamed_llama):
     """The runtime reads the shared weights file: the same tokens from either graph."""
     from jacobi_rt.runtime import Generator
 
-    source = _stitched("llama", tmp_path / "model")
-    _export(source, tmp_path / "artifact")
     outputs = {}
     for graph in ("portable", "inplace"):
-        generator = Generator.load(tmp_path / "artifact", graph=graph)
+        generator = Generator.load(streamed_llama[1], graph=graph)
         outputs[graph] = generator.generate([1, 2, 3, 4], max_new_tokens=12, strategy="greedy").ids
     assert outputs["portable"] == outputs["inplace"]
 
