@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 import socket
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from sse_client import read_events
+from templated import with_template
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 HI = [{"role": "user", "content": "Hi"}]
@@ -194,27 +192,13 @@ def test_a_body_that_is_not_json_is_a_415(client):
     assert ok.status_code == 200
 
 
-def _artifact_copy(source: Path, folder: Path, template: str) -> Path:
-    """`source` with another chat template, its sha256 and sampled record updated in jacobi.json."""
-    from jacobi_rt.runtime.file_digest import file_records
-
-    shutil.copytree(source, folder)
-    (folder / "chat_template.jinja").write_text(template)
-    manifest = json.loads((folder / "jacobi.json").read_text())
-    manifest["files"]["chat_template.jinja"] = hashlib.sha256(template.encode()).hexdigest()
-    if "samples" in manifest:
-        manifest["samples"]["chat_template.jinja"] = file_records(folder)[1]["chat_template.jinja"]
-    (folder / "jacobi.json").write_text(json.dumps(manifest))
-    return folder
-
-
 def test_an_error_inside_the_chat_template_is_a_400(start_server, artifact, tmp_path):
     from jacobi_rt.runtime import Generator
     from jacobi_rt.server.run import BackgroundServer
     from jacobi_rt.server.settings import ServerSettings
 
     template = "{% for m in messages %}{{ m['role'] + 1 }}{% endfor %}"  # str + int: a TypeError inside jinja
-    folder = _artifact_copy(artifact("llama"), tmp_path / "llama", template)
+    folder = with_template(artifact("llama"), tmp_path / "llama", template)
     with BackgroundServer(Generator.load(folder), ServerSettings(model_id="llama")) as server:
         response = httpx.post(server.url + CHAT, json={"messages": HI})
     error = check_error(response, 400, "messages", "invalid_value")

@@ -4,7 +4,6 @@ template's <tool_call> tags comes back as OpenAI's tool_calls; a template withou
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 
@@ -16,6 +15,7 @@ pytest.importorskip("llguidance", reason="structured output needs llguidance: pi
 from jacobi_rt.runtime import Generator  # noqa: E402
 from jacobi_rt.server.run import BackgroundServer  # noqa: E402
 from jacobi_rt.server.settings import ServerSettings  # noqa: E402
+from templated import with_template  # noqa: E402
 
 # Qwen2.5's layout, its wording cut short (the tiny artifact's context is 256 tokens): a system turn listing
 # the tools as JSON lines and announcing the call format
@@ -36,15 +36,7 @@ CALL = r'<tool_call>\{"name": "get_weather", "arguments": \{"c": [0-9]\}\}</tool
 @pytest.fixture(scope="module")
 def tools_server(artifact, tmp_path_factory):
     """The tiny qwen2 artifact with the template above (its files copied, its manifest pointing at the template)."""
-    source, folder = artifact("qwen2"), tmp_path_factory.mktemp("qwen2-tools")
-    for entry in source.iterdir():
-        if entry.name != "jacobi.json":
-            shutil.copy(entry, folder / entry.name)
-    manifest = json.loads((source / "jacobi.json").read_text())
-    manifest["tokenizer"]["chat_template"] = "tools_template.jinja"
-    manifest["files"]["tools_template.jinja"] = hashlib.sha256(TEMPLATE.encode()).hexdigest()
-    (folder / "jacobi.json").write_text(json.dumps(manifest))
-    (folder / "tools_template.jinja").write_text(TEMPLATE)
+    folder = with_template(artifact("qwen2"), tmp_path_factory.mktemp("qwen2-tools"), TEMPLATE)
     gen = Generator.load(folder, graph="inplace", threads=1)
     with BackgroundServer(gen, ServerSettings(model_id="qwen2")) as server:
         yield server, gen

@@ -5,7 +5,6 @@ tools), and through a template that renders tool calls and results itself."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 
@@ -19,6 +18,7 @@ from jacobi_rt.runtime import Generator  # noqa: E402
 from jacobi_rt.server.replies import ToolCalls  # noqa: E402
 from jacobi_rt.server.run import BackgroundServer  # noqa: E402
 from jacobi_rt.server.settings import ServerSettings  # noqa: E402
+from templated import with_template  # noqa: E402
 
 MULTIPLY = {"type": "function", "function": {
     "name": "multiply", "description": "a times b",
@@ -66,15 +66,7 @@ TEMPLATE = """{% for m in messages %}<|im_start|>{{ m['role'] }}
 @pytest.fixture(scope="module")
 def history_server(artifact, tmp_path_factory):
     """The tiny qwen2 artifact with the template above (its files copied, its manifest pointing at the template)."""
-    source, folder = artifact("qwen2"), tmp_path_factory.mktemp("qwen2-history")
-    for entry in source.iterdir():
-        if entry.name != "jacobi.json":
-            shutil.copy(entry, folder / entry.name)
-    manifest = json.loads((source / "jacobi.json").read_text())
-    manifest["tokenizer"]["chat_template"] = "history_template.jinja"
-    manifest["files"]["history_template.jinja"] = hashlib.sha256(TEMPLATE.encode()).hexdigest()
-    (folder / "jacobi.json").write_text(json.dumps(manifest))
-    (folder / "history_template.jinja").write_text(TEMPLATE)
+    folder = with_template(artifact("qwen2"), tmp_path_factory.mktemp("qwen2-history"), TEMPLATE)
     gen = Generator.load(folder, graph="inplace", threads=1)
     with BackgroundServer(gen, ServerSettings(model_id="qwen2")) as server:
         yield server, gen
