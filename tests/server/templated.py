@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from jacobi_rt.runtime.file_digest import file_records
@@ -21,3 +23,16 @@ def with_template(source: Path, folder: Path, template: str) -> Path:
         manifest["samples"]["chat_template.jinja"] = samples["chat_template.jinja"]
     (folder / "jacobi.json").write_text(json.dumps(manifest))
     return folder
+
+
+@contextlib.contextmanager
+def template_server(source: Path, folder: Path, template: str) -> Iterator[tuple]:
+    """(server, generator): `source` with `template`, served on the in-place graph; the copy removed after."""
+    from jacobi_rt.runtime import Generator
+    from jacobi_rt.server.run import BackgroundServer
+    from jacobi_rt.server.settings import ServerSettings
+
+    gen = Generator.load(with_template(source, folder, template), graph="inplace", threads=1)
+    with BackgroundServer(gen, ServerSettings(model_id=source.name)) as server:
+        yield server, gen
+    shutil.rmtree(folder, ignore_errors=True)

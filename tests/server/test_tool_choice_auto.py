@@ -5,17 +5,13 @@ template's <tool_call> tags comes back as OpenAI's tool_calls; a template withou
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 openai = pytest.importorskip("openai", reason="the client tests need the openai package (the dev extra)")
 pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
 
-from jacobi_rt.runtime import Generator  # noqa: E402
-from jacobi_rt.server.run import BackgroundServer  # noqa: E402
-from jacobi_rt.server.settings import ServerSettings  # noqa: E402
-from templated import with_template  # noqa: E402
+from templated import template_server  # noqa: E402
 
 # Qwen2.5's layout, its wording cut short (the tiny artifact's context is 256 tokens): a system turn listing
 # the tools as JSON lines and announcing the call format
@@ -36,11 +32,8 @@ CALL = r'<tool_call>\{"name": "get_weather", "arguments": \{"c": [0-9]\}\}</tool
 @pytest.fixture(scope="module")
 def tools_server(artifact, tmp_path_factory):
     """The tiny qwen2 artifact with the template above (its files copied, its manifest pointing at the template)."""
-    folder = with_template(artifact("qwen2"), tmp_path_factory.mktemp("qwen2-tools"), TEMPLATE)
-    gen = Generator.load(folder, graph="inplace", threads=1)
-    with BackgroundServer(gen, ServerSettings(model_id="qwen2")) as server:
-        yield server, gen
-    shutil.rmtree(folder, ignore_errors=True)
+    with template_server(artifact("qwen2"), tmp_path_factory.mktemp("qwen2-tools"), TEMPLATE) as served:
+        yield served
 
 
 def client(server):

@@ -6,7 +6,6 @@ tools), and through a template that renders tool calls and results itself."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import httpx
 import pytest
@@ -14,11 +13,8 @@ import pytest
 openai = pytest.importorskip("openai", reason="the client tests need the openai package (the dev extra)")
 pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
 
-from jacobi_rt.runtime import Generator  # noqa: E402
 from jacobi_rt.server.replies import ToolCalls  # noqa: E402
-from jacobi_rt.server.run import BackgroundServer  # noqa: E402
-from jacobi_rt.server.settings import ServerSettings  # noqa: E402
-from templated import with_template  # noqa: E402
+from templated import template_server  # noqa: E402
 
 MULTIPLY = {"type": "function", "function": {
     "name": "multiply", "description": "a times b",
@@ -66,11 +62,8 @@ TEMPLATE = """{% for m in messages %}<|im_start|>{{ m['role'] }}
 @pytest.fixture(scope="module")
 def history_server(artifact, tmp_path_factory):
     """The tiny qwen2 artifact with the template above (its files copied, its manifest pointing at the template)."""
-    folder = with_template(artifact("qwen2"), tmp_path_factory.mktemp("qwen2-history"), TEMPLATE)
-    gen = Generator.load(folder, graph="inplace", threads=1)
-    with BackgroundServer(gen, ServerSettings(model_id="qwen2")) as server:
-        yield server, gen
-    shutil.rmtree(folder, ignore_errors=True)
+    with template_server(artifact("qwen2"), tmp_path_factory.mktemp("qwen2-history"), TEMPLATE) as served:
+        yield served
 
 
 def test_a_template_that_knows_tools_renders_the_calls_and_results(history_server):
