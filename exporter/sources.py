@@ -159,7 +159,8 @@ class OpenedModel:
 
 
 def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True) -> OpenedModel:
-    """The model to export: streamed from its safetensors where it can be (and `stream`), else loaded whole."""
+    """The model to export: streamed from its safetensors or GGUF tensors where it can be (and `stream`),
+    else loaded whole (transformers de-quantizes a whole GGUF to float32 first)."""
     import torch
     from transformers import AutoConfig
 
@@ -167,13 +168,14 @@ def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True)
     from .weight_source import NotStreamable, open_source
 
     torch_dtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
-    if stream and source.gguf_file is None and any(source.folder.glob("*.safetensors")):
+    if stream and (source.gguf_file or any(source.folder.glob("*.safetensors"))):
+        kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
         try:
-            config = AutoConfig.from_pretrained(source.folder)
+            config = AutoConfig.from_pretrained(source.folder, **kwargs)  # a GGUF's from its metadata
         except Exception as exc:
-            raise ModelSourceError(f"{source.name}: transformers could not read config.json ({type(exc).__name__}: {exc})") from exc
+            raise ModelSourceError(f"{source.name}: transformers could not read its config ({type(exc).__name__}: {exc})") from exc
         model = build(config, torch_dtype)
-        if (source.folder / "generation_config.json").is_file():  # its EOS ids, as from_pretrained reads them
+        if not source.gguf_file and (source.folder / "generation_config.json").is_file():  # its EOS ids, as from_pretrained reads them
             from transformers import GenerationConfig
 
             model.generation_config = GenerationConfig.from_pretrained(source.folder)

@@ -118,3 +118,18 @@ def test_disk_too_small_is_refused_before_any_work(tmp_path):
     check_disk(tmp_path, free // 2)
     with pytest.raises(OptionError, match=r"needs about .* GB .* GB are free"):
         check_disk(tmp_path, free + 10**9)
+
+
+def test_gguf_streams_to_what_the_whole_load_gives(tmp_path):
+    """A GGUF's tensors are read and de-quantized one at a time (weight_source.GgufSource), never the whole
+    file to float32 first: the same artifact, byte for byte, as transformers' whole-model load (tied, as
+    SmolLM2's; the untied reads are compared with transformers' in test_weight_source.py)."""
+    from tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q8_0", tied=True)
+    streamed = _export(path, tmp_path / "streamed")
+    whole = _export(path, tmp_path / "whole", stream=False)
+    for name in (*GRAPHS, "weights.data"):
+        assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert streamed.files == whole.files and streamed.tokens == whole.tokens
+    assert streamed.check["vs_pytorch"]["greedy_agree"] == streamed.check["vs_pytorch"]["positions"]
