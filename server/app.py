@@ -186,13 +186,23 @@ class Run:
                 self.first_piece = time.monotonic()
             yield piece
 
+    def _first_token(self, outcome: str) -> float | None:
+        """Seconds from arrival to the first new token: when its text came, or for tokens that made no
+        text (an incomplete UTF-8 character, a special token) when the prefill that made it ended."""
+        if self.first_piece is not None:
+            return self.first_piece - self.arrived
+        results, started = self.job.stream.results if outcome == "finished" else (), self.job.started_at
+        if results and started is not None and results[0].stats.new_tokens:
+            return started - self.arrived + results[0].stats.prefill_seconds
+        return None
+
     def end(self, outcome: str) -> None:
         self.job.cancel()  # a no-op when the job finished
         started = self.job.started_at
         self.server.metrics.observe_generation(
             outcome,
             stats=[result.stats for result in self.job.stream.results] if outcome == "finished" else (),
-            first_token=None if self.first_piece is None else self.first_piece - self.arrived,
+            first_token=self._first_token(outcome),
             queue_wait=None if started is None else started - self.arrived,
             latency=time.monotonic() - self.arrived if outcome == "finished" else None,
         )

@@ -67,11 +67,11 @@ def test_sixteen_clients_share_passes_and_each_gets_its_solo_answer(batched):
         answers = list(pool.map(ask, range(len(prompts))))
     assert answers == expected
     with httpx.Client(base_url=server.url) as c:
-        # a stream's request is recorded when its handler ends, just after the client has read [DONE]
-        wait_until(lambda: metric(c, 'vllm:time_to_first_token_seconds_count{model_name="llama"}') == 16)
         single, passes = metric(c, 'jacobi_rt_batch_rows_bucket{le="1.0"}'), metric(c, "jacobi_rt_batch_rows_count")
         assert passes > single  # some passes were shared (the tiny model is fast: requests trickle in)
         assert metric(c, "jacobi_rt_batch_tokens_sum") >= 16 * 12
+        # 3 of these prompts make 12 tokens of no text (incomplete UTF-8): their first token still counts
+        assert metric(c, 'vllm:time_to_first_token_seconds_count{model_name="llama"}') == 16
         assert metric(c, 'vllm:num_requests_running{model_name="llama"}') == 0
         assert metric(c, "jacobi_rt_slots") == 4
     assert gen.batcher.running == 0
