@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -94,9 +93,7 @@ def test_unsupported_architecture_before_loading_weights(tmp_path, out, model_ty
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": model_type, "architectures": ["X"]}))
     (folder / "model.safetensors").write_bytes(os.urandom(1024))
-    started = time.perf_counter()
     message = export_fails(folder, out, ModelSourceError)
-    assert time.perf_counter() - started < 2.0
     assert f"'{model_type}'" in message and "not supported" in message
     assert all(name in message for name in SUPPORTED), message
 
@@ -128,10 +125,12 @@ def test_truncated_gguf(tmp_path, out):
     path = tmp_path / "SmolLM2-head.gguf"
     with open(real, "rb") as f:
         path.write_bytes(f.read(1 << 20))
-    started = time.perf_counter()
     message = export_fails(path, out, ModelSourceError)
-    assert time.perf_counter() - started < 5.0
     assert "SmolLM2-head.gguf" in message and "truncated" in message
+    from jacobi_rt.exporter.sources import resolve
+
+    with pytest.raises(ModelSourceError, match="truncated"):  # found from the header, before any weight is read
+        resolve(str(path))
 
 
 def test_builtin_without_its_package(monkeypatch, tmp_path, out):
