@@ -1,11 +1,14 @@
 """Fixtures for the exporter tests: tiny model folders and their artifacts, each built once per session.
 
-Every tiny family is written once (`tiny_model`) and exported once (`tiny_artifact`); tests that
-need a fresh export of their own (failures, overwrite, quantization) say so and pay for it.
+Every tiny family is written once (`tiny_model`) and exported once (`tiny_artifact`: the prebuilt
+artifact of JACOBI_RT_TEST_ARTIFACTS when there is one, as in CI, which tests/make_artifacts.py exported
+from the same tiny model with the default options); tests that need a fresh export of their own
+(failures, overwrite, quantization, progress) say so and pay for it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +34,6 @@ class Exported:
     model_dir: Path  # the Hugging Face folder that was exported
     artifact: Path  # the artifact folder export() wrote
     manifest: object  # the Manifest export() returned
-    events: list[str]  # export()'s step lines and, as "bar of N", each check_progress(N) call, in order
 
 
 @pytest.fixture(scope="session")
@@ -52,20 +54,33 @@ def tiny_model(tmp_path_factory):
 def tiny_artifact(tiny_model, tmp_path_factory):
     """tiny_artifact(family) -> Exported, from one fp32 export per family per session. Read it, don't write into it."""
     from jacobi_rt.exporter import export
+    from jacobi_rt.runtime.manifest import load_manifest
 
     root = tmp_path_factory.mktemp("tiny-artifacts")
     done: dict[str, Exported] = {}
 
     def get(family: str) -> Exported:
         if family not in done:
-            model_dir = tiny_model(family)
-            events: list[str] = []
-            manifest = export(str(model_dir), root / family, step=events.append,
-                              check_progress=lambda total: events.append(f"bar of {total}") or (lambda: None))
-            done[family] = Exported(family, model_dir, root / family, manifest, events)
+            model_dir, folder = tiny_model(family), _prebuilt(family) or root / family
+            manifest = load_manifest(folder, verify=False) if folder.parent != root else export(str(model_dir), folder)
+            done[family] = Exported(family, model_dir, folder, manifest)
         return done[family]
 
     return get
+
+
+def _prebuilt(family: str) -> Path | None:
+    from jacobi_rt.runtime.errors import ArtifactError
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    prebuilt = os.environ.get("JACOBI_RT_TEST_ARTIFACTS")
+    if not prebuilt:
+        return None
+    try:
+        load_manifest(Path(prebuilt) / family, verify=False)
+    except ArtifactError:
+        return None
+    return Path(prebuilt) / family
 
 
 @pytest.fixture(scope="session", params=FAMILIES)

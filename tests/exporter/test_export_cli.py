@@ -148,14 +148,24 @@ def test_without_onnxruntime_the_export_says_what_to_install_before_any_work(inv
 
 
 def test_every_check_bar_counts_its_own_shapes(tiny_model, tmp_path):
-    """The command's progress bars (one per check: portable, in-place, quantized) end full, not past their total."""
+    """The command's progress bars (one per check: portable, in-place, quantized) end full, not past their
+    total; the in-place check's bar is made after the in-place trace, so its first shape does not show
+    the trace's time."""
     from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.exporter.check import SHAPES
+    from jacobi_rt.exporter.inplace_check import CASES
 
     bars: list[list[int]] = []
+    events: list[str] = []  # the step lines and, as "bar of N", each bar made, in order
 
     def bar(total: int):
         bars.append([total, 0])
+        events.append(f"bar of {total}")
         return lambda: bars[-1].__setitem__(1, bars[-1][1] + 1)
 
-    export(str(tiny_model("llama")), tmp_path / "a", ExportOptions(quantize="int8"), check_progress=bar)
+    export(str(tiny_model("llama")), tmp_path / "a", ExportOptions(quantize="int8"), check_progress=bar,
+           step=events.append)
     assert len(bars) == 3 and all(ticks == total for total, ticks in bars), bars
+    tracing = next(i for i, e in enumerate(events) if e.startswith("tracing the in-place graph"))
+    checking = next(i for i, e in enumerate(events) if e.startswith("checking the in-place graph"))
+    assert events.index(f"bar of {len(SHAPES)}") < tracing and events[checking + 1] == f"bar of {len(CASES)}", events

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 
 def test_the_artifact_has_both_graphs_and_the_inplace_check(exported):
@@ -138,14 +137,3 @@ def test_export_can_leave_the_inplace_graph_out(tiny_model, tmp_path):
     manifest = export(str(tiny_model("llama")), tmp_path / "llama", ExportOptions(inplace=False))
     assert manifest.graphs == {"portable": "model.onnx"}
     assert not (tmp_path / "llama" / "model-inplace.onnx").exists()
-
-
-def test_each_check_bar_starts_with_its_check(tiny_artifact):
-    """The in-place check's bar was made before the in-place trace, so its first shape showed the trace's time."""
-    from jacobi_rt.exporter.check import SHAPES
-    from jacobi_rt.exporter.inplace_check import CASES
-
-    events = tiny_artifact("llama").events
-    tracing = next(i for i, e in enumerate(events) if e.startswith("tracing the in-place graph"))
-    checking = next(i for i, e in enumerate(events) if e.startswith("checking the in-place graph"))
-    assert events.index(f"bar of {len(SHAPES)}") < tracing and events[checking + 1] == f"bar of {len(CASES)}", events
