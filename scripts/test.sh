@@ -6,7 +6,7 @@
 #  2. a second, torch-free environment (`pip install ".[cpu,serve,structured]"` only) runs the runtime,
 #     engine and server tests against those artifacts, proving they need no PyTorch. They run
 #     there only, not twice: a plain `pytest` in the export environment still runs everything.
-#  The two suites run at once (about 20 minutes on 2 cores in all), the exporter's in two workers;
+#  The two suites run at once (about 26 minutes on 2 cores in all), the exporter's in two workers;
 #  the runtime suite's report is printed after the exporter's.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
