@@ -1,11 +1,11 @@
 """Falcon's attention routed through transformers' attention interface, for the export only.
 
 FalconAttention before transformers 5.x computes its eager attention inline instead of calling the
-registered attention function (5.x calls it, and needs no routing), so neither the grouped attention (portable graph) nor the in-place attention could
-replace it. During a trace its forward is swapped for the same maths up to the rotary and the
-cache, then the export's attention function. The export's check runs the original forward against the
-graph, so the two are compared every export. ALiBi Falcons (falcon-rw) are refused before tracing
-(limits.check_config).
+registered attention function (5.x calls it, and needs no routing), so neither the grouped attention
+(portable graph) nor the in-place attention could replace it. During a trace its forward is swapped
+for the same maths up to the rotary and the cache, then the export's attention function. The export's
+check runs the original forward against the graph, so the two are compared every export. ALiBi
+Falcons (falcon-rw) are refused before tracing (limits.check_config).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import functools
 import types
 
 
-def routed_forward(self, hidden_states, alibi=None, attention_mask=None, position_ids=None, layer_past=None,
-                   use_cache=False, output_attentions=False, position_embeddings=None, attention=None, **kwargs):
-    # alibi: passed (as None: ALiBi is refused) by transformers before 5.x, dropped from the call since
+def routed_forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None, use_cache=False,
+                   output_attentions=False, position_embeddings=None, attention=None, **kwargs):
     from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
 
     query, key, value = self._split_heads(self.query_key_value(hidden_states))  # [B, W, heads, D] each

@@ -54,22 +54,22 @@ def tiny_model(tmp_path_factory):
 def tiny_artifact(tiny_model, tmp_path_factory):
     """tiny_artifact(family) -> Exported, from one fp32 export per family per session. Read it, don't write into it."""
     from jacobi_rt.exporter import export
-    from jacobi_rt.runtime.manifest import load_manifest
 
     root = tmp_path_factory.mktemp("tiny-artifacts")
     done: dict[str, Exported] = {}
 
     def get(family: str) -> Exported:
         if family not in done:
-            model_dir, folder = tiny_model(family), _prebuilt(family) or root / family
-            manifest = load_manifest(folder, verify=False) if folder.parent != root else export(str(model_dir), folder)
+            model_dir = tiny_model(family)
+            folder, manifest = _prebuilt(family) or (root / family, export(str(model_dir), root / family))
             done[family] = Exported(family, model_dir, folder, manifest)
         return done[family]
 
     return get
 
 
-def _prebuilt(family: str) -> Path | None:
+def _prebuilt(family: str) -> tuple[Path, object] | None:
+    """(folder, manifest) of JACOBI_RT_TEST_ARTIFACTS' artifact of `family`, when there is one."""
     from jacobi_rt.runtime.errors import ArtifactError
     from jacobi_rt.runtime.manifest import load_manifest
 
@@ -77,10 +77,9 @@ def _prebuilt(family: str) -> Path | None:
     if not prebuilt:
         return None
     try:
-        load_manifest(Path(prebuilt) / family, verify=False)
+        return Path(prebuilt) / family, load_manifest(Path(prebuilt) / family, verify=False)
     except ArtifactError:
         return None
-    return Path(prebuilt) / family
 
 
 @pytest.fixture(scope="session", params=FAMILIES)
