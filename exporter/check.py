@@ -14,6 +14,7 @@ import torch
 
 from jacobi_rt.runtime.errors import ExportCheckError, require
 
+from .staged_run import Run, run_staged
 from .trace import ModelShape
 from .window_model import WindowModel, output_cache
 
@@ -124,41 +125,68 @@ def _compare(report: CheckReport, expected: list, got: list, shape: tuple) -> No
 
 
 def check_against_onnx(reference_path, quantized_path, shape: ModelShape, text_ids: list[int], progress=None,
-                       max_context: int | None = None) -> CheckReport:
+                       max_context: int | None = None, layer_scope: str | None = None) -> CheckReport:
     """A quantized graph is compared with the unquantized ONNX: agreement is reported, not enforced.
 
     The cases are random_case's, their past from the unquantized graph itself (checked against PyTorch
-    already), so no PyTorch model is held: two sessions, the float graph's and the quantized one's.
+    already), so no PyTorch model is held: the float graph's and the quantized one's sessions, whole,
+    or with `layer_scope` (the decoder layers' module scope, e.g. "model.model.layers.") stage by
+    stage (staged_run.py), one layer's weights resident at a time, for float graphs too big for memory.
     Besides the random windows, `text_ids` (tokenized natural text) is run as one prefill window;
     its agreement (`text_agreement`) is the figure that predicts generation quality.
     """
-    ort = require("onnxruntime", ORT_HINT)
-
-    ref = ort.InferenceSession(str(reference_path), providers=["CPUExecutionProvider"])
-    quant = ort.InferenceSession(str(quantized_path), providers=["CPUExecutionProvider"])
-    report = CheckReport(tolerance=float("inf"), reference="unquantized onnx")
-    for seed, (batch, window, past) in enumerate(fitted(SHAPES, max_context)):
-        feeds = _onnx_case(ref, shape, batch, window, past, seed)
-        _compare(report, ref.run(None, feeds), quant.run(None, feeds), (batch, window, past))
-        if progress:
-            progress()
-    feeds = _onnx_case(ref, shape, 1, len(text_ids), 0, 0)
-    feeds["input_ids"] = np.array([text_ids], dtype=np.int64)
-    feeds["position_ids"] = np.arange(len(text_ids), dtype=np.int64)[None]
-    feeds["window_mask"] = np.tril(np.ones((len(text_ids),) * 2, dtype=bool))[None]
-    expected, got = ref.run(["greedy_ids"], feeds)[0], quant.run(["greedy_ids"], feeds)[0]
-    report.text_agreement = float((expected == got).mean())
+    shapes = fitted(SHAPES, max_context)
+    runs = [_onnx_run(shape, *case, seed) for seed, case in enumerate(shapes)] + [_text_run(text_ids)]
+    quantized = [Run(run.feeds) for run in runs]
+    names = _run_graph(reference_path, shape, runs, layer_scope, progress)
+    for run, twin in zip(runs, quantized):
+        twin.past = {j: run.past_of(j, shape) for j in range(shape.num_layers)}
+    _run_graph(quantized_path, shape, quantized, layer_scope, progress)
+    report = CheckReport(tolerance=float("inf"), reference="unquantized onnx", method="full" if layer_scope is None else "layer by layer")
+    for case, run, twin in zip(shapes, runs, quantized):
+        _compare(report, run.ordered(names), twin.ordered(names), case)
+    report.text_agreement = float((runs[-1].outputs["greedy_ids"] == quantized[-1].outputs["greedy_ids"]).mean())
     return report
 
 
-def _onnx_case(session, shape: ModelShape, batch: int, window: int, past: int, seed: int) -> dict:
-    """random_case's inputs (numpy), the past from `session` run over the past tokens as one window
-    (positions from 0, as random_case's PyTorch forward gives them)."""
+def _run_graph(path, shape: ModelShape, runs: list[Run], layer_scope: str | None, progress) -> list[str]:
+    """Every run through the graph at `path`, whole or stage by stage; returns its output names."""
+    if layer_scope is not None:
+        return run_staged(path, shape, layer_scope, runs, progress)
+    ort = require("onnxruntime", ORT_HINT)
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    for run in runs:
+        for part in ([run.prefill] if run.prefill is not None else []) + [run]:
+            past = [part.past_of(j, shape)[v] for j in range(shape.num_layers) for v in (0, 1)]
+            feeds = {**part.feeds, **dict(zip([f"past_key_values.{j}.{kv}" for j in range(shape.num_layers)
+                                               for kv in ("key", "value")], past))}
+            part.outputs = dict(zip(names, session.run(names, feeds)))
+        if progress:
+            progress()
+    return names
+
+
+def agreement_steps(num_layers: int, staged: bool) -> int:
+    """The ticks check_against_onnx gives its progress: each stage of both graphs, or each run (the
+    random cases and the text) of both."""
+    return 2 * (num_layers + 2 if staged else len(SHAPES) + 1)
+
+
+def _onnx_run(shape: ModelShape, batch: int, window: int, past: int, seed: int) -> Run:
+    """random_case's inputs (numpy), the past to come from the graph run over the past tokens as one
+    window (positions from 0, as random_case's PyTorch forward gives them)."""
     ids, mask, window_mask, positions = case_tensors(shape.vocab_size, batch, window, past, seed)
-    names = [i.name for i in session.get_inputs()]
-    kv = [np.zeros((batch, shape.kv_heads, 0, shape.head_dim), dtype=np.float32)] * (2 * shape.num_layers)
+    prefill = None
     if past:
-        prefill = [ids[:, :past].numpy(), np.arange(past, dtype=np.int64)[None].repeat(batch, 0), mask[:, :past].numpy(),
-                   np.tril(np.ones((past, past), dtype=bool))[None].repeat(batch, 0), *kv]
-        kv = session.run(None, dict(zip(names, prefill)))[2:]
-    return dict(zip(names, [ids[:, past:].numpy(), positions.numpy(), mask.numpy(), window_mask.numpy(), *kv]))
+        prefill = Run({"input_ids": ids[:, :past].numpy(), "position_ids": np.arange(past, dtype=np.int64)[None].repeat(batch, 0),
+                       "attention_mask": mask[:, :past].numpy(), "window_mask": np.tril(np.ones((past, past), dtype=bool))[None].repeat(batch, 0)})
+    return Run({"input_ids": ids[:, past:].numpy(), "position_ids": positions.numpy(), "attention_mask": mask.numpy(),
+                "window_mask": window_mask.numpy()}, prefill)
+
+
+def _text_run(text_ids: list[int]) -> Run:
+    n = len(text_ids)
+    return Run({"input_ids": np.array([text_ids], dtype=np.int64), "position_ids": np.arange(n, dtype=np.int64)[None],
+                "attention_mask": np.ones((1, n), dtype=np.int64), "window_mask": np.tril(np.ones((n, n), dtype=bool))[None]})

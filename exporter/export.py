@@ -95,7 +95,8 @@ def export(
 def _export_into(folder: Path, source, options: ExportOptions, step, check_progress, write_progress) -> Manifest:
     import torch
 
-    from .check import check_against_onnx
+    from .check import agreement_steps, check_against_onnx
+    from .layer_check import layer_scope
     from .trace import probe
 
     dtype, quantize, opset, keep_layers = options.torch_dtype, options.quantize, options.opset, options.keep_layers
@@ -118,11 +119,11 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     floats = weight_bytes(model)
     check_disk(folder, needed_disk(floats, kind) if not options.graphs_from else int(floats * QUANTIZED_SHARE[kind]))
 
+    method = check_method(options.check, floats, options.check_memory)
     if options.graphs_from:
         step(f"reusing the checked graphs of {options.graphs_from}")
         graphs, check = reuse_graphs(Path(options.graphs_from).expanduser(), folder, source_info, options, max_context)
     else:
-        method = check_method(options.check, floats, options.check_memory)
         graphs, check = _trace_and_check(opened, shape, folder, options, method, max_context, step, check_progress, write_progress)
     graph = folder / graphs[PORTABLE]
 
@@ -131,7 +132,11 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         gguf_path = source.folder / source.gguf_file if source.gguf_file else None
         weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step, max_positions=shape.max_positions)
         sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][: max_context]
-        report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), shape, sample_ids, _progress(check_progress), max_context)
+        staged = method == "layers"  # the float graph does not fit in memory: both graphs run a layer at a time
+        step(f"comparing the {weights.kind} graph with the float one{' layer by layer' if staged else ''}")
+        progress = check_progress(agreement_steps(shape.num_layers, staged)) if check_progress else None
+        report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), shape, sample_ids, progress, max_context,
+                                    layer_scope=layer_scope(model) if staged else None)
         check[f"{weights.kind}_vs_fp"] = report.to_dict()
         check["weights"] = weights.to_dict()
         weight_step.replace_graphs(folder, graphs)

@@ -94,7 +94,7 @@ def check_layers(graph_path, model, shape: ModelShape, dtype: str, read_layer=No
     model: the causal LM, its decoder layers possibly on the meta device; read_layer(j): a context
     manager within which layer j's parameters are real (None: they always are). progress: ticked once
     per stage (stage_count(shape.num_layers) of them). max_context: the exported context."""
-    graph = LayerGraph(graph_path, shape.num_layers, f"{WRAPPED}{_layers(model)[0]}.")
+    graph = LayerGraph(graph_path, shape.num_layers, layer_scope(model))
     stages = graph.stages()
     cases = [_case(shape, b, w, p, seed) for seed, (b, w, p) in enumerate(fitted(SHAPES, max_context))]
     report = LayerCheckReport(tolerance=TOLERANCE[dtype], hidden_tolerance=HIDDEN_TOLERANCE[dtype])
@@ -122,6 +122,11 @@ def check_layers(graph_path, model, shape: ModelShape, dtype: str, read_layer=No
 def stage_count(num_layers: int) -> int:
     """The stages check_layers ticks progress for: the embedding, each layer, the tail."""
     return num_layers + 2
+
+
+def layer_scope(model) -> str:
+    """The module scope of the decoder layers in the traced graph, e.g. "model.model.layers."."""
+    return f"{WRAPPED}{_layers(model)[0]}."
 
 
 def _layers(model):

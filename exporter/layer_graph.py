@@ -11,7 +11,8 @@ its initializers. So a layer's stage holds that layer's weights and no other lay
 
 Nodes belong to layer j by their module scope (`pkg.torch.onnx.name_scopes`, stitch.SCOPES) or,
 for the layers stitch.py wrote (copies of a traced layer, scopes included), by their name's
-`_layer{j}` suffix. The hidden state is the one value that depends on `input_ids` (through data,
+`_layer{j}` suffix; a node the weight pass made (quantize.py) by those of the node it replaces,
+which it carries. The hidden state is the one value that depends on `input_ids` (through data,
 not shapes) and that layer j reads from outside itself.
 
 A stage's graph is written into the graph's own folder under a temporary name, so that external
@@ -24,11 +25,12 @@ from __future__ import annotations
 import ast
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from jacobi_rt.runtime.errors import ExportCheckError, require
 
+from .quantize import REPLACES
 from .stitch import SCOPES
 
 COPY_SUFFIX = re.compile(r"_layer(\d+)$")
@@ -44,6 +46,7 @@ class Stage:
     nodes: list[int]  # indices into the graph's nodes, in graph order
     inputs: list[str]  # the graph inputs it reads
     initializers: list[str]
+    carried: list[str] = field(default_factory=list)  # chained_stages: the values earlier stages compute that it reads
 
 
 class LayerGraph:
@@ -72,6 +75,28 @@ class LayerGraph:
         for j in range(self.num_layers):
             stages.append(self._stage(f"layer {j}", hidden[j], [hidden[j + 1], f"present.{j}.key", f"present.{j}.value"]))
         stages.append(self._stage(TAIL, hidden[-1], ["logits", "greedy_ids"]))
+        return stages
+
+    def chained_stages(self) -> list[Stage]:
+        """The same parts cut for running the graph in pieces (staged_run.py), not for comparing one
+        hidden state with PyTorch's: a stage reads every input-dependent value an earlier stage computes
+        (a norm fused across a layer boundary, skip_norms.py, makes two) and computes those a later one
+        reads, beside its own graph outputs."""
+        order = [PRELUDE, *range(self.num_layers), TAIL]
+        rank = {owner: i for i, owner in enumerate(order)}
+        stage_of = [rank.get(owner) for owner in self.layer]
+        carried: list[dict[str, None]] = [{} for _ in order]  # per stage, the values it reads from earlier ones
+        for i, node in enumerate(self.nodes):
+            for value in _reads(node):
+                made = stage_of[self.producer[value]] if value in self.producer else None
+                if value in self.dependent and made is not None and stage_of[i] is not None and made != stage_of[i]:
+                    carried[stage_of[i]][value] = None
+        names = [EMBEDDING, *(f"layer {j}" for j in range(self.num_layers)), TAIL]
+        own = [[], *([f"present.{j}.key", f"present.{j}.value"] for j in range(self.num_layers)), ["logits", "greedy_ids"]]
+        stages = []
+        for s, (name, outputs) in enumerate(zip(names, own)):
+            later = [v for reads in carried[s + 1:] for v in reads if stage_of[self.producer[v]] == s]
+            stages.append(self._cut(name, list(carried[s]), list(dict.fromkeys(outputs + later))))
         return stages
 
     def session(self, stage: Stage):
@@ -137,13 +162,24 @@ class LayerGraph:
         return Stage(name, hidden_in, outputs, sorted(chosen), [v for v in self.inputs if v in read],
                      [v for v in self.initializers if v in read])
 
+    def _cut(self, name: str, carried: list[str], outputs: list[str]) -> Stage:
+        """The backward closure of `outputs`, stopped at `carried` (fed to it) and the graph's inputs."""
+        chosen, stack, stops = set(), [self.producer[o] for o in outputs], set(carried)
+        while stack:
+            i = stack.pop()
+            if i not in chosen:
+                chosen.add(i)
+                stack.extend(self.producer[v] for v in _reads(self.nodes[i]) if v not in stops and v in self.producer)
+        read = {v for i in chosen for v in _reads(self.nodes[i])}
+        return Stage(name, None, outputs, sorted(chosen), [v for v in self.inputs if v in read],
+                     [v for v in self.initializers if v in read], carried)
+
     def _write(self, stage: Stage, path: Path) -> None:
         import onnx
         from onnx import helper
 
-        inputs = [self.inputs[v] for v in stage.inputs]
-        if stage.hidden_in is not None:
-            inputs.insert(0, self._value_info(stage.hidden_in))
+        fed = ([stage.hidden_in] if stage.hidden_in is not None else []) + stage.carried
+        inputs = [self._value_info(v) for v in fed] + [self.inputs[v] for v in stage.inputs]
         graph = helper.make_graph([self.nodes[i] for i in stage.nodes], stage.name, inputs,
                                   [self._value_info(o) for o in stage.outputs],
                                   initializer=[self.initializers[v] for v in stage.initializers])
@@ -156,7 +192,8 @@ class LayerGraph:
 
         if name in self.types:
             return self.types[name]
-        return helper.make_empty_tensor_value_info(name)
+        # an input-dependent value the graph leaves untyped (after contrib ops): a hidden state, in the logits' type
+        return helper.make_tensor_value_info(name, self.types["logits"].type.tensor_type.elem_type, None)
 
 
 def _owners(nodes: list, labels: list, producer: dict) -> list:
@@ -180,14 +217,13 @@ def _owners(nodes: list, labels: list, producer: dict) -> list:
 
 def _layer_of(node, scope: str):
     """The decoder layer of a node (int), or None (prelude or tail: see LayerGraph)."""
-    copy = COPY_SUFFIX.search(node.name)
+    props = {entry.key: entry.value for entry in node.metadata_props}
+    copy = COPY_SUFFIX.search(props.get(REPLACES, node.name))
     if copy:
         return int(copy.group(1))
-    for entry in node.metadata_props:
-        if entry.key == SCOPES:
-            for name in ast.literal_eval(entry.value):
-                if name.startswith(scope) and name[len(scope):].isdigit():
-                    return int(name[len(scope):])
+    for name in ast.literal_eval(props.get(SCOPES, "[]")):
+        if name.startswith(scope) and name[len(scope):].isdigit():
+            return int(name[len(scope):])
     return None
 
 

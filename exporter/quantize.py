@@ -166,11 +166,11 @@ def rewrite(model, matrices: dict[str, Planned | BlockMatrix], tables: set[str],
         if node.op_type == "MatMul" and node.input[1] in matrices and node.input[1] not in tables:
             group = groups.get(node.output[0])
             if group:  # the group is emitted where its first member was; the others are dropped
-                nodes += emit.matmuls(group, [matrices[n.input[1]] for n in group], accuracy_level)
+                nodes += replacing(node, emit.matmuls(group, [matrices[n.input[1]] for n in group], accuracy_level))
         elif parts:  # packed q|k|v: one MatMulNBits, no Split (one per block layout, then a Concat, when they differ)
-            nodes += emit.packed(node, [matrices[p] for p in parts], accuracy_level)
+            nodes += replacing(node, emit.packed(node, [matrices[p] for p in parts], accuracy_level))
         elif node.op_type == "Gather" and node.input[0] in tables:
-            nodes += emit.gather(node, matrices[node.input[0]])
+            nodes += replacing(node, emit.gather(node, matrices[node.input[0]]))
         else:
             nodes.append(node)
     del graph.node[:]
@@ -182,6 +182,18 @@ def rewrite(model, matrices: dict[str, Planned | BlockMatrix], tables: set[str],
     if not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return emit.written
+
+
+REPLACES = "jacobi_rt.replaces"  # a made node's metadata: the name of the node it replaces
+
+
+def replacing(origin, made: list) -> list:
+    """The nodes made for `origin`, each carrying its metadata (the module scopes) and its name under
+    REPLACES: what the layer check's graph cutting (layer_graph.py) knows a node's layer by."""
+    for node in made:
+        node.metadata_props.extend(origin.metadata_props)
+        node.metadata_props.add(key=REPLACES, value=origin.name)
+    return made
 
 
 def _layout(m: Planned) -> tuple:

@@ -144,12 +144,21 @@ def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
 
 
 def test_a_quantized_export_checked_layer_by_layer_records_its_agreement(exports, tmp_path):
-    """The float graph checked layer by layer, the int8 graph against it as in any quantized export."""
+    """The float graph checked layer by layer, the int4 graph compared with it stage by stage (both graphs
+    a layer at a time, skip norms fused across the layers' boundaries): the same figures as whole."""
     from jacobi_rt.exporter import ExportOptions, export
 
-    manifest = export(str(exports[0]), tmp_path / "a", ExportOptions(quantize="int8", check="layers"))
+    steps = []
+    manifest = export(str(exports[0]), tmp_path / "a", ExportOptions(quantize="int4", check="layers"), step=steps.append)
     assert manifest.check_method == "layer by layer"
     assert manifest.check["vs_pytorch"]["greedy_agree"] == manifest.check["vs_pytorch"]["positions"]
-    figures = manifest.check["int8_vs_fp"]
-    assert figures["reference"] == "unquantized onnx" and figures["agreement"] >= 0.9, figures
-    assert 0 <= figures["text_agreement"] <= 1
+    figures = manifest.check["int4_vs_fp"]
+    assert figures["reference"] == "unquantized onnx" and figures["method"] == "layer by layer", figures
+    assert "comparing the int4 graph with the float one layer by layer" in steps, steps
+    whole = export(str(exports[0]), tmp_path / "b", ExportOptions(quantize="int4", check="full")).check["int4_vs_fp"]
+    assert whole["method"] == "full"
+    for key in ("positions", "greedy_agree", "near_ties", "text_agreement"):
+        assert figures[key] == whole[key], key
+    assert figures["max_logit_diff"] == pytest.approx(whole["max_logit_diff"], rel=1e-4, abs=1e-5)
+    assert 0 < whole["agreement"] <= 1 and 0 <= figures["text_agreement"] <= 1
+    assert not list((tmp_path / "a").glob(".*.check-*.onnx")), "the stage graphs are deleted after use"
