@@ -109,6 +109,12 @@ class Manifest:
         return (self.check.get("vs_pytorch") or {}).get("method", "full")
 
     @property
+    def inplace_unchecked(self) -> str | None:
+        """Why the in-place graph was exported unchecked (the portable graph checked layer by layer), when it was."""
+        record = self.check.get("inplace") or {}
+        return record.get("unchecked", "its record says no check ran") if record.get("method") == "none" else None
+
+    @property
     def inplace_skipped(self) -> str | None:
         """Why the export has no in-place graph, when it says."""
         return (self.check.get("inplace") or {}).get("skipped")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,15 +135,19 @@ def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
     if graph not in ("auto", PORTABLE, INPLACE):
         raise BackendError(f"graph must be auto, {PORTABLE} or {INPLACE}, not {graph!r}")
     has_inplace = INPLACE in manifest.graphs
-    if graph == "auto":
+    if graph == "auto":  # an in-place graph the export could not check against PyTorch is not chosen for you
         exact = not int8_activations(manifest) or manifest.attention_extra_row
-        return INPLACE if has_inplace and device == "cpu" and exact else PORTABLE
+        return INPLACE if has_inplace and device == "cpu" and exact and not manifest.inplace_unchecked else PORTABLE
     if graph == INPLACE and not has_inplace:
         skipped = manifest.inplace_skipped
         why = f" ({skipped})" if skipped else "; re-export it with this jacobi-rt to add it"
         raise BackendError(f"this artifact has no in-place graph{why}; use the portable graph")
     if graph == INPLACE and device != "cpu":
         raise BackendError("the in-place graph runs on the CPU provider only for now; use --graph portable (or auto) on CUDA")
+    if graph == INPLACE and manifest.inplace_unchecked:
+        warnings.warn(f"this artifact's in-place graph was not checked against PyTorch ({manifest.inplace_unchecked}); "
+                      "its output is exact between strategies but unproven against the model: graph='auto' takes the "
+                      "checked portable graph", stacklevel=4)
     return graph
 
 

@@ -52,3 +52,18 @@ def test_a_good_copy_still_loads_after_failures(copy):
     with pytest.raises(ArtifactError):
         Generator.load(copy / "missing")
     assert len(Generator.load(copy).generate("hi", max_new_tokens=2).ids) == 2
+
+
+def test_an_unchecked_inplace_graph_is_not_chosen_for_you(copy):
+    """An export checked layer by layer leaves its in-place graph unchecked (manifest check.inplace.method
+    "none"): "auto" takes the checked portable graph; asking for the in-place one warns, and both agree."""
+    assert Generator.load(copy).backend.graph == "inplace"
+    manifest = json.loads((copy / "jacobi.json").read_text())
+    manifest["check"]["inplace"] = {"method": "none", "unchecked": "checked layer by layer", "attention": "gqa"}
+    (copy / "jacobi.json").write_text(json.dumps(manifest))
+    auto = Generator.load(copy)
+    assert auto.backend.graph == "portable"
+    with pytest.warns(UserWarning, match=r"not checked against PyTorch \(checked layer by layer\)"):
+        inplace = Generator.load(copy, graph="inplace")
+    assert inplace.backend.graph == "inplace"
+    assert auto.generate("hi", max_new_tokens=6).ids == inplace.generate("hi", max_new_tokens=6).ids
