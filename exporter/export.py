@@ -21,7 +21,8 @@ from typing import Callable
 
 from jacobi_rt import __version__
 from jacobi_rt.runtime.errors import OptionError
-from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens, file_records
+from jacobi_rt.runtime.file_digest import file_records
+from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens
 from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTABLE
 
 from . import sources

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .errors import ArtifactError, OptionError
-from .file_digest import MODES, file_records, matches_sample, sha256_file  # noqa: F401 (file_records: the exporter's)
+from .file_digest import MODES, matches_sample, sha256_file
 from .manifest_checks import check_fields, check_inside, check_names
 from .spec import FORMAT_VERSION, MANIFEST_NAME
 

@@ -72,7 +72,7 @@ def externalize(graph: Path, out: Path, align: int) -> None:
 
 
 def variant(artifact: Path, folder: Path, align: int | None) -> Path:
-    from jacobi_rt.runtime.manifest import file_records
+    from jacobi_rt.runtime.file_digest import file_records
 
     if folder.exists():
         shutil.rmtree(folder)
