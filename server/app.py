@@ -328,10 +328,7 @@ async def _generate(server: Server, request: Request, parse: Callable[[Any], Gen
 
 async def _respond(server: Server, request: Request, parse: Callable[[Any], Turn]):
     """POST /v1/responses: the chat generation of the translated request, answered as a Response (responses.py)."""
-    try:
-        begun = await _begin(server, request, parse, lambda turn: turn.call)
-    except APIError as exc:
-        raise renamed(exc) from None  # the context checks of Server.start name chat's fields
+    begun = await _begin(server, request, parse, lambda turn: turn.call, renamed)  # Server.start's checks name chat's fields
     if isinstance(begun, Response):
         return begun
     turn, run = begun
@@ -345,9 +342,10 @@ async def _respond(server: Server, request: Request, parse: Callable[[Any], Turn
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
-async def _begin(server: Server, request: Request, parse: Callable[[Any], P], call_of: Callable[[P], GenerationCall]
-                 ) -> tuple[P, Run] | Response:
-    """The parsed request and its admitted, submitted generation (or the 499 of a client that left mid-body)."""
+async def _begin(server: Server, request: Request, parse: Callable[[Any], P], call_of: Callable[[P], GenerationCall],
+                 rename: Callable[[APIError], APIError] = lambda error: error) -> tuple[P, Run] | Response:
+    """The parsed request and its admitted, submitted generation (or the 499 of a client that left mid-body);
+    `rename`: an error of Server.start's checks about the fields the client sent."""
     arrived = time.monotonic()
     server.refuse_if_full()
     try:
@@ -360,8 +358,10 @@ async def _begin(server: Server, request: Request, parse: Callable[[Any], P], ca
         parsed = parse(parse_json(body))
         call = call_of(parsed)
         server.check_model(call.model)
-        # tokenizing a long prompt would block the loop
-        stream = await asyncio.get_running_loop().run_in_executor(server.preparing, server.start, call)
+        try:  # tokenizing a long prompt would block the loop
+            stream = await asyncio.get_running_loop().run_in_executor(server.preparing, server.start, call)
+        except APIError as exc:
+            raise rename(exc) from None
         run = Run(server, server.submit(stream, ticket, arrived + server.settings.request_timeout), arrived)
     except BaseException:
         ticket.release()  # a no-op once the job holds it
