@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -254,3 +255,22 @@ def test_the_store_keeps_the_most_recently_used():
     assert store.get("a") is None and store.get("d") and len(store) <= 2
     store.put("e", [{"role": "user", "content": "x" * 300}])  # larger than the whole store: not kept
     assert store.get("e") is None
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "openai_agents_responses.json"
+
+
+def test_the_openai_agents_sdk_bodies(server):
+    """The bodies the openai-agents SDK's default model sent for a function tool (recorded once, see the fixture)."""
+    recorded = json.loads(FIXTURE.read_text())
+    first = httpx.post(server.url + "/v1/responses", json=recorded["first_turn"], timeout=120).json()
+    (call,) = first["output"]
+    assert call["type"] == "function_call" and json.loads(call["arguments"]) == {"a": 6, "b": 7}
+    events = raw_events(server, recorded["first_turn_streamed"])
+    assert events[-1][0] == "response.completed" and events[-1][1]["response"]["output"][0]["arguments"] == call["arguments"]
+    # the second turn names no tool_choice ("auto"): on a template that renders no tools (SmolLM2's) that is
+    # issue 37 item 2's to serve; every other field of it is served, as tool_choice "none" shows
+    second = httpx.post(server.url + "/v1/responses", json=recorded["second_turn"], timeout=120)
+    assert second.status_code == 200 or second.json()["error"]["param"] == "tool_choice", second.text
+    answered = httpx.post(server.url + "/v1/responses", json={**recorded["second_turn"], "tool_choice": "none"}, timeout=120)
+    assert answered.status_code == 200 and answered.json()["output"][0]["type"] == "message"
