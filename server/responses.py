@@ -86,10 +86,12 @@ NOT_SERVED = {
     "max_tool_calls": ((None,), "max_tool_calls is not served; parallel_tool_calls: false allows one call"),
 }
 # Undeclared fields accepted and ignored: they cannot change the output (stream_options: include_obfuscation).
-IGNORED = frozenset({"service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "stream_options"})
+IGNORED = frozenset({"service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "safety_identifier",
+                     "stream_options"})
 UNDECLARED = {
     "conversation": "conversation is not served: send previous_response_id, or the whole conversation as input",
     "prompt": "prompt (a stored prompt template) is not served: send instructions and input",
+    "context_management": "context_management (compacting the context) is not served; leave it out",
     "max_tokens": "max_tokens is chat's name; the Responses API's is max_output_tokens",
     "messages": "messages is chat's field; the Responses API takes input (a string or a list of items)",
     "response_format": "response_format is chat's field; the Responses API takes text.format",

@@ -209,6 +209,7 @@ REFUSED = [
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"max_tool_calls": 2}, "max_tool_calls"),
     ({"conversation": "conv_1"}, "conversation"),
+    ({"context_management": [{"type": "compaction"}]}, "context_management"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"max_tokens": 5}, "max_tokens"),
     ({"logit_bias": {"19556": -100}}, "logit_bias"),
@@ -238,10 +239,16 @@ def test_what_is_not_served_is_a_400_naming_the_field(server, fields, param):
     assert re.search(r"\bmessages\.\d|response_format|\.function\.", error["message"]) is None, error  # Responses names only
 
 
-def test_the_openapi_document_has_the_request_model(server):
+def test_the_openapi_document_has_the_request_model_and_the_metrics_count_the_route(server):
     document = httpx.get(server.url + "/openapi.json", timeout=30).json()
     schema = document["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert {"input", "instructions", "tools", "text", "previous_response_id", "max_output_tokens"} <= set(schema["properties"])
+    assert "$defs" not in json.dumps(schema)  # its references would not resolve inside the OpenAPI document
+    for body in ({"input": "Hi", "max_output_tokens": 1}, {"input": "Hi", "background": True}):
+        httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    assert 'jacobi_rt_requests_total{code="200",endpoint="responses"}' in metrics
+    assert 'jacobi_rt_requests_total{code="400",endpoint="responses"}' in metrics
 
 
 def test_the_store_keeps_the_most_recently_used():
