@@ -96,6 +96,8 @@ UNDECLARED = {
     "messages": "messages is chat's field; the Responses API takes input (a string or a list of items)",
     "response_format": "response_format is chat's field; the Responses API takes text.format",
 }
+INPUT_HINT = ('send a string or a list of items like [{"role": "user", "content": "Hi"}], '
+              '{"type": "function_call", ...} or {"type": "function_call_output", "call_id": ..., "output": ...}')
 BUILT_IN = "jacobi-rt runs no built-in tools (web_search, file_search, code_interpreter, computer use, MCP, image generation)"
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")
@@ -212,7 +214,12 @@ def _text_part(text: str) -> dict:
 
 def parse_response(payload: Any, store: ResponseStore, model: str) -> Turn:
     """The request as a Turn (a 400 naming the Responses field for anything not served or not valid)."""
-    request = _validate(ResponsesRequest, payload)
+    try:
+        request = _validate(ResponsesRequest, payload)
+    except APIError as exc:
+        if exc.param and exc.param.split(".")[0] == "input" and exc.code == "invalid_value":
+            raise APIError(400, f"{exc.param}: {INPUT_HINT}", exc.param, exc.code) from None
+        raise
     _refuse(request)
     history = _history(request, store)
     chat, conversation, names = _chat_body(request, history)
@@ -398,7 +405,7 @@ def _text_format(text: dict) -> dict:
 # chat's field names in its errors -> the Responses fields (after the per-request message renames)
 _RENAMES = [(re.compile(r"\btools\.(\d+)\.function\b"), r"tools.\1"), (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
             (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"), (re.compile(r"\bresponse_format\b"), "text.format"),
-            (re.compile(r"\bmax_tokens\b"), "max_output_tokens")]
+            (re.compile(r"\bmax_tokens\b"), "max_output_tokens"), (re.compile(r'"type": "text"'), '"type": "input_text"')]
 _MESSAGE = re.compile(r"\bmessages\.(\d+)")
 
 
