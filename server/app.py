@@ -1,9 +1,10 @@
 """create_app(generator, settings): the FastAPI app of `jacobi-rt serve` (needs the [serve] extra).
 
 OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (the artifact's chat template applied),
-`POST /v1/responses` (translated into a chat request: responses.py) and `GET /v1/models`, plus `GET /health` and Prometheus' `GET /metrics`. It is built only on the
-public Generator API (`Generator.start`: text pieces, then the GenerationResult), so it is also
-the reference for embedding the runtime in a service of your own:
+`POST /v1/responses` (translated into a chat request: responses.py) and `GET /v1/models`, plus
+`GET /health` and Prometheus' `GET /metrics`. It is built only on the public Generator API
+(`Generator.start`: text pieces, then the GenerationResult), so it is also the reference for
+embedding the runtime in a service of your own:
 
     stream = generator.start(messages=[...], max_new_tokens=64)   # checks and tokenizes now
     for piece in stream: ...                                      # on a worker thread
