@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -181,6 +182,25 @@ def test_a_streamed_tool_call(server, api):
     done = events[-2][1]["item"]
     assert done["type"] == "function_call" and done["arguments"] == whole.output[0].arguments
     assert events[3][1]["delta"] == done["arguments"] and events[-1][1]["response"]["output"] == [done]
+
+
+def cancelled(client: httpx.Client) -> float:
+    line = next(line for line in client.get("/metrics").text.splitlines()
+                if line.startswith('jacobi_rt_generations_total{outcome="cancelled"}'))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_streamed_response_whose_client_leaves_stops(server):
+    counting = {"model": MODEL, "input": "Count from 1 to 500: 1, 2, 3,", "max_output_tokens": 500, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        before = cancelled(c)
+        with c.stream("POST", "/v1/responses", json=counting) as response:
+            lines = response.iter_lines()
+            assert [next(lines) for _ in range(6)][0] == "event: response.created"  # created, in_progress, the item
+        deadline = time.monotonic() + 20
+        while cancelled(c) == before or c.get("/health").json()["running"]:
+            assert time.monotonic() < deadline, "the generation did not stop"
+            time.sleep(0.05)
 
 
 def test_previous_response_id_continues_the_conversation(api):
