@@ -436,10 +436,11 @@ async def _response_events(run: Run, reply: Reply, events: ResponseEvents) -> As
         for event in events.opening():
             yield event
         async for piece in run.pieces():
-            for event in events.piece(piece):
+            for event in events.chunk(reply.piece(piece)):  # the chat stream's chunk, as Responses events
                 yield event
         outcome = "finished"
-        for event in events.closing(reply.whole(run.job.stream.results)):
+        results = run.job.stream.results
+        for event in events.chunk(reply.closing(results[0])) + events.closing(reply.whole(results)):
             yield event
     except GenerationTimeout:
         outcome = "timeout"

@@ -196,7 +196,7 @@ class Turn:
             items.append({"type": "message", "id": self.message_id, "status": status, "role": "assistant",
                           "content": [_text_part(message["content"])]})
         for call in calls:
-            items.append({"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
+            items.append({"type": "function_call", "id": _item_id(call["id"]), "call_id": call["id"],
                           "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status})
         return items
 
@@ -429,33 +429,54 @@ def renamed(error: APIError, names: dict[str, str] | None = None) -> APIError:
 # -- streamed events ------------------------------------------------------------------------------
 
 @dataclass
+class Announced:
+    """A function call a stream has announced: its ids and the arguments sent so far."""
+
+    call_id: str
+    name: str
+    output_index: int
+    arguments: str = ""
+
+
+@dataclass
 class ResponseEvents:
-    """A streamed response's typed events, numbered: created, in_progress, then the message's text deltas as they come
-    (a turn with tools: each output item whole once the output parses, as chat streams tool calls), then each
-    item's done events and response.completed (or response.incomplete, cut by max_output_tokens; response.failed)."""
+    """A streamed response's typed events, numbered, made from the chat stream's chunks (`chunk`: replies.Reply.piece
+    and .closing, so a tool call streams as chat streams it): created, in_progress, each item's added event and its
+    text or argument deltas as they come, then (`closing`, on the whole reply) each item's done events and
+    response.completed (or response.incomplete, cut by max_output_tokens; response.failed)."""
 
     turn: Turn
     sequence: int = 0
     opened: bool = False  # the message item and its text part were announced
+    calls: dict[int, Announced] = field(default_factory=dict)  # by the chat delta's tool-call index
 
     def opening(self) -> list[bytes]:
         return [self._event("response.created", response=self.turn.snapshot()),
                 self._event("response.in_progress", response=self.turn.snapshot())]
 
-    def piece(self, text: str) -> list[bytes]:
-        if self.turn.call.tools is not None or not text:
-            return []
-        events = [] if self.opened else self._open_message()
-        return events + [self._delta(text)]
+    def chunk(self, chunk: dict) -> list[bytes]:
+        """The events of one chat.completion.chunk: its text, its tool-call deltas."""
+        delta = chunk["choices"][0]["delta"]
+        events = []
+        if delta.get("content"):
+            events += ([] if self.opened else self._open_message()) + [self._delta(delta["content"])]
+        for call in delta.get("tool_calls") or []:
+            events += self._call_delta(call)
+        return events
 
     def closing(self, chat: dict) -> list[bytes]:
+        """The done events of each output item of the whole chat reply, then the finished Response."""
+        for index, call in enumerate(chat["choices"][0]["message"].get("tool_calls") or []):
+            if index in self.calls:  # the ids the stream announced (each presentation draws new ones)
+                call["id"] = self.calls[index].call_id
         response = self.turn.response(chat)
+        announced = {_item_id(a.call_id): a for a in self.calls.values()}
         events = []
         for index, item in enumerate(response["output"]):
             if item["type"] == "message":
                 events += self._message_done(item, index)
             else:
-                events += self._function_call(item, index)
+                events += self._call_done(item, index, announced.get(item["id"]))
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
         return events + [self._event(kind, response=response)]
 
@@ -483,18 +504,50 @@ class ResponseEvents:
                          self._event("response.content_part.done", **where, part=item["content"][0]),
                          self._event("response.output_item.done", output_index=index, item=item)]
 
-    def _function_call(self, item: dict, index: int) -> list[bytes]:
+    def _call_delta(self, call: dict) -> list[bytes]:
+        function = call.get("function") or {}
+        events = []
+        if call["index"] not in self.calls:
+            announced = Announced(call["id"], function.get("name", ""), int(self.opened) + len(self.calls))
+            self.calls[call["index"]] = announced
+            events.append(self._call_added(announced))
+        announced = self.calls[call["index"]]
+        if function.get("arguments"):
+            announced.arguments += function["arguments"]
+            events.append(self._arguments_delta(announced, function["arguments"]))
+        return events
+
+    def _call_done(self, item: dict, index: int, announced: Announced | None) -> list[bytes]:
+        events = []
+        if announced is None:
+            announced = Announced(item["call_id"], item["name"], index)
+            events.append(self._call_added(announced))
+        rest = item["arguments"][len(announced.arguments):] if item["arguments"].startswith(announced.arguments) else ""
+        if rest:  # what the deltas have not sent (all of it, where the chat stream sends a call whole)
+            events.append(self._arguments_delta(announced, rest))
         where = dict(item_id=item["id"], output_index=index)
-        return [self._event("response.output_item.added", output_index=index,
-                            item={**item, "arguments": "", "status": "in_progress"}),
-                self._event("response.function_call_arguments.delta", **where, delta=item["arguments"]),
-                self._event("response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]),
-                self._event("response.output_item.done", output_index=index, item=item)]
+        return events + [self._event("response.function_call_arguments.done", **where, name=item["name"],
+                                     arguments=item["arguments"]),
+                         self._event("response.output_item.done", output_index=index, item=item)]
+
+    def _call_added(self, announced: Announced) -> bytes:
+        item = {"type": "function_call", "id": _item_id(announced.call_id), "call_id": announced.call_id,
+                "name": announced.name, "arguments": "", "status": "in_progress"}
+        return self._event("response.output_item.added", output_index=announced.output_index, item=item)
+
+    def _arguments_delta(self, announced: Announced, text: str) -> bytes:
+        return self._event("response.function_call_arguments.delta", item_id=_item_id(announced.call_id),
+                           output_index=announced.output_index, delta=text)
 
     def _event(self, kind: str, **fields) -> bytes:
         data = json.dumps({"type": kind, "sequence_number": self.sequence, **fields}, ensure_ascii=False)
         self.sequence += 1
         return f"event: {kind}\ndata: {data}\n\n".encode()
+
+
+def _item_id(call_id: str) -> str:
+    """A function_call item's id, made from its call id, so the stream and the Response agree without a table."""
+    return "fc_" + call_id.removeprefix("call_")
 
 
 def openapi_body() -> dict:

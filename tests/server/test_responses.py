@@ -301,3 +301,30 @@ def test_the_openai_agents_sdk_bodies(server):
     assert second.status_code == 200 or second.json()["error"]["param"] == "tool_choice", second.text
     answered = httpx.post(server.url + "/v1/responses", json={**recorded["second_turn"], "tool_choice": "none"}, timeout=120)
     assert answered.status_code == 200 and answered.json()["output"][0]["type"] == "message"
+
+
+def test_tool_call_deltas_stream_as_the_chat_chunks_bring_them():
+    """Chat chunks that stream a call's arguments piece by piece (as OpenAI streams them) become the Responses
+    deltas one for one; the finished Response keeps the call id the stream announced (and stores it)."""
+    from jacobi_rt.server.responses import ResponseEvents, parse_response
+
+    store = ResponseStore()
+    turn = parse_response({"input": QUESTION, "tools": [MULTIPLY], "tool_choice": "required", "stream": True}, store, MODEL)
+    events = ResponseEvents(turn)
+    deltas = [{"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "multiply", "arguments": ""}}]},
+              {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": 6'}}]},
+              {"tool_calls": [{"index": 0, "function": {"arguments": ', "b": 7}'}}]}, {}]
+    written = [event for delta in deltas for event in events.chunk({"choices": [{"index": 0, "delta": delta}]})]
+    whole = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_other", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 6, "b": 7}'}}]}}],
+             "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14, "prompt_tokens_details": {"cached_tokens": 0}},
+             "jacobi": {}}
+    written += events.closing(whole)
+    parsed = [json.loads(event.decode().split("data: ", 1)[1]) for event in written]
+    assert [e["type"] for e in parsed] == ["response.output_item.added", "response.function_call_arguments.delta",
+                                           "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                                           "response.output_item.done", "response.completed"]
+    assert [e["delta"] for e in parsed if e["type"].endswith(".delta")] == ['{"a": 6', ', "b": 7}']
+    assert parsed[-1]["response"]["output"][0]["call_id"] == "call_1" == parsed[-2]["item"]["call_id"]
+    assert {e.get("item_id", e.get("item", {}).get("id")) for e in parsed[:-1]} == {"fc_1"}
+    assert store.get(turn.id)[-1]["tool_calls"][0]["id"] == "call_1"
