@@ -328,3 +328,52 @@ def test_tool_call_deltas_stream_as_the_chat_chunks_bring_them():
     assert parsed[-1]["response"]["output"][0]["call_id"] == "call_1" == parsed[-2]["item"]["call_id"]
     assert {e.get("item_id", e.get("item", {}).get("id")) for e in parsed[:-1]} == {"fc_1"}
     assert store.get(turn.id)[-1]["tool_calls"][0]["id"] == "call_1"
+
+
+# a template that renders the tools and the tool history itself (Qwen2.5's layout, cut short for the tiny
+# qwen2 artifact's 256-token context), so tool_choice "auto" is served
+TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
+<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>
+Calls: <tool_call>{"name", "arguments"}</tool_call><|im_end|>
+{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}
+{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", "arguments": \
+{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}{% elif m['role'] == 'tool' %}<tool_response>{{ m['content'] }}\
+</tool_response>{% else %}{{ m['content'] }}{% endif %}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def tools_server(artifact, tmp_path_factory):
+    from templated import template_server
+
+    with template_server(artifact("qwen2"), tmp_path_factory.mktemp("qwen2-responses"), TOOLS_TEMPLATE) as served:
+        yield served
+
+
+def test_auto_and_the_tool_history_on_a_template_that_renders_them(tools_server):
+    """The items of a tool round trip with tool_choice left out ("auto", as the openai-agents SDK sends its second
+    turn) reach the template as chat's tool history: the same prompt and answer as the chat endpoint's."""
+    server, gen = tools_server
+    weather = {"type": "function", "name": "w", "parameters": {}}
+    items = [{"role": "user", "content": "Hi"},
+             {"type": "function_call", "call_id": "call_7", "name": "w", "arguments": "{}", "status": "completed"},
+             {"type": "function_call_output", "call_id": "call_7", "output": "4"}]
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_7", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_7", "content": "4"}]
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as api:
+        response = api.responses.create(model="qwen2", input=items, tools=[weather], max_output_tokens=8)
+        chat = api.chat.completions.create(model="qwen2", messages=messages, max_tokens=8, tools=[
+            {"type": "function", "function": {"name": "w", "parameters": weather["parameters"]}}])
+    as_templates_read_it = [messages[0], {**messages[1], "content": "", "tool_calls": [  # arguments: the JSON object
+        {**messages[1]["tool_calls"][0], "function": {"name": "w", "arguments": {}}}]}, {**messages[2], "name": "w"}]
+    rendered = gen.tokenizer.render_chat(as_templates_read_it, add_generation_prompt=True, tools=[
+        {"type": "function", "function": {"name": "w", "parameters": weather["parameters"]}}])
+    assert '<tool_call>{"name": "w", "arguments": {}}</tool_call>' in rendered and "<tool_response>4</tool_response>" in rendered
+    assert "<tools>" in rendered
+    assert response.usage.input_tokens == chat.usage.prompt_tokens == len(gen.tokenizer.encode(rendered, add_special_tokens=False))
+    assert [item.type for item in response.output] == (["message"] if chat.choices[0].message.content else []) + \
+        ["function_call"] * len(chat.choices[0].message.tool_calls or [])
+    assert response.output_text == (chat.choices[0].message.content or "")
