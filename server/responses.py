@@ -260,7 +260,7 @@ def _history(request: ResponsesRequest, store: ResponseStore) -> list[dict]:
 
 def _chat_body(request: ResponsesRequest, history: list[dict]) -> tuple[dict, list[dict], dict[str, str]]:
     """The chat request body, the conversation to store after it, and chat field -> Responses field for errors."""
-    names = {"max_tokens": "max_output_tokens"}
+    names: dict[str, str] = {}  # messages.N -> its Responses field (the other renames: _RENAMES)
     messages: list[dict] = []
     if request.instructions is not None:
         names["messages.0"] = "instructions"
