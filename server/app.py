@@ -1,9 +1,10 @@
 """create_app(generator, settings): the FastAPI app of `jacobi-rt serve` (needs the [serve] extra).
 
-OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (the artifact's chat template applied)
-and `GET /v1/models`, plus `GET /health` and Prometheus' `GET /metrics`. It is built only on the
-public Generator API (`Generator.start`: text pieces, then the GenerationResult), so it is also
-the reference for embedding the runtime in a service of your own:
+OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (the artifact's chat template applied),
+`POST /v1/responses` (translated into a chat request: responses.py) and `GET /v1/models`, plus
+`GET /health` and Prometheus' `GET /metrics`. It is built only on the public Generator API
+(`Generator.start`: text pieces, then the GenerationResult), so it is also the reference for
+embedding the runtime in a service of your own:
 
     stream = generator.start(messages=[...], max_new_tokens=64)   # checks and tokenizes now
     for piece in stream: ...                                      # on a worker thread
@@ -32,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -54,10 +55,12 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, MetricsMiddleware
 from .pool import GenerationTimeout, Job, PoolClosed, QueueFull, Ticket, WorkerPool
 from .replies import DONE, Reply, sse
+from .responses import ResponseEvents, ResponseStore, Turn, openapi_body, parse_response, renamed
 from .schemas import GenerationCall, parse_chat, parse_completion
 from .settings import ServerSettings
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+P = TypeVar("P")  # a parsed request: a GenerationCall, or a Responses Turn
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it, the metrics count it
 
 
@@ -251,6 +254,12 @@ def _api_routes(server: Server) -> APIRouter:
     async def chat_completions(request: Request):
         return await _generate(server, request, partial(parse_chat, allow_constraints=True), chat=True)
 
+    store = ResponseStore()
+
+    @router.post("/responses", summary="Answer input items (OpenAI Responses)", openapi_extra=openapi_body())
+    async def responses(request: Request):
+        return await _respond(server, request, partial(parse_response, store=store, model=server.settings.model_id))
+
     @router.get("/models", summary="The served model")
     async def models():
         return {"object": "list", "data": [_model_card(server)]}
@@ -304,6 +313,40 @@ def _api_key_check(key: str | None) -> Callable:
 # -- one generation -----------------------------------------------------------------------------
 
 async def _generate(server: Server, request: Request, parse: Callable[[Any], GenerationCall], chat: bool):
+    begun = await _begin(server, request, parse, lambda call: call)
+    if isinstance(begun, Response):
+        return begun
+    call, run = begun
+    reply = _reply(server, call, chat)
+    if call.stream:
+        return StreamingResponse(_sse_events(run, reply, call.include_usage, len(call.seeds)), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    try:
+        return JSONResponse(await _whole(run, reply, request))
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def _respond(server: Server, request: Request, parse: Callable[[Any], Turn]):
+    """POST /v1/responses: the chat generation of the translated request, answered as a Response (responses.py)."""
+    begun = await _begin(server, request, parse, lambda turn: turn.call, renamed)  # Server.start's checks name chat's fields
+    if isinstance(begun, Response):
+        return begun
+    turn, run = begun
+    reply = _reply(server, turn.call, chat=True)
+    if turn.call.stream:
+        return StreamingResponse(_response_events(run, reply, ResponseEvents(turn)), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    try:
+        return JSONResponse(turn.response(await _whole(run, reply, request)))
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def _begin(server: Server, request: Request, parse: Callable[[Any], P], call_of: Callable[[P], GenerationCall],
+                 rename: Callable[[APIError], APIError] = lambda error: error) -> tuple[P, Run] | Response:
+    """The parsed request and its admitted, submitted generation (or the 499 of a client that left mid-body);
+    `rename`: an error of Server.start's checks about the fields the client sent."""
     arrived = time.monotonic()
     server.refuse_if_full()
     try:
@@ -313,23 +356,23 @@ async def _generate(server: Server, request: Request, parse: Callable[[Any], Gen
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     ticket = server.admit()  # a full server refuses before parsing, rendering or tokenizing anything
     try:
-        call = parse(parse_json(body))
+        parsed = parse(parse_json(body))
+        call = call_of(parsed)
         server.check_model(call.model)
-        # tokenizing a long prompt would block the loop
-        stream = await asyncio.get_running_loop().run_in_executor(server.preparing, server.start, call)
+        try:  # tokenizing a long prompt would block the loop
+            stream = await asyncio.get_running_loop().run_in_executor(server.preparing, server.start, call)
+        except APIError as exc:
+            raise rename(exc) from None
         run = Run(server, server.submit(stream, ticket, arrived + server.settings.request_timeout), arrived)
     except BaseException:
         ticket.release()  # a no-op once the job holds it
         raise
-    reply = Reply(server.settings.model_id, chat, token_text=lambda token: server.generator.tokenizer.decode([token]),
-                  tools=call.tools)
-    if call.stream:
-        return StreamingResponse(_sse_events(run, reply, call.include_usage, len(call.seeds)), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    try:
-        return JSONResponse(await _whole(run, reply, request))
-    except ClientGone:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return parsed, run
+
+
+def _reply(server: Server, call: GenerationCall, chat: bool) -> Reply:
+    return Reply(server.settings.model_id, chat, token_text=lambda token: server.generator.tokenizer.decode([token]),
+                 tools=call.tools)
 
 
 def _peer(request: Request) -> str:
@@ -384,6 +427,31 @@ async def _sse_events(run: Run, reply: Reply, include_usage: bool, n: int) -> As
     finally:
         run.end(outcome)
     yield DONE
+
+
+async def _response_events(run: Run, reply: Reply, events: ResponseEvents) -> AsyncIterator[bytes]:
+    """A streamed Response's typed events (responses.ResponseEvents), ended as _sse_events ends a chat stream."""
+    outcome = "failed"
+    try:
+        for event in events.opening():
+            yield event
+        async for piece in run.pieces():
+            for event in events.chunk(reply.piece(piece)):  # the chat stream's chunk, as Responses events
+                yield event
+        outcome = "finished"
+        results = run.job.stream.results
+        for event in events.chunk(reply.closing(results[0])) + events.closing(reply.whole(results)):
+            yield event
+    except GenerationTimeout:
+        outcome = "timeout"
+        yield events.failed(timeout_error(run.server.settings.request_timeout))
+    except (asyncio.CancelledError, GeneratorExit):
+        outcome = "cancelled"
+        raise
+    except Exception as exc:
+        yield events.failed(internal_error(exc))
+    finally:
+        run.end(outcome)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable) -> None:

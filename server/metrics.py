@@ -27,7 +27,8 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 PASS_BUCKETS = (1, 1.1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 6, 8)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
-ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat_completions", "/v1/models": "models",
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat_completions", "/v1/responses": "responses",
+             "/v1/models": "models",
              "/health": "health", "/metrics": "metrics"}
 OUTCOMES = ("finished", "cancelled", "timeout", "failed")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
