@@ -7,7 +7,7 @@ import os
 import queue
 import time
 import typing
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -88,6 +88,15 @@ class Request:
     matcher: Matcher | None = None  # the grammar's state for this request's output (params.constraint)
 
 
+@dataclass
+class Committed:
+    """A generation's tokens as they are committed (the EOS that ends it included), with their logprobs
+    when asked for: what a TextStream's reader can see between pieces (a stream's per-chunk logprobs)."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # grows in step with ids, or ahead of it (the batcher's thread)
+
+
 class TextStream:
     """Text pieces of one generation as they are committed (Generator.start()).
 
@@ -96,9 +105,11 @@ class TextStream:
     `result` stays None. Iterating skips empty pieces; steps() does not, so a caller that must
     stop early (a cancelled request, a deadline) gets control after every decoding pass."""
 
-    def __init__(self, run: typing.Generator[str, None, GenerationResult], prompt_tokens: int):
+    def __init__(self, run: typing.Generator[str, None, GenerationResult], prompt_tokens: int,
+                 committed: Committed | None = None):
         self._run = run
         self.prompt_tokens = prompt_tokens
+        self.committed = committed or Committed()  # after each piece: the tokens committed up to it
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> "TextStream":
@@ -258,7 +269,8 @@ class Generator:
         exhausted, and `close()` ends the generation early, freeing its slot. The request is checked (and
         the prompt tokenized) now; nothing runs until the first piece is asked for."""
         request = self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))
-        return TextStream(self._run(request), len(request.prompt_ids))
+        committed = Committed()
+        return TextStream(self._run(request, committed), len(request.prompt_ids), committed)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int | None = None, *,
                        params: GenerationParams | None = None, chat: bool = False,
@@ -440,11 +452,11 @@ class Generator:
 
     # -- the run ----------------------------------------------------------------------------
 
-    def _run(self, request: Request) -> Iterator[str]:
+    def _run(self, request: Request, committed: Committed | None = None) -> Iterator[str]:
         """Yield text pieces; return the GenerationResult (StopIteration.value). A lone call (no batcher
         started) is a one-row batch run in this thread on a context sized to it."""
         if self.batcher is not None:
-            _, pieces = self._on_batcher(self.batcher, request)
+            _, pieces = self._on_batcher(self.batcher, request, committed)
             return (yield from pieces)
         started = time.perf_counter()
         capacity = min(self.limits.max_context, len(request.prompt_ids) + request.max_new_tokens)
@@ -455,11 +467,11 @@ class Generator:
             row = self._row(request, capacity, self.limits.max_context)
             chunk = self.limits.prefill_chunk
             batches = run_alone(ctx, row, chunk, PassBudget.of(request.config, chunk), cache=cache)
-            return (yield from self._pieces(row, request, batches, started))
+            return (yield from self._pieces(row, request, batches, started, committed))
         finally:
             self.kept.put(ctx, cache)  # kept for the next turn, or closed
 
-    def _on_batcher(self, batcher: Batcher, request: Request) -> tuple[Row, Iterator[str]]:
+    def _on_batcher(self, batcher: Batcher, request: Request, committed: Committed | None = None) -> tuple[Row, Iterator[str]]:
         """Queue `request` on the batcher now; the pieces come from the returned generator ("" every 50 ms
         while it waits, so a caller can stop it); closing that generator cancels the row."""
         started = time.perf_counter()
@@ -483,7 +495,7 @@ class Generator:
             if row.error is not None:
                 raise row.error
 
-        return row, self._pieces(row, request, batches(), started)
+        return row, self._pieces(row, request, batches(), started, committed)
 
     def _row(self, request: Request, capacity: int, max_context: int) -> Row:
         sampler = Sampler(request.sampling, len(request.prompt_ids))
@@ -492,10 +504,13 @@ class Generator:
         return Row(request.prompt_ids, request.max_new_tokens, self._proposer(request, capacity), sampler,
                    policy, set(self.manifest.tokens.eos_ids), max_context, request.matcher)
 
-    def _pieces(self, row: Row, request: Request, batches: Iterator[list[int]], started: float) -> Iterator[str]:
+    def _pieces(self, row: Row, request: Request, batches: Iterator[list[int]], started: float,
+                committed: Committed | None = None) -> Iterator[str]:
         """The row's text pieces ("" for a pass without text, so a caller can stop between passes); ends at
-        EOS, the row's end or a stop string; returns the GenerationResult."""
-        eos, ids = row.eos_ids, []
+        EOS, the row's end or a stop string; returns the GenerationResult. `committed` follows the tokens."""
+        committed = committed or Committed()
+        committed.logprobs = row.sampler.logprobs if request.sampling.logprobs is not None else None
+        eos, ids = row.eos_ids, committed.ids
         text, detok = _StopText(request.stop), Detokenizer(self.tokenizer)
         try:
             for batch in batches:

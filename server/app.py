@@ -58,6 +58,7 @@ from .replies import DONE, Reply, sse
 from .responses import ResponseEvents, ResponseStore, Turn, openapi_body, parse_response, renamed
 from .schemas import GenerationCall, parse_chat, parse_completion
 from .settings import ServerSettings
+from .tool_protocol import protocol, resolve_tools
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 P = TypeVar("P")  # a parsed request: a GenerationCall, or a Responses Turn
@@ -120,20 +121,13 @@ class Server:
 
     def _with_tools(self, call: GenerationCall) -> tuple[str | list[int] | None, list[dict] | None]:
         """The prompt and messages to generate from: a chat with tools, on a template that renders them, as the
-        template's text with the tools in it (ids); tool_choice "auto" needs such a template and a call format
-        it can read (else a 400). A history with tool calls and results is shaped for the template (history.py)."""
+        template's text with the tools in it (ids), unless the generic protocol describes them (tool_protocol.py).
+        A history with tool calls and results is shaped for the template (history.py)."""
         tokenizer = self.generator.tokenizer
         messages = None if call.messages is None else for_template(call.messages, tokenizer.chat_template)
-        if not call.tool_specs or messages is None or not tokenizer.takes_tools:
-            if call.tools is not None and call.tools.tags is not None:
-                raise APIError(400, "tool_choice \"auto\" (the default with tools) needs a chat template that renders the "
-                                    "tools; this model's does not: send \"required\" or a named function", "tool_choice",
-                               "unsupported_value")
+        generic = call.tools is not None and call.tools.generic
+        if not call.tool_specs or messages is None or not tokenizer.takes_tools or generic:
             return call.prompt, messages
-        if call.tools is not None and call.tools.tags is not None and tokenizer.tool_call_tags is None:
-            raise APIError(400, "tool_choice \"auto\": this model's chat template announces no call format jacobi-rt "
-                                "reads (<tool_call>JSON</tool_call>); send \"required\" or a named function", "tool_choice",
-                           "unsupported_value")
         text = tokenizer.render_chat(messages, add_generation_prompt=True, tools=call.tool_specs)
         return tokenizer.encode(text, add_special_tokens=False), None
 
@@ -294,7 +288,8 @@ def _model_card(server: Server) -> dict:
             "jacobi": {"family": manifest.architecture.family, "max_context": limits.max_context, "max_window": limits.max_window,
                        "dtype": manifest.dtype, "quantization": manifest.quantization,
                        "draft": server.generator.draft is not None, "default_strategy": server.settings.default_strategy,
-                       "exactness": server.generator.backend.rows.mode}}
+                       "exactness": server.generator.backend.rows.mode,
+                       "tools": protocol(server.generator.tokenizer)}}  # tool_choice "auto": "template" or "generic"
 
 
 def _api_key_check(key: str | None) -> Callable:
@@ -359,7 +354,9 @@ async def _begin(server: Server, request: Request, parse: Callable[[Any], P], ca
         parsed = parse(parse_json(body))
         call = call_of(parsed)
         server.check_model(call.model)
-        try:  # tokenizing a long prompt would block the loop
+        try:
+            resolve_tools(call, server.generator.tokenizer)  # tool_choice "auto": the model's tool protocol
+            # tokenizing a long prompt would block the loop
             stream = await asyncio.get_running_loop().run_in_executor(server.preparing, server.start, call)
         except APIError as exc:
             raise rename(exc) from None
@@ -409,11 +406,13 @@ async def _sse_events(run: Run, reply: Reply, include_usage: bool, n: int) -> As
         for chunk in reply.opening(n):
             yield sse(chunk)
         async for piece in run.pieces():
-            yield sse(reply.piece(piece, piece.index))
+            for chunk in reply.piece(piece, piece.index, piece.logprobs, piece.tokens):
+                yield sse(chunk)
         outcome = "finished"
         results = run.job.stream.results
         for index, result in enumerate(results):
-            yield sse(reply.closing(result, index))
+            for chunk in reply.closing(result, index):
+                yield sse(chunk)
         if include_usage:
             yield sse(reply.usage_chunk(results))
     except GenerationTimeout:
@@ -436,11 +435,13 @@ async def _response_events(run: Run, reply: Reply, events: ResponseEvents) -> As
         for event in events.opening():
             yield event
         async for piece in run.pieces():
-            for event in events.chunk(reply.piece(piece)):  # the chat stream's chunk, as Responses events
-                yield event
+            for chunk in reply.piece(piece, piece.index, piece.logprobs, piece.tokens):
+                for event in events.chunk(chunk):  # the chat stream's chunks, as Responses events
+                    yield event
         outcome = "finished"
         results = run.job.stream.results
-        for event in events.chunk(reply.closing(results[0])) + events.closing(reply.whole(results)):
+        closing = [event for chunk in reply.closing(results[0]) for event in events.chunk(chunk)]
+        for event in closing + events.closing(reply.whole(results)):
             yield event
     except GenerationTimeout:
         outcome = "timeout"

@@ -2,7 +2,8 @@
 
 `Choices` has TextStream's interface (steps, result, close, prompt_tokens), so the worker pool runs
 it like one generation; each piece is a `ChoicePiece`, a str that knows its choice's index, so a
-stream can label its chunks. n = 1 is the same with one stream.
+stream can label its chunks, and the tokens committed when it was made (`tokens`, read on the thread
+that runs the generation, so a chunk carries the logprobs of its own tokens). n = 1 is the same with one stream.
 """
 
 from __future__ import annotations
@@ -10,17 +11,21 @@ from __future__ import annotations
 from typing import Iterator
 
 from jacobi_rt.runtime.generator import GenerationResult, TextStream
+from jacobi_rt.runtime.sampling import TokenLogprob
 
 
 class ChoicePiece(str):
-    """A text piece of choice `index`."""
+    """A text piece of choice `index`; `tokens`: the choice's tokens committed up to it; `logprobs`: the
+    choice's logprobs (None when not asked for), of which the first `tokens` belong to this piece or before."""
 
     index: int
+    tokens: int
+    logprobs: list[TokenLogprob] | None
 
     @classmethod
-    def of(cls, text: str, index: int) -> "ChoicePiece":
+    def of(cls, text: str, index: int, tokens: int = 0, logprobs: list[TokenLogprob] | None = None) -> "ChoicePiece":
         piece = cls(text)
-        piece.index = index
+        piece.index, piece.tokens, piece.logprobs = index, tokens, logprobs
         return piece
 
 
@@ -37,8 +42,9 @@ class Choices:
 
     def steps(self) -> Iterator[ChoicePiece]:
         for index, stream in enumerate(self.streams):
+            committed = stream.committed
             for piece in stream.steps():
-                yield ChoicePiece.of(piece, index)
+                yield ChoicePiece.of(piece, index, len(committed.ids), committed.logprobs)
             self.results.append(stream.result)
 
     def close(self) -> None:

@@ -1,132 +1,35 @@
 """How each endpoint writes its answer: a whole JSON object, or server-sent-event chunks in OpenAI's format.
 
-A stream is: (chat only) a chunk with the assistant's role, one chunk per text piece, a chunk with
-`finish_reason` and the `jacobi` stats (per choice when n > 1; it carries the choice's logprobs when
-asked for, since pieces and tokens do not map one to one), a usage chunk (`choices: []`) when the request set
-`stream_options.include_usage`, then `data: [DONE]`. A stream that fails after it began (the
-request timed out, the runtime failed) sends `data: {"error": {...}}` and then `data: [DONE]`.
-A reply presented as tool calls (`ToolCalls`) sends empty deltas for its pieces and the calls whole in
-its closing chunk (finish_reason "tool_calls"), since a call exists only once its output parses.
+A stream is: (chat only) a chunk with the assistant's role, one chunk per text piece with the logprobs
+of the tokens committed since the last chunk (when asked for), a chunk with `finish_reason`, the
+`jacobi` stats and the logprobs not yet sent (per choice when n > 1), a usage chunk (`choices: []`)
+when the request set `stream_options.include_usage`, then `data: [DONE]`. A stream that fails after
+it began (the request timed out, the runtime failed) sends `data: {"error": {...}}` and then `data: [DONE]`.
+A reply with tools (`ToolCalls`) streams as OpenAI does (server/tool_stream.py): per call a first delta
+with its index, id, type and name, then its arguments in fragments as they are committed; a plain
+"auto" answer as content deltas once it is known to be one.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
 from jacobi_rt.runtime.generator import GenerationResult
+from jacobi_rt.runtime.sampling import TokenLogprob
+
+from .tool_calls import ToolCalls
+from .tool_stream import ToolDeltas
+
+__all__ = ["DONE", "FINISH_REASONS", "Reply", "ToolCalls", "sse", "usage", "jacobi_stats"]
 
 # the runtime's finish reasons -> OpenAI's ("context": the model's context was full)
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
 
-@dataclass(frozen=True)
-class ToolCalls:
-    """How a chat reply with tools is presented: as OpenAI's `tool_calls` where the output is a call.
-
-    name: the named function (tool_choice {"type": "function", ...}): the output is its arguments
-    object. None (tool_choice "required"): the output is a JSON array of {"name", "arguments"}.
-    tags (tool_choice "auto", where the chat template renders the tools): the output is free text, a
-    call being a JSON {"name", "arguments"} object between the two tags the template announced
-    (`names`: the functions offered); the text before the first call is the message's content.
-    An output cut short (finish "length") is presented as OpenAI presents it: the calls begun, the last one's
-    arguments the JSON text written so far (`partial`); a call whose name is not yet written is left out
-    unless the name's beginning picks one offered function.
-    """
-
-    name: str | None
-    tags: tuple[str, str] | None = None
-    names: tuple[str, ...] = ()
-    parallel: bool = True  # parallel_tool_calls: false keeps the first call only ("required" is held to one by its grammar)
-
-    def calls(self, text: str) -> list[dict] | None:
-        """OpenAI's tool_calls for a finished output (None when it does not parse: cut short, or plain text)."""
-        try:
-            if self.tags is not None:
-                pairs = self._tagged(text)
-                if not pairs:
-                    return None
-            elif self.name is not None:
-                json.loads(text)
-                pairs = [(self.name, text)]
-            else:
-                pairs = [(call["name"], json.dumps(call["arguments"], ensure_ascii=False)) for call in json.loads(text)]
-        except (ValueError, TypeError, KeyError):
-            return None
-        if not self.parallel:
-            pairs = pairs[:1]
-        return [{"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-                for name, arguments in pairs]
-
-    def partial(self, text: str) -> list[dict]:
-        """OpenAI's tool_calls for an output cut short: each call begun, the last one's arguments unfinished."""
-        if self.name is not None:
-            pairs = [(self.name, text)]
-        elif self.tags is not None:
-            blocks = text.split(self.tags[0])[1:]
-            pairs = [pair for block in blocks for pair in self._begun(block.split(self.tags[1], 1)[0])]
-        else:
-            pairs = self._begun(text.lstrip()[1:])  # the array's calls, one after another
-        return [{"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-                for name, arguments in (pairs if self.parallel else pairs[:1])]
-
-    def _begun(self, text: str) -> list[tuple[str, str]]:
-        """(name, arguments text) of each {"name": ..., "arguments": ...} object begun in `text` (the grammar
-        writes name first); a complete object's arguments re-serialized, the last one's as written."""
-        pairs, starts = [], set()
-        for start in _CALL_START.finditer(text):
-            starts.add(start.start())
-            name = self._named(start.group(1))
-            if name is None:
-                continue
-            rest = text[start.end():]
-            try:
-                arguments, _ = json.JSONDecoder().raw_decode(rest)
-                pairs.append((name, json.dumps(arguments, ensure_ascii=False)))
-            except ValueError:
-                pairs.append((name, rest))
-        cut = _CUT_NAME.search(text)
-        if cut and cut.start() not in starts and (name := self._named(cut.group(1), partial=True)) is not None:
-            pairs.append((name, ""))
-        return pairs
-
-    def _named(self, written: str, partial: bool = False) -> str | None:
-        if not partial:
-            return written if not self.names or written in self.names else None
-        matching = [n for n in self.names if n.startswith(written)]
-        return matching[0] if len(matching) == 1 else None
-
-    def content(self, text: str) -> str | None:
-        """The message's content beside its calls: the text before the first call ("auto"), else none."""
-        if self.tags is None:
-            return None
-        return text.split(self.tags[0], 1)[0].strip() or None
-
-    def _tagged(self, text: str) -> list[tuple[str, str]]:
-        """(name, arguments JSON) of each tagged call; a block that is no call of an offered function raises ValueError."""
-        opening, closing = self.tags
-        pairs = []
-        for block in re.findall(re.escape(opening) + r"(.*?)" + re.escape(closing), text, re.S):
-            call = json.loads(block)
-            if not isinstance(call, dict) or call.get("name") not in self.names:
-                raise ValueError(f"not a call of one of the tools: {block[:80]!r}")
-            arguments = call.get("arguments", call.get("parameters"))
-            if not isinstance(arguments, dict):
-                raise ValueError(f"not a call of one of the tools: {block[:80]!r}")
-            pairs.append((call["name"], json.dumps(arguments, ensure_ascii=False)))
-        return pairs
-
-
-_CALL_START = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
-_CUT_NAME = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)(?:"[\s,":a-z]*)?$')  # cut in or just after a name
-
-
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
 DONE = b"data: [DONE]\n\n"
 
 
@@ -157,6 +60,16 @@ def jacobi_stats(result: GenerationResult, seeds: list[int | None] | None = None
 
 
 @dataclass
+class ChoiceStream:
+    """What one choice's stream has sent: its text so far, its tool-call deltas, its logprobs."""
+
+    text: str = ""
+    deltas: ToolDeltas | None = None
+    logprobs_sent: int = 0  # the tokens whose logprobs a chunk carried
+    offset: int = 0  # completions: the text offset of the next token's logprobs
+
+
+@dataclass
 class Reply:
     """One response's identity and shape; `chat` picks chat.completion(.chunk) over text_completion."""
 
@@ -166,6 +79,7 @@ class Reply:
     tools: ToolCalls | None = None  # chat with tool_choice: the output is presented as tool calls
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
+    streams: dict[int, ChoiceStream] = field(default_factory=dict)  # by choice index, as a stream goes
 
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -174,39 +88,33 @@ class Reply:
         choices = []
         for index, result in enumerate(results):
             finish = FINISH_REASONS[result.stats.finish_reason]
-            calls = self._calls(result)
-            if calls:
-                finish = "tool_calls" if finish == "stop" else finish
-                choice = {"index": index, "message": {"role": "assistant", "content": self.tools.content(result.text),
-                                                      "tool_calls": calls}}
-            elif self.tools is not None and self.tools.tags is None:  # cut before any call began: no wrapper as text
-                choice = {"index": index, "message": {"role": "assistant", "content": None}}
+            if self.tools is not None:
+                content, calls = self.tools.message(result.text, cut=finish == "length")
+                message = {"role": "assistant", "content": content}
+                if calls:
+                    message["tool_calls"] = calls
+                    finish = "tool_calls" if finish == "stop" else finish
+                choice = {"index": index, "message": message}
             elif self.chat:
                 choice = {"index": index, "message": {"role": "assistant", "content": result.text}}
             else:
                 choice = {"index": index, "text": result.text}
-            choices.append({**choice, "logprobs": self.logprobs(result), "finish_reason": finish})
+            choices.append({**choice, "logprobs": self._logprobs(result.logprobs), "finish_reason": finish})
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": choices,
                 "usage": usage(results), "jacobi": jacobi_stats(results[0], [r.stats.seed for r in results])}
 
-    def _calls(self, result: GenerationResult) -> list[dict] | None:
-        if self.tools is None:
-            return None
-        if FINISH_REASONS[result.stats.finish_reason] == "length" and (self.tools.tags is None or self.tools.tags[0] in result.text):
-            return self.tools.partial(result.text) or None  # cut short: the calls begun ("auto": only where one began)
-        return self.tools.calls(result.text)
-
-    def logprobs(self, result: GenerationResult) -> dict | None:
-        """OpenAI's logprobs object: chat's {"content": [...]}, or completions' four parallel lists."""
-        if result.logprobs is None:
+    def _logprobs(self, logprobs: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
+        """OpenAI's logprobs object: chat's {"content": [...]}, or completions' four parallel lists
+        (`offset`: the text offset of the first token)."""
+        if logprobs is None:
             return None
         if self.chat:
             return {"content": [{**self._token(lp.token, lp.logprob), "top_logprobs": [self._token(i, v) for i, v in lp.top]}
-                                for lp in result.logprobs]}
-        tokens = [self.token_text(lp.token) for lp in result.logprobs]
-        offsets = [sum(map(len, tokens[:i])) for i in range(len(tokens))]
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in result.logprobs],
-                "top_logprobs": [{self.token_text(i): v for i, v in lp.top} for lp in result.logprobs],
+                                for lp in logprobs]}
+        tokens = [self.token_text(lp.token) for lp in logprobs]
+        offsets = [offset + sum(map(len, tokens[:i])) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [{self.token_text(i): v for i, v in lp.top} for lp in logprobs],
                 "text_offset": offsets}
 
     def _token(self, token: int, logprob: float) -> dict:
@@ -216,23 +124,53 @@ class Reply:
     def opening(self, n: int = 1) -> list[dict]:
         return [self._chunk({"role": "assistant", "content": ""}, None, i) for i in range(n)] if self.chat else []
 
-    def piece(self, text: str, index: int = 0) -> dict:
-        if self.tools is not None:  # tool calls are sent whole in the closing chunk, once the output parses
-            return self._chunk({}, None, index)
-        return self._chunk({"content": text} if self.chat else text, None, index)
+    def piece(self, text: str, index: int = 0, logprobs: list[TokenLogprob] | None = None, tokens: int = 0) -> list[dict]:
+        """The chunks a text piece makes (none while a reply with tools is still undecided); `logprobs`:
+        the choice's logprobs so far, of which the first `tokens` are committed (sent with the next chunk)."""
+        stream = self._stream(index)
+        stream.text += text
+        if stream.deltas is not None:
+            deltas = stream.deltas.feed(stream.text)
+        else:
+            deltas = [{"content": text} if self.chat else text]
+        return self._chunks(stream, index, deltas, None if logprobs is None else logprobs[:tokens])
 
-    def closing(self, result: GenerationResult, index: int = 0) -> dict:
+    def closing(self, result: GenerationResult, index: int = 0) -> list[dict]:
+        """The choice's last chunks: what is left of its tool calls, then finish_reason, the stats and
+        the logprobs not yet sent."""
+        stream = self._stream(index)
         finish = FINISH_REASONS[result.stats.finish_reason]
-        delta: dict | str = {} if self.chat else ""
-        if self.tools is not None:
-            calls = self._calls(result)
-            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]} if calls else \
-                {} if self.tools.tags is None else {"content": result.text}
-            if calls and self.tools.content(result.text):
-                delta = {"content": self.tools.content(result.text), **delta}
-            finish = "tool_calls" if calls and finish == "stop" else finish
-        chunk = self._chunk(delta, finish, index, self.logprobs(result))
-        return {**chunk, "jacobi": jacobi_stats(result)}
+        deltas = []
+        if stream.deltas is not None:
+            deltas = stream.deltas.closing(result.text, cut=finish == "length")
+            if self.tools.message(result.text, cut=finish == "length")[1] and finish == "stop":
+                finish = "tool_calls"
+        chunks = self._chunks(stream, index, deltas, result.logprobs)
+        last = self._chunk({} if self.chat else "", finish, index, self._pending(stream, result.logprobs))
+        return chunks + [{**last, "jacobi": jacobi_stats(result)}]
+
+    def _stream(self, index: int) -> ChoiceStream:
+        if index not in self.streams:
+            self.streams[index] = ChoiceStream(deltas=None if self.tools is None else ToolDeltas(self.tools))
+        return self.streams[index]
+
+    def _chunks(self, stream: ChoiceStream, index: int, deltas: list, logprobs: list[TokenLogprob] | None) -> list[dict]:
+        """A chunk per delta, the first carrying the logprobs committed since the last chunk."""
+        return [self._chunk(delta, None, index, self._pending(stream, logprobs) if i == 0 else None)
+                for i, delta in enumerate(deltas)]
+
+    def _pending(self, stream: ChoiceStream, logprobs: list[TokenLogprob] | None) -> dict | None:
+        """The logprobs object of `logprobs` past those already sent (marked sent)."""
+        if logprobs is None:
+            return None
+        fresh = logprobs[stream.logprobs_sent:]
+        if not fresh:
+            return None
+        stream.logprobs_sent += len(fresh)
+        written = self._logprobs(fresh, stream.offset)
+        if not self.chat:
+            stream.offset += sum(map(len, written["tokens"]))
+        return written
 
     def usage_chunk(self, results: list[GenerationResult]) -> dict:
         return {**self._head(self._chunk_object), "choices": [], "usage": usage(results)}

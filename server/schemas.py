@@ -27,7 +27,7 @@ from jacobi_rt.runtime.sampling import SamplingParams, draw_seed
 
 from .errors import APIError
 from .history import ChatMessage, checked_messages
-from .replies import ToolCalls
+from .tool_calls import ToolCalls
 from .structured import StructuredOutputs, constraint_of
 
 Number = Union[StrictInt, StrictFloat]

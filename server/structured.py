@@ -26,7 +26,7 @@ from jacobi_rt.runtime.tokenizer import TOOL_CALL_TAGS
 
 from .errors import APIError
 from .finite import no_finite_output
-from .replies import ToolCalls
+from .tool_calls import ToolCalls
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function and schema names
 
@@ -67,7 +67,7 @@ def _response_format(value: dict | None) -> tuple[Constraint | None, None]:
         return None, None
     if kind == "json_object":
         _only(value, {"type"}, "response_format")
-        return _made(Constraint.json_object, "response_format"), None
+        return made(Constraint.json_object, "response_format"), None
     if kind == "json_schema":
         _only(value, {"type", "json_schema"}, "response_format")
         spec = value.get("json_schema")
@@ -83,7 +83,7 @@ def _response_format(value: dict | None) -> tuple[Constraint | None, None]:
             raise APIError(400, f"{where}.strict must be true or false", f"{where}.strict", "invalid_value")
         if "schema" not in spec:
             raise APIError(400, f"{where}.schema: this field is required", f"{where}.schema", "missing")
-        return _made(Constraint.json_schema, f"{where}.schema", spec["schema"]), None
+        return made(Constraint.json_schema, f"{where}.schema", spec["schema"]), None
     raise APIError(400, f'response_format.type must be "text", "json_object" or "json_schema", not {kind!r}',
                    "response_format.type", "invalid_value")
 
@@ -107,11 +107,11 @@ def _structured(value: StructuredOutputs | None) -> tuple[Constraint | None, Non
     if name == "json":
         if isinstance(v, str):
             v = _json_text(v, where)
-        return _made(Constraint.json_schema, where, v), None
+        return made(Constraint.json_schema, where, v), None
     if name == "json_object":
-        return _made(Constraint.json_object, where), None
+        return made(Constraint.json_object, where), None
     make = {"regex": Constraint.regex, "choice": Constraint.choice, "grammar": Constraint.lark}[name]
-    return _made(make, where, v), None
+    return made(make, where, v), None
 
 
 def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Constraint | None, ToolCalls | None]:
@@ -122,7 +122,7 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
     functions = _functions(tools)
     if choice == "none":
         return None, None
-    if choice in (None, "auto"):  # the model decides; the server checks that the chat template shows it the tools
+    if choice in (None, "auto"):  # the model decides; tool_protocol.resolved picks the protocol for the model
         return None, ToolCalls(None, TOOL_CALL_TAGS, tuple(functions), parallel=parallel is not False)
     if choice == "required":
         calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
@@ -130,7 +130,7 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
         schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
         if parallel is False:
             schema["maxItems"] = 1
-        return _made(Constraint.json_schema, "tools", schema), ToolCalls(None, names=tuple(functions),
+        return made(Constraint.json_schema, "tools", schema), ToolCalls(None, names=tuple(functions),
                                                                          parallel=parallel is not False)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
     if not isinstance(name, str):
@@ -140,11 +140,16 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
         raise APIError(400, f"tool_choice names {name!r}, which is not among the tools", "tool_choice.function.name",
                        "invalid_value")
     index = list(functions).index(name)
-    return _made(Constraint.json_schema, f"tools.{index}.function.parameters", functions[name]), ToolCalls(name)
+    return made(Constraint.json_schema, f"tools.{index}.function.parameters", functions[name]), ToolCalls(name)
 
 
 def _functions(tools: list) -> dict[str, dict]:
     """name -> parameters schema, each tool checked as OpenAI checks it."""
+    return {name: spec["parameters"] for name, spec in function_specs(tools).items()}
+
+
+def function_specs(tools: list) -> dict[str, dict]:
+    """name -> {"name", "description" (when given), "parameters"}, each tool checked as OpenAI checks it."""
     functions: dict[str, dict] = {}
     for i, tool in enumerate(tools):
         where = f"tools.{i}"
@@ -162,7 +167,11 @@ def _functions(tools: list) -> dict[str, dict]:
         if not isinstance(parameters, dict):
             raise APIError(400, f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters",
                            "invalid_value")
-        functions[name] = parameters
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise APIError(400, f"{where}.function.description must be a string", f"{where}.function.description",
+                           "invalid_value")
+        functions[name] = {"name": name, **({"description": description} if description else {}), "parameters": parameters}
     return functions
 
 
@@ -181,7 +190,7 @@ def _only(value: dict, allowed: set[str], where: str) -> None:
             raise APIError(400, f"{where}.{name} is not supported; leave it out", f"{where}.{name}", "unsupported_value")
 
 
-def _made(make, where: str, *args) -> Constraint:
+def made(make, where: str, *args) -> Constraint:
     """The constraint, or a 400 naming the field (its message already begins with the field's name)."""
     try:
         constraint = make(*args, where=where)

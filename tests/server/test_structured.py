@@ -141,13 +141,31 @@ def test_tool_calls_in_openais_shape():
     assert message["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Os'}
 
 
-def test_streamed_tool_calls_come_whole_in_the_closing_chunk():
+def test_streamed_tool_calls_come_as_openais_deltas():
+    """A named call: its first delta (index, id, type, name, arguments "") at once, then arguments fragments
+    as written; joined they are the whole reply's arguments."""
     reply = Reply("m", chat=True, tools=ToolCalls("get_weather"))
-    assert reply.piece('{"ci')["choices"][0]["delta"] == {}
-    closing = reply.closing(result('{"city": "Oslo"}'))["choices"][0]
-    assert closing["finish_reason"] == "tool_calls"
-    assert closing["delta"]["tool_calls"][0]["index"] == 0
-    assert closing["delta"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
+    first = [c["choices"][0]["delta"] for c in reply.piece('{"ci')]
+    assert first[0]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert first[0]["tool_calls"][0]["id"].startswith("call_") and first[0]["tool_calls"][0]["type"] == "function"
+    assert first[1] == {"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]}
+    later = [c["choices"][0]["delta"] for c in reply.piece('ty": "Oslo"}')]
+    closing = reply.closing(result('{"city": "Oslo"}'))
+    assert later == [{"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}]
+    assert [c["choices"][0]["finish_reason"] for c in closing] == ["tool_calls"] and closing[0]["choices"][0]["delta"] == {}
+
+
+def test_generic_auto_reads_a_call_an_array_or_a_plain_answer():
+    generic = ToolCalls(None, names=("get_weather", "get_time"), generic=True)
+    one = generic.message('{"name": "get_time", "arguments": {}}', cut=False)
+    assert one[0] is None and [c["function"] for c in one[1]] == [{"name": "get_time", "arguments": "{}"}]
+    two = generic.message('[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]',
+                          cut=False)
+    assert [c["function"]["arguments"] for c in two[1]] == ["{}", '{"city": "Oslo"}']
+    assert generic.message("It is sunny.", cut=False) == ("It is sunny.", None)
+    assert generic.message('{"name": "get_w', cut=True)[1][0]["function"] == {"name": "get_weather", "arguments": ""}
+    reply = Reply("m", chat=True, tools=generic)
+    assert reply.piece("") == [] and [c["choices"][0]["delta"] for c in reply.piece("It")] == [{"content": "It"}]
 
 
 def test_auto_reads_calls_between_the_templates_tags():

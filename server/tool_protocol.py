@@ -1,0 +1,79 @@
+"""tool_choice "auto" on every model: the chat template's own tool protocol where it has one, else the generic one.
+
+    template  the template renders the tools (it reads `tools`) and announces calls as JSON between
+              <tool_call> and </tool_call> (Qwen2.5's, Hermes'): the tools go into the prompt through it,
+              the reply is the model's own text, its tagged calls become tool_calls (ToolCalls.tags)
+    generic   any other template (SmolLM2's): the tools are described in a system message (`described`),
+              and the output is constrained by the grammar to one of
+                  {"name": NAME, "arguments": {...}}          a call of an offered function, its arguments
+                  [{"name": ..., "arguments": ...}, ...]      following its `parameters` (several: the array;
+                                                              not with parallel_tool_calls false)
+                  a plain answer                              any text that starts with neither "{" nor "["
+                                                              nor whitespace
+              then read into tool_calls or content (ToolCalls.generic). Being a constraint, it is exact under
+              every strategy, and it cannot be combined with response_format or structured_outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Literal
+
+from jacobi_rt.runtime.constraints import Constraint, JSON_FORMAT
+from jacobi_rt.runtime.tokenizer import Tokenizer
+
+from .errors import APIError
+from .schemas import GenerationCall
+from .structured import function_specs, made
+from .tool_calls import ToolCalls
+
+Protocol = Literal["template", "generic"]
+
+INTRO = "You can call these functions:"
+CALL_FORMAT = 'To call a function, reply with only a JSON object {"name": <function name>, "arguments": <its arguments>}'
+ANSWER = ". Otherwise reply to the user in plain text."
+SEVERAL = " (several calls: a JSON array of such objects)"
+
+
+def protocol(tokenizer: Tokenizer) -> Protocol:
+    """Which protocol tool_choice "auto" gets on this model (GET /v1/models says it as jacobi.tools)."""
+    return "template" if tokenizer.tool_call_tags is not None else "generic"
+
+
+def resolve_tools(call: GenerationCall, tokenizer: Tokenizer) -> None:
+    """Make `call` (in place, so whatever holds it, a Responses turn too, answers by it) as this model serves
+    it: a chat with tool_choice "auto" on a template without the template protocol gets the generic one (the
+    system message, the grammar, the reader); any other call stays as it is."""
+    if call.tools is None or call.tools.tags is None or protocol(tokenizer) == "template":
+        return
+    if call.constraint is not None:
+        raise APIError(400, 'tool_choice "auto" on this model is served by the generic tool protocol, which constrains '
+                            "the output, and response_format or structured_outputs constrains it too: send one of them, "
+                            'or tool_choice "none" or "required"', "tool_choice", "invalid_value")
+    specs = function_specs(call.tool_specs)
+    parallel = call.tools.parallel
+    constraint = made(Constraint.lark, "tools", grammar({name: spec["parameters"] for name, spec in specs.items()}, parallel))
+    call.messages = described(call.messages, list(specs.values()), parallel)
+    call.params = replace(call.params, constraint=constraint)
+    call.tools = ToolCalls(None, names=tuple(specs), parallel=parallel, generic=True)
+
+
+def described(messages: list[dict], functions: list[dict], parallel: bool) -> list[dict]:
+    """`messages` with the tools described at the end of the first system message (or in a new one first)."""
+    lines = [INTRO] + [json.dumps(function, ensure_ascii=False) for function in functions]
+    text = "\n".join(lines) + "\n\n" + CALL_FORMAT + (SEVERAL if parallel else "") + ANSWER
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first = messages[0]
+        return [{**first, "content": f"{first['content']}\n\n{text}" if first["content"] else text}] + messages[1:]
+    return [{"role": "system", "content": text}] + messages
+
+
+def grammar(functions: dict[str, dict], parallel: bool) -> str:
+    """The Lark grammar (llguidance's dialect) of the generic protocol's output."""
+    items = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+              "properties": {"name": {"const": name}, "arguments": parameters}} for name, parameters in functions.items()]
+    one = items[0] if len(items) == 1 else {"anyOf": items}
+    schema = {"anyOf": [one, {"type": "array", "minItems": 1, "items": one}]} if parallel else dict(one)
+    schema["x-guidance"] = JSON_FORMAT  # the separators every other constrained JSON output has
+    return "\n".join(["start: call | answer", f"call: %json {json.dumps(schema)}", r"answer: /[^\[{\s][\s\S]*/", ""])
