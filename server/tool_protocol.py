@@ -48,9 +48,8 @@ def resolve_tools(call: GenerationCall, tokenizer: Tokenizer) -> None:
     if call.tools is None or call.tools.tags is None or protocol(tokenizer) == "template":
         return
     if call.constraint is not None:
-        raise APIError(400, 'tool_choice "auto" on this model is served by the generic tool protocol, which constrains '
-                            "the output, and response_format or structured_outputs constrains it too: send one of them, "
-                            'or tool_choice "none" or "required"', "tool_choice", "invalid_value")
+        raise APIError(400, 'tool_choice "auto" on this model constrains the output (the generic tool protocol), as '
+                            "response_format or structured_outputs does: send one of them", "tool_choice", "invalid_value")
     specs = function_specs(call.tool_specs)
     parallel = call.tools.parallel
     constraint = made(Constraint.lark, "tools", grammar({name: spec["parameters"] for name, spec in specs.items()}, parallel))

@@ -69,8 +69,9 @@ BAD = [
      "messages.0.content.0.type", "unsupported_value"),
     (CHAT, {"messages": [{"role": "user", "content": "word " * 400}]}, 400, "messages", "context_length_exceeded"),
     (CHAT, {"messages": HI, "max_tokens": 10**6}, 400, "max_tokens", "context_length_exceeded"),
-    # tools constrain the reply only when tool_choice says how ("auto" needs a template that renders tools)
-    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice", "unsupported_value"),
+    # "auto" by the generic protocol (this template renders no tools) constrains the output, so nothing else may
+    (CHAT, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}},
+     400, "tool_choice", "invalid_value"),
     (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "invalid_value"),  # limit: 20
     (CHAT, {"messages": HI, "top_logprobs": 2}, 400, "top_logprobs", "invalid_value"),  # needs logprobs: true
     (CHAT, {"messages": HI, "logprobs": 3}, 400, "logprobs", "invalid_value"),  # chat's is a boolean
@@ -159,7 +160,8 @@ def test_refusals_say_what_is_wrong(client):
     message = check_error(long_seed, 400)["message"]
     assert "5000 digits" in message and "sys." not in message
     tools = [{"type": "function", "function": {"name": "f", "description": "a long description " * 20}}]
-    message = check_error(client.post(CHAT, json={"messages": HI, "tools": tools}), 400, "tool_choice")["message"]
+    message = check_error(client.post(CHAT, json={"messages": HI, "tools": tools, "response_format": {"type": "json_object"}}),
+                          400, "tool_choice")["message"]
     assert "description" not in message and len(message) < 160  # what to send instead, not the tools echoed
 
 

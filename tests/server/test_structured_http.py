@@ -77,13 +77,17 @@ def test_named_tool_and_required_tools_answer_tool_calls(api, gen):
         assert call.function.name in ("get_weather", "get_time") and isinstance(json.loads(call.function.arguments), dict)
 
 
-def test_streamed_tool_call_comes_whole_in_the_closing_chunk(api):
-    chunks = list(api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=60, tools=[WEATHER], stream=True,
-                                              tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+def test_a_streamed_tool_call_comes_as_deltas_that_join_to_the_whole_call(api):
+    body = dict(model="llama", messages=MESSAGES, max_tokens=60, tools=[WEATHER],
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (whole,) = api.chat.completions.create(**body).choices[0].message.tool_calls
+    chunks = list(api.chat.completions.create(**body, stream=True))
     closing = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
     assert closing.choices[0].finish_reason == "tool_calls"
-    (call,) = closing.choices[0].delta.tool_calls
-    assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert deltas[0].function.name == "get_weather" and deltas[0].function.arguments == "" and deltas[0].id
+    assert len(deltas) > 2 and all(d.function.name is None for d in deltas[1:])  # fragments as they are committed
+    assert "".join(d.function.arguments for d in deltas) == whole.function.arguments
 
 
 @pytest.mark.parametrize("body, param", [
