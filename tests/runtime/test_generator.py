@@ -70,6 +70,19 @@ def test_stream_joins_to_generate(generator, family):
             assert full.text == gen.tokenizer.decode(full.ids).rstrip("\ufffd")
 
 
+def test_a_text_stream_shows_the_tokens_committed_up_to_each_piece(gen):
+    """TextStream.committed: after each piece, the ids committed so far (and their logprobs, when asked for),
+    growing with the pieces and ending as the result's (the server's per-chunk logprobs read it)."""
+    stream = gen.start("The quick brown fox", max_new_tokens=12, strategy="jacobi", temperature=0.8, seed=3, logprobs=2)
+    seen = []
+    for piece in stream.steps():
+        seen.append(len(stream.committed.ids))
+        assert len(stream.committed.logprobs) >= seen[-1]
+    assert seen == sorted(seen) and seen[-1] == len(stream.result.ids) and len(set(seen)) > 2
+    assert stream.committed.ids == stream.result.ids
+    assert stream.committed.logprobs[: len(stream.result.ids)] == stream.result.logprobs
+
+
 def test_detokenizer_holds_back_split_characters(gen):
     from jacobi_rt.runtime.tokenizer import Detokenizer
 
