@@ -31,6 +31,7 @@ from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, weig
 from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
+from .weight_source import open_model
 from . import weights as weight_step
 
 GRAPH_FILE = "model.onnx"
@@ -101,7 +102,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     from .trace import probe
 
     dtype, quantize, opset, keep_layers = options.torch_dtype, options.quantize, options.opset, options.keep_layers
-    opened = sources.open_model(source, dtype, options.stream)
+    opened = open_model(source, dtype, options.stream)
     model, tokenizer = opened.model, opened.tokenizer
     step(f"{'streaming' if opened.streamed else 'loaded'} {source.name} ({source.model_type})")
     if keep_layers is not None:

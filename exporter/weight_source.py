@@ -23,7 +23,7 @@ import numpy as np
 
 from jacobi_rt.runtime.errors import ModelSourceError
 
-from .sources import ModelSource
+from .sources import ModelSource, load, load_tokenizer
 
 STREAMED_DTYPES = ("F32", "F16", "BF16")  # safetensors dtypes transformers loads as plain float casts
 
@@ -341,3 +341,46 @@ def _check_type(path: Path, tensor) -> None:
     except Exception as exc:  # NotImplementedError for types gguf cannot decode; others for integer types
         raise ModelSourceError(f"{path}: GGUF tensor {tensor.name} is {tensor.tensor_type.name}, which the gguf package "
                                f"cannot de-quantize ({exc}); use a GGUF file with another quantization type") from exc
+
+
+@dataclass
+class OpenedModel:
+    """What the export traces (`model`), where its weights come from (`read`), and its tokenizer.
+
+    streamed: `model` is a skeleton (skeleton.py) whose weights are read one tensor at a time from
+    the source files; else the whole model was loaded by transformers and `read` takes its tensors."""
+
+    model: object
+    tokenizer: object
+    read: object  # skeleton.Read
+    streamed: bool
+
+
+def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True) -> OpenedModel:
+    """The model to export: streamed from its safetensors or GGUF tensors where it can be (and `stream`),
+    else loaded whole (transformers de-quantizes a whole GGUF to float32 first)."""
+    import torch
+    from transformers import AutoConfig
+
+    from .skeleton import build, state_dict_reader
+
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
+    if stream and (source.gguf_file or any(source.folder.glob("*.safetensors"))):
+        kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+        try:
+            config = AutoConfig.from_pretrained(source.folder, **kwargs)  # a GGUF's from its metadata
+        except Exception as exc:
+            raise ModelSourceError(f"{source.name}: transformers could not read its config ({type(exc).__name__}: {exc})") from exc
+        model = build(config, torch_dtype)
+        if not source.gguf_file and (source.folder / "generation_config.json").is_file():  # its EOS ids, as from_pretrained reads them
+            from transformers import GenerationConfig
+
+            model.generation_config = GenerationConfig.from_pretrained(source.folder)
+        try:
+            weights = open_source(source, model)
+        except NotStreamable:
+            weights = None
+        if weights is not None:
+            return OpenedModel(model, load_tokenizer(source), lambda name: weights.read(name, torch_dtype).numpy(), True)
+    model, tokenizer = load(source, dtype)
+    return OpenedModel(model, tokenizer, state_dict_reader(model), False)

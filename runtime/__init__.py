@@ -15,12 +15,15 @@ from .errors import (
     JacobiError,
     MissingDependencyError,
 )
-from .generator import GenerationResult, Generator, Stats
+from .batcher import Batcher
+from .generator import GenerationResult, Generator, Stats, TextStream
 from .params import GenerationParams
 from .sampling import SamplingParams
 
 __all__ = [
     "Generator",
+    "Batcher",
+    "TextStream",
     "GenerationParams",
     "SamplingParams",
     "GenerationResult",

@@ -8,7 +8,7 @@ parts' guesses side by side (each with its own margin, `Offer.parts` capping eac
 sharing one limit; `auto` compares its arms by `Allocation.value`. Each guess is cut by the one
 length rule (`cut`: the L maximising expected committed tokens per unit of pass cost), a guess
 that does not beat a greedy pass by the offer's margin is dropped, and the best `branches` go into
-the pass. The batcher's budget (runtime.scheduler) reads `expected_tokens` of the same decision
+the pass. The batcher's budget (runtime.pass_budget) reads `expected_tokens` of the same decision
 at each candidate width to pick the pass's width; a lone row's width is its own want.
 """
 

@@ -110,7 +110,7 @@ class DraftConfig(_Checked):
 
 @dataclass(frozen=True)
 class AutoConfig(_Checked):
-    """`auto`'s choice among its arms (runtime.proposers.AutoProposer, ArmHistory)."""
+    """`auto`'s choice among its arms (runtime.auto.AutoProposer, ArmHistory)."""
 
     warmup: int = _field(2, "passes each of auto's arms gets (measuring it) before each pass goes to the arm whose "
                             "offer is worth most", 1)
@@ -140,7 +140,7 @@ class CostConfig(_Checked):
 
 @dataclass(frozen=True)
 class BatchConfig(_Checked):
-    """Prefill, alone and in the batcher's batch (runtime.scheduler.PassBudget)."""
+    """Prefill, alone and in the batcher's batch (runtime.pass_budget.PassBudget)."""
 
     prefill_chunk: int | None = _field(None, "prompt tokens per prefill pass; None: the backend's (its profile or "
                                              "graph limit)", 1, load=True)

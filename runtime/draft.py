@@ -30,7 +30,7 @@ from .draft_slots import CATCHUP, DraftRow, DraftSlots
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
 from .passes import PassResult
-from .proposers import Proposer, close_state
+from .proposers import Composite, Proposer, close_state
 from .tree import Tree
 
 
@@ -328,3 +328,11 @@ def _predictions_below(tree: Tree, predictions: list[int], chain: list[int], acc
         if depth >= accepted:
             out.append(int(predictions[node]))
     return out
+
+
+def drafts_in(proposer: Proposer) -> list[DraftProposer]:
+    """The draft proposers inside `proposer`: itself, a union's parts, auto's arms."""
+    if isinstance(proposer, DraftProposer):
+        return [proposer]
+    parts = proposer.parts if isinstance(proposer, Composite) else {}
+    return [draft for part in parts.values() for draft in drafts_in(part)]

@@ -22,15 +22,10 @@ rows' outputs stay the target's. A finished row's draft cache goes to the prefix
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from .backends.base import Backend, lower_triangular, padded
-from .proposers import Composite, Proposer
-
-if TYPE_CHECKING:
-    from .draft import DraftProposer
+from .proposers import Proposer
 
 CATCHUP = 8  # more pending tokens than this are fed as a catch-up before the proposal's own pass
 SPARE = CATCHUP + 64  # entries past a row's capacity that a pad may write (a window of pending tokens + 63 guesses)
@@ -46,7 +41,7 @@ class DraftSlots:
         self.lone = slots == 1
         self.ctx = backend.context(capacity + (0 if self.lone else SPARE), batch=slots)
         self.free = list(range(slots))  # the lowest is taken first: drafting rows stay low, passes narrow
-        self.wanted: list[tuple[DraftProposer, int]] = []
+        self.wanted: list[tuple[Proposer, int]] = []
         self.passes = 0  # draft passes run (for tests and tools)
 
     @classmethod
@@ -61,10 +56,10 @@ class DraftSlots:
         """The row of one-row slots (a lone draft's, or a kept draft cache)."""
         return DraftRow(cls(backend, 1, capacity), 0)
 
-    def seat(self, proposer: Proposer) -> None:
-        """Seat the drafts inside `proposer` (a speculative row's, or auto's draft arm's); one without a free
-        slot keeps its own."""
-        for draft in drafts_in(proposer):
+    def seat(self, drafts: list[Proposer]) -> None:
+        """Seat a row's draft proposers (runtime.draft.drafts_in: a speculative row's, or auto's draft arm's);
+        one without a free slot keeps its own."""
+        for draft in drafts:
             if self.free and draft.row.slots.lone:
                 self.free.sort()
                 draft.sit(DraftRow(self, self.free.pop(0)))
@@ -108,7 +103,7 @@ class DraftSlots:
         for draft, _ in wanted:
             draft.stats["proposed"] += len(draft.chain)
 
-    def _catch_up(self, drafts: list[DraftProposer]) -> None:
+    def _catch_up(self, drafts: list[Proposer]) -> None:
         """Feed the rows with more than CATCHUP pending tokens (a new row's prompt, or what the target committed
         while its draft sat out) all but their last, together, in prefill chunks (of at most SPARE tokens when
         other rows may run a pad)."""
@@ -138,7 +133,7 @@ class DraftSlots:
         return out, lo, time.perf_counter() - started  # the one timing of the draft's passes
 
     @staticmethod
-    def _charge(drafts: list[DraftProposer], seconds: float, narrow: bool = False, catch_up: bool = False) -> None:
+    def _charge(drafts: list[Proposer], seconds: float, narrow: bool = False, catch_up: bool = False) -> None:
         """Each row a pass served pays its share: its draft time, and (1-2 token passes) its cost estimate; a
         catch-up is paid once, not the draft's per-pass cost (`own_seconds` leaves it out)."""
         share = seconds / len(drafts)
@@ -166,7 +161,7 @@ class DraftRow:
     def length(self) -> int:
         return int(self.slots.ctx.lengths[self.row])
 
-    def want(self, draft: DraftProposer, k: int) -> None:
+    def want(self, draft: Proposer, k: int) -> None:
         self.slots.wanted.append((draft, k))
         if self.slots.lone:  # no batcher's step: the chain is filled now
             self.slots.run()
@@ -191,16 +186,6 @@ class DraftRow:
         if self.slots is not None:
             self.slots.release(self.row)
             self.slots = None
-
-
-def drafts_in(proposer: Proposer) -> list[DraftProposer]:
-    """The draft proposers inside `proposer`: itself, a union's parts, auto's arms."""
-    from .draft import DraftProposer  # draft.py imports this module
-
-    if isinstance(proposer, DraftProposer):
-        return [proposer]
-    parts = proposer.parts if isinstance(proposer, Composite) else {}
-    return [draft for part in parts.values() for draft in drafts_in(part)]
 
 
 def _row(logits: np.ndarray | None, i: int) -> np.ndarray | None:

@@ -1,4 +1,9 @@
-"""Generator: the public face of the runtime. Load an artifact once, generate from many threads."""
+"""Generator: the public face of the runtime. Load an artifact once, generate from many threads.
+
+It loads (the backend, the tokenizer, a draft) and holds the public calls; each call delegates in
+one direction: the request is resolved (runtime.request), its proposer built (runtime.strategies),
+its row run on a batcher (runtime.batcher: a lone call on a one-row batcher in this thread), and its
+tokens turned into text and a result (runtime.output)."""
 
 from __future__ import annotations
 
@@ -6,134 +11,34 @@ import logging
 import os
 import queue
 import time
-import typing
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-import numpy as np
-
-from .acceptance import AcceptanceTracker, PassCosts
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
-from .config import DEFAULTS, DecodingConfig, changed_fields, dotted
-from .constraints import GrammarTokenizer, Matcher, grammar_tokenizer
-from .batcher import END, Batcher, Row, run_alone
-from .errors import ContextLimitError, InputError
+from .batcher import Batcher, run_alone
+from .config import DEFAULTS, DecodingConfig
+from .grammar import GrammarTokenizer, grammar_tokenizer
+from .errors import InputError
 from .manifest import Manifest, load_manifest, verify_mode
-from .params import STRATEGIES, GenerationParams, Overrides
+from .output import Committed, GenerationResult, Stats, StopText, TextStream, drain, pieces, result
+from .params import GenerationParams
+from .pass_budget import PassBudget
 from .prefix_cache import KeptContexts, PrefixCache
-from .sampling import Sampler, SamplingParams, TokenLogprob, draw_seed
-from .proposers import ArmHistory, AutoProposer, JacobiProposer, LookaheadProposer, NoProposer, Proposer, UnionProposer
-from .scheduler import PassBudget
+from .auto import ArmHistory
+from .proposers import Proposer
+from .request import MAX_WINDOW, ModelFacts, Request, prompt_ids, resolve
+from .row import END, Row
+from .sampling import Sampler
+from .strategies import ProposerInputs, build_proposer
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
-MAX_WINDOW = 64
+__all__ = ["Generator", "GenerationResult", "Stats", "TextStream", "MAX_WINDOW", "DEFAULT_SLOTS"]
+
 DEFAULT_BATCH_CONTEXT = 2048  # a batcher's slot context on a graph whose attention reads the whole capacity
+DEFAULT_JACOBI_TAIL = DEFAULTS.draft.jacobi_tail  # generate()'s default for jacobi_tail
 DEFAULT_SLOTS = 16  # the server's slots at most, unless asked: 16 rows of one token cost ~2.8 one-row passes on a CPU
-DEFAULT_JACOBI_TAIL = DEFAULTS.draft.jacobi_tail
-
-
-@dataclass
-class Stats:
-    strategy: str
-    window: int  # the (largest) window of a pass
-    adaptive: bool  # window picked per pass by measured speed (runtime.windows.AdaptiveWindow)
-    prompt_tokens: int
-    new_tokens: int
-    finish_reason: str  # "eos", "stop", "length" (max_new_tokens) or "context" (max_context)
-    prefill_passes: int
-    target_passes: int  # decoding passes after the prefill
-    tokens_per_pass: float  # tokens committed per decoding pass (greedy: 1.0); the prefill's token not counted
-    wall_seconds: float
-    prefill_seconds: float
-    session_seconds: float  # time inside onnxruntime's run, prefill included
-    overhead_share: float  # (wall - session) / wall: Python, bookkeeping, tokenizer
-    decode_tokens_per_second: float  # new tokens / (wall - prefill)
-    proposer: dict  # the proposer's counters: guesses proposed and accepted (by source), draft passes and time
-    seed: int | None = None  # the sampling seed (drawn when none was given); None when decoding greedily
-    exactness: str = ""  # how this CPU keeps windows exact (runtime/backends/exact_rows.py): native, padded, greedy, ...
-    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held (not prefilled)
-    constraint: dict | None = None  # a constrained output's kind, mask seconds and rows, forced tokens sent and committed
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class GenerationResult:
-    ids: list[int]  # the new tokens (an EOS that ended generation included; a stop string's last token included)
-    text: str  # the new text, special tokens skipped, cut before a stop string
-    stats: Stats
-    logprobs: list[TokenLogprob] | None = None  # one per id when the request asked for logprobs
-
-    def to_dict(self) -> dict:
-        out = {"ids": self.ids, "text": self.text, "stats": self.stats.to_dict()}
-        if self.logprobs is not None:
-            out["logprobs"] = [asdict(lp) for lp in self.logprobs]
-        return out
-
-
-@dataclass
-class Request:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    strategy: str
-    window: int
-    adaptive: bool
-    stop: list[str]
-    sampling: SamplingParams = SamplingParams()
-    config: DecodingConfig = DEFAULTS  # the generator's, with the request's overrides (window, draft.jacobi_tail)
-    exactness: str = ""  # the backend's exact_rows mode when the request was made
-    matcher: Matcher | None = None  # the grammar's state for this request's output (params.constraint)
-
-
-@dataclass
-class Committed:
-    """A generation's tokens as they are committed (the EOS that ends it included), with their logprobs
-    when asked for: what a TextStream's reader can see between pieces (a stream's per-chunk logprobs)."""
-
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None  # grows in step with ids, or ahead of it (the batcher's thread)
-
-
-class TextStream:
-    """Text pieces of one generation as they are committed (Generator.start()).
-
-    `result` is None until the pieces are exhausted, then the GenerationResult. close() stops
-    early (from the thread that iterates, between pieces): the backend context is released and
-    `result` stays None. Iterating skips empty pieces; steps() does not, so a caller that must
-    stop early (a cancelled request, a deadline) gets control after every decoding pass."""
-
-    def __init__(self, run: typing.Generator[str, None, GenerationResult], prompt_tokens: int,
-                 committed: Committed | None = None):
-        self._run = run
-        self.prompt_tokens = prompt_tokens
-        self.committed = committed or Committed()  # after each piece: the tokens committed up to it
-        self.result: GenerationResult | None = None
-
-    def __iter__(self) -> "TextStream":
-        return self
-
-    def __next__(self) -> str:
-        for piece in self.steps():
-            if piece:
-                return piece
-        raise StopIteration
-
-    def steps(self) -> Iterator[str]:
-        """One piece per committed token, "" included (text held back for a stop string, special
-        tokens): at least one per decoding pass, whatever the text."""
-        while True:
-            try:
-                piece = next(self._run)
-            except StopIteration as done:
-                self.result = self.result or done.value  # an exhausted generator stops again with None
-                return
-            yield piece
-
-    def close(self) -> None:
-        self._run.close()
 
 
 class Generator:
@@ -253,7 +158,7 @@ class Generator:
         strategy="greedy" (one token a pass) with the same sampling, whatever the strategy and options;
         temperature > 0 samples (seed drawn when left out: Stats.seed).
         """
-        return _drain(self._run(self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))))
+        return drain(self._run(self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))))
 
     def stream(self, prompt: str | Sequence[int] | None = None, max_new_tokens: int | None = None, *,
                params: GenerationParams | None = None, messages: list[dict] | None = None, chat: bool = False,
@@ -296,7 +201,7 @@ class Generator:
             if batcher is not self.batcher:
                 while any(not row.finished for row, _ in runs):
                     batcher.step()
-            results = iter([_drain(pieces) for _, pieces in runs])
+            results = iter([drain(run) for _, run in runs])
         finally:
             if batcher is not self.batcher:
                 batcher.close()
@@ -351,104 +256,29 @@ class Generator:
         self.stop_batching()
         self.kept.close()
 
-    # -- request checking -------------------------------------------------------------------
+    # -- request resolution (runtime.request) ----------------------------------------------
 
     def _request(self, prompt, messages, chat: bool, params: GenerationParams) -> Request:
         """The request resolved against this generator: the prompt's ids, the window, the config."""
-        overrides = self._overrides(params.config)
-        decoding = self.config.with_overrides(overrides, per_request=True)  # checked, window and jacobi_tail too
-        # A request's window or jacobi_tail, as an argument or in its config, is the request's own choice.
-        window, jacobi_tail = params.window, params.jacobi_tail
-        if window is None and "window" in overrides:
-            window = decoding.window
-        if jacobi_tail is None and "draft.jacobi_tail" in overrides:
-            jacobi_tail = decoding.draft.jacobi_tail
-        strategy = params.strategy
-        if not self.backend.rows.exact_windows:  # no window is exact on this CPU (exact_rows.py): decode greedily
-            strategy, window, jacobi_tail = "greedy", None, None
-        adaptive = strategy == "jacobi" and window is None and decoding.window is None
-        window = self._window(strategy, window, decoding)
-        tail = self._jacobi_tail(strategy, jacobi_tail, decoding)
-        sampling = params.sampling
-        if sampling.sampled and sampling.seed is None:
-            sampling = sampling.with_seed(draw_seed())
-        return Request(
-            prompt_ids=self._prompt_ids(prompt, messages, chat),
-            max_new_tokens=params.max_new_tokens,
-            strategy=strategy,
-            window=window,
-            adaptive=adaptive,
-            stop=list(params.stop),
-            sampling=sampling,
-            config=replace(decoding, window=window, draft=replace(decoding.draft, jacobi_tail=tail)),
-            exactness=self.backend.rows.mode,
-            matcher=None if params.constraint is None else self.grammars().matcher(params.constraint),
-        )
+        model = self.model_facts()
+        return resolve(params, model, lambda: prompt_ids(self.tokenizer, prompt, messages, chat, model),
+                       lambda constraint: self.grammars().matcher(constraint))
+
+    def model_facts(self) -> ModelFacts:
+        """What a request is resolved against now (a running batcher caps the context)."""
+        rows = self.backend.rows
+        return ModelFacts(self.limits, self.manifest.architecture.vocab_size, self.manifest.max_context,
+                          self.backend.name, self.draft is not None, rows.mode, rows.exact_windows, self.config)
+
+    @property
+    def exactness(self) -> str:
+        """How this CPU keeps windows exact (runtime/backends/exact_rows.py): native, padded, greedy, ..."""
+        return self.backend.rows.mode
 
     def grammars(self) -> GrammarTokenizer:
         """llguidance's view of this artifact's vocabulary (runtime.constraints), built on first use
         (~0.3 s for 49,152 tokens) and shared by every constrained request."""
         return grammar_tokenizer(self.tokenizer, self.manifest.architecture.vocab_size, self.manifest.tokens.eos_ids)
-
-    def _overrides(self, config: Overrides) -> dict[str, Any]:
-        """A request's config as the fields it changes from this generator's."""
-        if config is None:
-            return {}
-        if isinstance(config, DecodingConfig):
-            return changed_fields(self.config, config)
-        return dotted(config)
-
-    def _jacobi_tail(self, strategy: str, jacobi_tail, decoding: DecodingConfig) -> bool:
-        """The request's jacobi_tail (checked: it belongs to the draft's chain), else the config's."""
-        if jacobi_tail is None:
-            return decoding.draft.jacobi_tail
-        if strategy not in ("speculative", "auto") or self.draft is None:
-            raise InputError("jacobi_tail is an option of the draft model's chain: use strategy 'speculative' "
-                             "(or 'auto') with a draft model, or leave jacobi_tail out")
-        return bool(jacobi_tail)
-
-    def _prompt_ids(self, prompt, messages, chat) -> list[int]:
-        if messages is not None:
-            if prompt is not None:
-                raise InputError("pass either a prompt or chat messages, not both")
-            ids = self.tokenizer.encode(self.chat_prompt(messages), add_special_tokens=False)
-        elif isinstance(prompt, str):
-            if not prompt:
-                raise InputError("the prompt is empty; pass some text or token ids")
-            if chat:
-                ids = self.tokenizer.encode(self.chat_prompt([{"role": "user", "content": prompt}]), add_special_tokens=False)
-            else:
-                ids = self.tokenizer.encode(prompt)
-        elif prompt is None:
-            raise InputError("nothing to generate from: pass a prompt (text or token ids) or chat messages")
-        else:
-            ids = _check_ids(prompt, self.manifest.architecture.vocab_size)
-        if not ids:
-            raise InputError("the prompt encodes to no tokens; pass some text or token ids")
-        limit = self.limits.max_context
-        if len(ids) >= limit:
-            where = "this artifact's context" if limit == self.manifest.max_context else f"the {self.backend.name} engine's context"
-            raise ContextLimitError(
-                f"the prompt has {len(ids)} tokens, but {where} holds {limit} (prompt + output); shorten the prompt, "
-                "or re-export (or rebuild the engine) with a larger max_context if the model allows it"
-            )
-        return ids
-
-    def _window(self, strategy: str, window, decoding: DecodingConfig) -> int:
-        """The request's window (checked), else the config's, else the strategy's default from the config."""
-        if strategy == "greedy":
-            if window not in (None, 1):
-                raise InputError(f"greedy decoding uses a window of 1, not {window}; use strategy='jacobi' for a larger window")
-            return 1
-        if strategy == "speculative" and self.draft is None:
-            raise InputError("strategy 'speculative' needs a draft model: Generator.load(target, draft=DRAFT_DIR) "
-                             "(export one with `jacobi-rt export MODEL --role draft`)")
-        widest = min(MAX_WINDOW, self.limits.max_window)
-        default = decoding.window or (decoding.jacobi.window if strategy == "jacobi" else decoding.guess_window)
-        window = min(default, widest) if window is None else int(window)
-        if not 1 <= window <= widest:
-            raise InputError(f"window must be between 1 and {widest} tokens on this backend ({self.backend.name}), not {window}")
-        return window
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -456,8 +286,8 @@ class Generator:
         """Yield text pieces; return the GenerationResult (StopIteration.value). A lone call (no batcher
         started) is a one-row batch run in this thread on a context sized to it."""
         if self.batcher is not None:
-            _, pieces = self._on_batcher(self.batcher, request, committed)
-            return (yield from pieces)
+            _, run = self._on_batcher(self.batcher, request, committed)
+            return (yield from run)
         started = time.perf_counter()
         capacity = min(self.limits.max_context, len(request.prompt_ids) + request.max_new_tokens)
         # The target's context first (a kept one when the prompt continues a kept conversation): a
@@ -506,53 +336,19 @@ class Generator:
 
     def _pieces(self, row: Row, request: Request, batches: Iterator[list[int]], started: float,
                 committed: Committed | None = None) -> Iterator[str]:
-        """The row's text pieces ("" for a pass without text, so a caller can stop between passes); ends at
-        EOS, the row's end or a stop string; returns the GenerationResult. `committed` follows the tokens."""
+        """The row's text pieces (runtime.output); returns the GenerationResult. `committed` follows the tokens."""
         committed = committed or Committed()
         committed.logprobs = row.sampler.logprobs if request.sampling.logprobs is not None else None
-        eos, ids = row.eos_ids, committed.ids
-        text, detok = _StopText(request.stop), Detokenizer(self.tokenizer)
-        try:
-            for batch in batches:
-                yield from _pass_texts(batch, ids, eos, text, detok)
-                if text.stopped:
-                    break
-        finally:
-            batches.close()  # ends the row at once when the caller or a stop string stops early
-        yield from _closing_texts(text, detok)
-        return _result(request, row, ids, started, text)
+        ids = committed.ids
+        text = StopText(request.stop)
+        yield from pieces(batches, Detokenizer(self.tokenizer), row.eos_ids, text, ids)
+        return result(request, row.outcome(), ids, text, time.perf_counter() - started)
 
     def _proposer(self, request: Request, capacity: int) -> Proposer:
-        """The strategy's proposer, tuned by the request's config; where the backend's windows may not
-        branch (BackendLimits.branches), every proposer sends one chain a pass."""
-        strategy, config = request.strategy, request.config
-        branches = self.limits.branches
-        costs = PassCosts(config.costs)  # the request's one target cost curve, read by all its proposers
-
-        def lookahead(most: int = config.lookahead.branches) -> LookaheadProposer:
-            return LookaheadProposer(most if branches else 1, AcceptanceTracker(costs, config.lookahead))
-
-        if strategy == "greedy":
-            return NoProposer()
-        if strategy == "jacobi":
-            return JacobiProposer(AcceptanceTracker(costs, config.lookahead))
-        if strategy == "lookahead" or (strategy == "auto" and self.draft is None):
-            return lookahead()
-        from .draft import DraftLength, DraftProposer
-
-        def draft() -> DraftProposer:
-            chunk = min(self.prefill_chunk, self.draft.limits.prefill_chunk)
-            return DraftProposer(self.draft, capacity, config.draft, prefill_chunk=chunk,
-                                 length=DraftLength(costs, config.draft), max_window=self.draft.limits.max_window)
-
-        if strategy == "speculative":
-            return draft()
-        auto = dict(config=config.auto, history=self.arm_history)
-        if not branches:
-            return AutoProposer({"lookahead": lookahead(1), "draft": draft()}, **auto)
-        # the draft's chain plus one prompt-lookup/n-gram branch when it pays: copies stay cheap
-        drafting = UnionProposer({"draft": draft(), "lookahead": lookahead(1)})
-        return AutoProposer({"lookahead": lookahead(), "draft": drafting}, **auto)
+        """The strategy's proposer (runtime.strategies), tuned by the request's config."""
+        inputs = ProposerInputs(request.config, capacity, self.limits.branches, self.draft, self.prefill_chunk,
+                                self.arm_history)
+        return build_proposer(request.strategy, inputs)
 
 
 def available_memory() -> int:
@@ -564,116 +360,3 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _drain(pieces: Iterator[str]) -> GenerationResult:
-    while True:
-        try:
-            next(pieces)
-        except StopIteration as done:
-            return done.value
-
-
-def _pass_texts(batch: list[int], ids: list[int], eos: set[int], text: "_StopText", detok: Detokenizer) -> Iterator[str]:
-    """One pass's committed tokens as text pieces ("" for a pass without tokens, so the caller can
-    stop between passes); ends at EOS (kept in `ids`) or when a stop string completes."""
-    if not batch:
-        yield ""
-    for token in batch:
-        ids.append(token)
-        if token in eos:
-            return
-        yield text.add(detok.add(token))
-        if text.stopped:
-            return
-
-
-def _closing_texts(text: "_StopText", detok: Detokenizer) -> Iterator[str]:
-    """What the detokenizer and the stop-string hold back, once the tokens have ended."""
-    if not text.stopped:
-        yield text.add(detok.flush())
-    yield text.finish()
-
-
-def _result(request: Request, row: Row, ids: list[int], started: float, text: "_StopText") -> GenerationResult:
-    wall = time.perf_counter() - started
-    progress, session, sampling = row.progress, row.session_seconds, row.sampler.params
-    decode_seconds = max(wall - progress.prefill_seconds, 1e-9)
-    stats = Stats(
-        strategy=request.strategy,
-        window=request.window,
-        adaptive=request.adaptive,
-        prompt_tokens=len(request.prompt_ids),
-        new_tokens=len(ids),
-        finish_reason="stop" if text.stopped else progress.finish_reason,
-        prefill_passes=progress.prefill_passes,
-        target_passes=progress.target_passes,
-        tokens_per_pass=round(progress.accepted / progress.target_passes, 3) if progress.target_passes else 0.0,
-        wall_seconds=round(wall, 4),
-        prefill_seconds=round(progress.prefill_seconds, 4),
-        session_seconds=round(session, 4),
-        overhead_share=round(max(wall - session, 0.0) / wall, 4) if wall > 0 else 0.0,
-        decode_tokens_per_second=round(max(len(ids) - 1, 0) / decode_seconds, 2),
-        proposer=dict(row.proposer.stats),
-        seed=sampling.seed if sampling.sampled else None,
-        exactness=request.exactness,
-        cached_tokens=row.cached,
-        constraint=None if row.matcher is None else _constraint_stats(row.matcher),
-    )
-    logprobs = row.sampler.logprobs[: len(ids)] if request.sampling.logprobs is not None else None
-    return GenerationResult(ids, text.text, stats, logprobs)
-
-
-def _constraint_stats(matcher: Matcher) -> dict:
-    cost = matcher.cost
-    return {"mask_seconds": round(cost.seconds, 6), "mask_rows": cost.rows, "forced_sent": cost.forced_sent,
-            "forced_committed": cost.forced_committed, "past_forced_sent": cost.past_forced_sent, "complete": matcher.can_stop}
-
-
-def _check_ids(prompt, vocab: int) -> list[int]:
-    try:
-        array = np.asarray(prompt)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"the prompt must be text or a flat list of token ids ({exc})") from exc
-    if array.size == 0:
-        raise InputError("the prompt is empty; pass some text or token ids")
-    ints = array.ndim == 1 and all(type(t) is int for t in array.tolist())  # tolist: numpy ints become int, bools bool
-    if not ints:
-        raise InputError(f"token ids must be a flat list of integers, got an array of {array.dtype} with shape {list(array.shape)}")
-    bad = [t for t in array.tolist() if not 0 <= t < vocab]  # Python ints: 2**70 too (numpy holds it as an object)
-    if bad:
-        raise InputError(f"token id {bad[0]} is outside this model's vocabulary (0..{vocab - 1}); "
-                         "encode the text with this artifact's tokenizer")
-    return array.tolist()
-
-
-class _StopText:
-    """Accumulates text; finds stop strings; releases only text that cannot be the start of one."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text = ""
-        self.sent = 0
-        self.stopped = False
-
-    def add(self, piece: str) -> str:
-        if not piece or self.stopped:
-            return ""
-        begin = max(0, len(self.text) - self.hold)
-        self.text += piece
-        hits = [i for i in (self.text.find(s, begin) for s in self.stops) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.stopped = True
-            return self._release(len(self.text))
-        return self._release(len(self.text) - self.hold)
-
-    def finish(self) -> str:
-        return self._release(len(self.text))
-
-    def _release(self, upto: int) -> str:
-        if upto <= self.sent:
-            return ""
-        piece, self.sent = self.text[self.sent : upto], upto
-        return piece

@@ -22,8 +22,8 @@ from .config import DecodingConfig
 from .constraints import Constraint
 from .errors import InputError
 from .sampling import SamplingParams
+from .strategies import STRATEGIES  # the registry's names
 
-STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
 Overrides = DecodingConfig | Mapping[str, Any] | None  # a request's decoding config: a whole one, or some fields
 
 

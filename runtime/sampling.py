@@ -200,7 +200,7 @@ class Sampler:
     def sample(self, logits: np.ndarray, prefix: Sequence[int], position: int, allowed: np.ndarray | None = None) -> int:
         """The token at absolute `position` after `prefix` (all tokens before it, prompt included).
 
-        allowed: bool [vocab], the tokens a constraint allows there (runtime/constraints.Masks.allowed);
+        allowed: bool [vocab], the tokens a constraint allows there (runtime/grammar.Masks.allowed);
         None: every token. The filters then see only the allowed tokens (top-p's mass is theirs)."""
         # Under a constraint, the same rule on the allowed tokens only: the filters over their z, then
         # argmax of z + g(s, t, i) with the unconstrained noise of each token id i.

@@ -41,10 +41,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from jacobi_rt.runtime.batcher import Batcher
-from jacobi_rt.runtime.params import GenerationParams
-from jacobi_rt.runtime.errors import InputError
-from jacobi_rt.runtime.generator import Generator
+from jacobi_rt.runtime import Batcher, GenerationParams, Generator, InputError
 
 from .bodies import parse_json, read_body
 from .choices import Choices
@@ -288,7 +285,7 @@ def _model_card(server: Server) -> dict:
             "jacobi": {"family": manifest.architecture.family, "max_context": limits.max_context, "max_window": limits.max_window,
                        "dtype": manifest.dtype, "quantization": manifest.quantization,
                        "draft": server.generator.draft is not None, "default_strategy": server.settings.default_strategy,
-                       "exactness": server.generator.backend.rows.mode,
+                       "exactness": server.generator.exactness,
                        "tools": protocol(server.generator.tokenizer)}}  # tool_choice "auto": "template" or "generic"
 
 

@@ -6,7 +6,8 @@ import time
 from typing import Iterator
 
 from jacobi_rt.runtime.allocator import allocate
-from jacobi_rt.runtime.batcher import Row, run_alone
+from jacobi_rt.runtime.batcher import run_alone
+from jacobi_rt.runtime.row import Row
 from jacobi_rt.runtime.proposers import own_cost
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jacobi_rt.runtime.constraints import Matcher
+from jacobi_rt.runtime.grammar import Matcher
 from jacobi_rt.runtime.sampling import Sampler, SamplingParams, masked_greedy
 
 

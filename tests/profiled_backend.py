@@ -5,7 +5,8 @@ context, prefill chunk and widest window is tested here."""
 
 from __future__ import annotations
 
-from jacobi_rt.engines.profiles import Limits, Profile, derive_profiles, pick_profile, serving_limits
+from jacobi_rt.engines.profiles import Limits, derive_profiles
+from jacobi_rt.runtime.backends.trt_plans import Profile, pick_profile, serving_limits
 from jacobi_rt.runtime.backends.base import Backend, BackendLimits
 from jacobi_rt.runtime.errors import BackendError
 

@@ -25,10 +25,11 @@ def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
     from jacobi_rt.runtime.acceptance import PassCosts
     from jacobi_rt.runtime.config import CostConfig, DraftConfig
     from jacobi_rt.runtime.draft import DraftLength, DraftProposer
-    from jacobi_rt.runtime.batcher import END, Batcher, Row
+    from jacobi_rt.runtime.batcher import Batcher
+    from jacobi_rt.runtime.row import END, Row
     from jacobi_rt.runtime.proposers import NoProposer
     from jacobi_rt.runtime.sampling import Sampler, SamplingParams
-    from jacobi_rt.runtime.scheduler import PassBudget
+    from jacobi_rt.runtime.pass_budget import PassBudget
 
     flat = {1: 1.0, 4096: 1.0}
     budget = PassBudget(prefill_tokens=256, costs=PassCosts(CostConfig(flat, learn=False, batch_pass_costs=flat)))

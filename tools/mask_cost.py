@@ -3,7 +3,7 @@
     python -m jacobi_rt.tools.mask_cost ARTIFACT [--set tools/data/extraction.jsonl] [--repeats 3]
 
 For each extraction item, the grammar walks the item's example answer (the tokens a model would
-commit) and at every position times, through runtime/constraints.Matcher:
+commit) and at every position times, through runtime/grammar.Matcher:
   - `w1`: the mask after the committed tokens (a one-token pass),
   - `chain8`: a chain window of the next 7 tokens (8 rows: what Jacobi or a draft sends),
   - `tree8`: two branches of 4 tokens (the true continuation and one with another last token),
@@ -32,7 +32,8 @@ import numpy as np
 @click.option("--passes", type=click.IntRange(5, 500), default=40, show_default=True, help="One-token passes to time.")
 @click.option("--threads", type=click.IntRange(1, 64), default=1, show_default=True, help="onnxruntime threads for the passes.")
 def main(artifact, path, repeats, passes, threads):
-    from jacobi_rt.runtime.constraints import Constraint, grammar_tokenizer
+    from jacobi_rt.runtime.constraints import Constraint
+    from jacobi_rt.runtime.grammar import grammar_tokenizer
     from jacobi_rt.runtime.manifest import load_manifest
     from jacobi_rt.runtime.tokenizer import Tokenizer
     from jacobi_rt.tools.extraction import extraction_set

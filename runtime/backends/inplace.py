@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import BackendError
 from ..spec import kv_inputs, kv_outputs
 from .base import check_kept
-from .onnxrt import OrtBinding
+from .ort_binding import OrtBinding
 
 HUGE_PAGES_UP_TO = 64 << 20  # bytes: a cache this small may sit on huge pages whole
 

@@ -25,15 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from jacobi_rt.engines.profiles import Profile, Range, pick_profile, serving_limits
-from jacobi_rt.engines.records import rebuild_hint, select_engine, verify_engine_file
-
 from ..errors import BackendError, MissingDependencyError
 from ..manifest import EngineRecord, Manifest
 from ..spec import input_names, kv_inputs, kv_outputs
 from .base import Backend, BackendLimits, StepOutput, window_inputs
 from .cuda import DEVICE_TO_HOST, HOST_TO_DEVICE, CudaMemory, gpu_facts, load_cudart
 from .device_kv import ALIGN, DeviceKV, DeviceKVContext, release, round_up
+from .trt_plans import Profile, Range, pick_profile, rebuild_hint, select_engine, serving_limits, verify_engine_file
 
 TENSORRT_HINT = (
     "pip install \"tensorrt>=10\" polygraphy (from the jacobi-rt checkout: pip install \".[tensorrt]\") on a machine "

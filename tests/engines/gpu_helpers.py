@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from jacobi_rt.engines import BuildOptions, Limits, build_engine
-from jacobi_rt.engines.records import select_engine, verify_engine_file
+from jacobi_rt.runtime.backends.trt_plans import select_engine, verify_engine_file
 from jacobi_rt.runtime.backends.cuda import gpu_facts
 from jacobi_rt.runtime.backends.tensorrt import load_tensorrt
 from jacobi_rt.runtime.errors import BackendError, MissingDependencyError

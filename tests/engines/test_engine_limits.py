@@ -7,7 +7,8 @@ import pytest
 from manifests import manifest, record
 from profiled_backend import ProfiledBackend, engine_profiles
 
-from jacobi_rt.engines.profiles import Limits, Profile, derive_profiles, serving_limits
+from jacobi_rt.engines.profiles import Limits, derive_profiles
+from jacobi_rt.runtime.backends.trt_plans import Profile, serving_limits
 from jacobi_rt.runtime.backends.base import BackendLimits
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError

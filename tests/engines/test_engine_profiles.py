@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from manifests import manifest
 
-from jacobi_rt.engines.profiles import Limits, Profile, Range, derive_profiles, pick_profile
+from jacobi_rt.engines.profiles import Limits, derive_profiles
+from jacobi_rt.runtime.backends.trt_plans import Profile, Range, pick_profile
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.spec import input_names
 

@@ -8,7 +8,8 @@ import shutil
 import pytest
 from manifests import H100, H200, L4, manifest, record
 
-from jacobi_rt.engines.records import add_engine, engine_file, mismatches, same_version, select_engine, verify_engine_file
+from jacobi_rt.engines.records import add_engine, engine_file
+from jacobi_rt.runtime.backends.trt_plans import mismatches, same_version, select_engine, verify_engine_file
 from jacobi_rt.runtime.errors import BackendError
 from jacobi_rt.runtime.manifest import EngineRecord, load_manifest, sha256_file
 

@@ -115,6 +115,7 @@ def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
     """Layer 2's weight scaled in the artifact's weights file: the export's layer-by-layer check of that
     graph (its streamed skeleton, one layer read in at a time) fails naming layer 2."""
     from jacobi_rt.exporter import sources
+    from jacobi_rt.exporter.weight_source import open_model
     from jacobi_rt.exporter.export import _check_portable
     from jacobi_rt.exporter.layer_graph import LayerGraph
     from jacobi_rt.exporter.trace import probe
@@ -137,7 +138,7 @@ def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
         f.seek(offset)
         f.write(values.astype(np.float32).tobytes())
 
-    opened = sources.open_model(sources.resolve(str(source)))
+    opened = open_model(sources.resolve(str(source)))
     assert opened.streamed
     with pytest.raises(ExportCheckError, match="in layer 2:"):
         _check_portable(opened, probe(opened.model), folder / "model.onnx", "float32", "layers", None, None)

@@ -10,12 +10,13 @@ import pytest
 
 from jacobi_rt.runtime.config import AutoConfig, CostConfig, DraftConfig
 from jacobi_rt.runtime import Generator
-from jacobi_rt.runtime.batcher import END, Batcher, Row
+from jacobi_rt.runtime.batcher import Batcher
+from jacobi_rt.runtime.row import END, Row
 from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
 from jacobi_rt.runtime.acceptance import PassCosts
 from jacobi_rt.runtime.proposers import JacobiProposer, LookaheadProposer, NoProposer
 from jacobi_rt.runtime.sampling import Sampler, SamplingParams
-from jacobi_rt.runtime.scheduler import PassBudget
+from jacobi_rt.runtime.pass_budget import PassBudget
 from jacobi_rt.runtime.windows import AdaptiveWindow
 
 from recording import Recording
@@ -277,7 +278,8 @@ def test_each_row_gets_one_pass_result_timed_once_around_the_batched_forward(gen
 def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifact):
     from jacobi_rt.runtime.allocator import Offer
     from jacobi_rt.runtime.draft import DraftProposer
-    from jacobi_rt.runtime.proposers import AutoProposer, UnionProposer
+    from jacobi_rt.runtime.auto import AutoProposer
+    from jacobi_rt.runtime.proposers import UnionProposer
 
     gen = Generator.load(artifact("llama"), draft=artifact("llama-draft1"), graph="inplace", threads=1)
 

@@ -12,8 +12,9 @@ from jacobi_rt.runtime.config import (DEFAULTS, LOAD_FIELDS, FIELDS, DecodingCon
                                       describe, parse_assignments)
 from jacobi_rt.runtime.draft import DraftLength
 from jacobi_rt.runtime.errors import InputError
-from jacobi_rt.runtime.proposers import AutoProposer, LookaheadProposer
-from jacobi_rt.runtime.scheduler import PassBudget
+from jacobi_rt.runtime.auto import AutoProposer
+from jacobi_rt.runtime.proposers import LookaheadProposer
+from jacobi_rt.runtime.pass_budget import PassBudget
 from jacobi_rt.runtime.windows import AdaptiveWindow
 
 

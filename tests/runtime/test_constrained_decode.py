@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
 
 from constrained import constrained_decode  # noqa: E402
-from jacobi_rt.runtime.constraints import Constraint, grammar_tokenizer  # noqa: E402
+from jacobi_rt.runtime.constraints import Constraint  # noqa: E402
+from jacobi_rt.runtime.grammar import grammar_tokenizer  # noqa: E402
 from jacobi_rt.runtime.sampling import SamplingParams  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "count", "kind", "tags"],

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
 
-from jacobi_rt.runtime.constraints import Constraint, ConstraintError, grammar_tokenizer  # noqa: E402
+from jacobi_rt.runtime.constraints import Constraint, ConstraintError  # noqa: E402
+from jacobi_rt.runtime.grammar import grammar_tokenizer  # noqa: E402
 from jacobi_rt.runtime.errors import InputError  # noqa: E402
 from jacobi_rt.runtime.manifest import load_manifest  # noqa: E402
 from jacobi_rt.runtime.tokenizer import Tokenizer  # noqa: E402

@@ -12,7 +12,8 @@ from jacobi_rt.runtime.config import AutoConfig
 from jacobi_rt.runtime.allocator import Allocation, Guess, Offer
 from jacobi_rt.runtime.passes import pass_result
 from alone import send
-from jacobi_rt.runtime.proposers import ArmHistory, AutoProposer, Proposer, UnionProposer
+from jacobi_rt.runtime.auto import ArmHistory, AutoProposer
+from jacobi_rt.runtime.proposers import Proposer, UnionProposer
 from jacobi_rt.runtime.tree import build_tree
 
 UNIT = 0.011  # seconds of a W=1 pass

@@ -138,7 +138,7 @@ def test_constrained_and_free_rows_share_passes_and_equal_their_solo_runs(loaded
 
 def test_a_batch_widens_for_a_constrained_rows_forced_run(loaded):
     """A constrained row whose grammar forces its whole answer (one choice: 14 tokens) beside a free greedy row (a
-    window of 1): the batch's pass widens to hold the run (runtime.scheduler's Bid.sure) and the row commits it in
+    window of 1): the batch's pass widens to hold the run (runtime.pass_budget's Bid.sure) and the row commits it in
     that pass; both rows equal their solo runs. A budget that ignored the run's value would decode both at width 1."""
     gen = loaded("llama")
     choice = Constraint.choice(["the quick brown fox jumps over the lazy dog"])

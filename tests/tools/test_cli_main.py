@@ -10,7 +10,7 @@ import click
 from click.testing import CliRunner
 
 from jacobi_rt import __version__
-from jacobi_rt.runtime.generator import STRATEGIES
+from jacobi_rt.runtime.params import STRATEGIES
 from jacobi_rt.tools.cli.main import cli
 
 

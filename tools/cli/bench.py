@@ -68,7 +68,7 @@ def bench_command(artifact, draft, also, prompts, strategies, temperatures, seed
     from jacobi_rt.runtime import InputError
     from jacobi_rt.runtime.backends.exact_rows import cpu
     from jacobi_rt.runtime.config import DEFAULTS, changed_fields
-    from jacobi_rt.runtime.generator import STRATEGIES
+    from jacobi_rt.runtime.params import STRATEGIES
 
     from .. import bench, bench_plots, peers as peer_registry
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from jacobi_rt.runtime.generator import STRATEGIES
+from jacobi_rt.runtime.params import STRATEGIES
 
 from .constraints import constraint_options
 from .decoding import decoding_config, decoding_option

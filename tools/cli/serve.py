@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from jacobi_rt.runtime.generator import STRATEGIES
+from jacobi_rt.runtime.params import STRATEGIES
 
 from .decoding import decoding_config, decoding_option
 

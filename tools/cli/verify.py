@@ -20,7 +20,7 @@ def verify_command(artifact):
     start = time.perf_counter()
     manifest = load_manifest(artifact, verify="full")
     if manifest.engines:
-        from jacobi_rt.engines.records import verify_engine_file
+        from jacobi_rt.runtime.backends.trt_plans import verify_engine_file
 
         for record in manifest.engines:
             verify_engine_file(artifact, record)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from jacobi_rt.runtime.config import CostConfig
 from jacobi_rt.runtime.acceptance import PassCosts
 from jacobi_rt.runtime.allocator import Guess, Offer
-from jacobi_rt.runtime.scheduler import BATCH_PASS_COSTS, Bid, PassBudget
+from jacobi_rt.runtime.pass_budget import BATCH_PASS_COSTS, Bid, PassBudget
 
 SOLO = PassCosts(CostConfig(learn=False))  # a row's own one-row curve (the CPU prior)
 
@@ -81,7 +81,7 @@ def test_a_guess_producers_own_cost_counts_against_a_wider_pass():
 
 
 def forced(want: int, run: int, p: float = 0.05) -> Bid:
-    """A constrained row whose grammar forces `run` tokens next (runtime.constraints.Matcher.constrain's offer:
+    """A constrained row whose grammar forces `run` tokens next (runtime.grammar.Matcher.constrain's offer:
     right with chance 1 and free), its proposer's guesses past the run rarely right."""
     return Bid(want, Offer((Guess((1.0,) * run + (p,) * (want - 1 - run), free=run, margin=0.03),), margin=0.03), SOLO)
 

@@ -1,4 +1,4 @@
-"""PassBudget: how many tokens a batched pass spends, and how they are split between rows.
+"""PassBudget: what a pass costs, priced: its width for the rows' bids and its prefill split (the batcher schedules).
 
 A pass over k rows padded to one window W costs cost(k, W) from the measured cost curve
 (`PassCosts`, keyed by (rows, width): 16 rows x 2 cost more than one row of 32), so the allocator

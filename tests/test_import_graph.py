@@ -1,0 +1,90 @@
+"""The package's modules import one another without a circle: the import graph, built from every
+module's source (ast; imports inside functions and under TYPE_CHECKING included, since a circle
+there is one a reader must follow too), is acyclic. Packages: runtime, engines, exporter, server, tools."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("runtime", "engines", "exporter", "server", "tools")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `name` imports (`from .x import y` naming module x.y counts as x.y)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name.removeprefix("jacobi_rt.") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = (node.module or "").removeprefix("jacobi_rt.")
+            targets = [source, *(f"{source}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + "."):  # a package's own parent: its __init__
+                found.add(target)
+    return found
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `graph`, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node], _ = 1, path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node], _ = 2, path.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_import_graph_finds_a_planted_circle():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_of_the_package_is_in_an_import_circle():
+    found = modules()
+    graph = {name: imported(name, path, set(found)) for name, path in found.items()}
+    assert graph["runtime.generator"] >= {"runtime.batcher", "runtime.request"}  # the graph sees relative imports
+    assert cycle(graph) is None, " -> ".join(cycle(graph))
+
+
+def test_the_packages_import_one_another_one_way():
+    """Folded to its packages (runtime, engines, exporter, server, tools), the graph has no circle either:
+    the runtime reads what engines/ writes (runtime/backends/trt_plans.py) without importing it."""
+    found = modules()
+    folded: dict[str, set[str]] = {package: set() for package in PACKAGES}
+    for name, path in found.items():
+        folded[name.split(".")[0]] |= {target.split(".")[0] for target in imported(name, path, set(found))}
+    graph = {package: targets - {package} for package, targets in folded.items()}
+    assert cycle(graph) is None, " -> ".join(cycle(graph))
