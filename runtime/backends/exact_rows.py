@@ -30,6 +30,9 @@ passes are all alike): the strategies that guess run greedy there ("greedy"), wi
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -80,6 +83,7 @@ class RowsCheck:
     mode: str  # one of MODES
     seconds: float = 0.0
     cpu: str = field(default_factory=cpu)
+    cached: bool = False  # read back from an earlier load's check (verdict_path)
 
     @property
     def exact_windows(self) -> bool:
@@ -87,7 +91,7 @@ class RowsCheck:
         return self.mode != GREEDY
 
     def line(self) -> str:
-        took = f", checked in {self.seconds * 1000:.0f} ms" if self.seconds else ""
+        took = ", as checked at an earlier load" if self.cached else f", checked in {self.seconds * 1000:.0f} ms" if self.seconds else ""
         return f"exactness: {self.mode}: {MODES[self.mode]} ({self.cpu}{took})"
 
 
@@ -110,7 +114,59 @@ def pad(ids: np.ndarray, positions: np.ndarray, window_mask: np.ndarray) -> tupl
 
 
 def check(backend) -> RowsCheck:
-    """The mode in which this backend's windows are bitwise one-token passes here; sets backend.pad_rows."""
+    """The mode in which this backend's windows are bitwise one-token passes here; sets backend.pad_rows.
+    A verdict found before for the same graph files, CPU, onnxruntime and threads is read back (see
+    verdict_path): the check runs passes, about a second each at 8B."""
+    path = verdict_path(backend)
+    cached = _read_verdict(path)
+    if cached is not None:
+        backend.pad_rows = cached == PADDED
+        return RowsCheck(cached, cached=True)
+    found = _run_check(backend)
+    _write_verdict(path, found.mode)
+    return found
+
+
+def verdict_path(backend) -> Path | None:
+    """Where the check's verdict for this backend is kept: $JACOBI_RT_CACHE (default
+    $XDG_CACHE_HOME/jacobi-rt, else ~/.cache/jacobi-rt)/exact-rows/<key>.json, the key a sha256 of every
+    input the verdict depends on as far as this process can tell; None when JACOBI_RT_CACHE=off. The CPU
+    is read from /proc/cpuinfo, which an emulator (qemu-user) does not change: set it off there."""
+    root = os.environ.get("JACOBI_RT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jacobi-rt"
+    if str(root) == "off":
+        return None
+    import onnxruntime
+
+    manifest = backend.manifest
+    graph = manifest.graphs[backend.graph]
+    inputs = {"files": {name: manifest.files[name] for name in sorted(manifest.files) if name.endswith((".onnx", ".data"))},
+              "graph": graph, "cpu": cpu(), "onnxruntime": onnxruntime.__version__, "threads": backend.threads,
+              "check": [PROMPT, WINDOW, TILE]}
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    return Path(root) / "exact-rows" / f"{key}.json"
+
+
+def _read_verdict(path: Path | None) -> str | None:
+    try:
+        mode = json.loads(path.read_text())["mode"] if path else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return mode if mode in (NATIVE, PADDED, GREEDY) else None
+
+
+def _write_verdict(path: Path | None, mode: str) -> None:
+    if path is None:
+        return
+    try:  # a cache that cannot be written costs the next load the check, nothing else
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps({"mode": mode, "cpu": cpu()}))
+        temporary.replace(path)
+    except OSError:
+        pass
+
+
+def _run_check(backend) -> RowsCheck:
     started = time.perf_counter()
     vocab = backend.manifest.architecture.vocab_size
     tokens = (np.arange(1, PROMPT + WINDOW + 1, dtype=np.int64) * 7919) % vocab  # any ids: the check is bitwise

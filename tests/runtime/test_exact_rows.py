@@ -211,3 +211,26 @@ def _tokenizer(folder):
     from jacobi_rt.runtime.tokenizer import Tokenizer
 
     return Tokenizer(folder, load_manifest(folder, verify=False))
+
+
+def test_the_verdict_is_kept_for_the_next_load_of_the_same_files_cpu_and_threads(artifact, tmp_path, monkeypatch):
+    """The second load reads the first one's verdict (no check passes); other threads, another graph or
+    other file digests are other keys; an unreadable verdict file is checked again."""
+    from jacobi_rt.runtime.backends.exact_rows import verdict_path
+
+    monkeypatch.setenv("JACOBI_RT_CACHE", str(tmp_path))
+    first = Generator.load(artifact("llama"), graph="portable", threads=1)
+    assert not first.backend.rows.cached and first.backend.rows.seconds > 0
+    again = Generator.load(artifact("llama"), graph="portable", threads=1)
+    assert again.backend.rows.cached and again.backend.rows.mode == first.backend.rows.mode
+    assert again.backend.pad_rows == first.backend.pad_rows and "earlier load" in again.backend.rows.line()
+    assert again.generate("hi", max_new_tokens=6).ids == first.generate("hi", max_new_tokens=6).ids
+    path = verdict_path(again.backend)
+    assert path.parent == tmp_path / "exact-rows" and path.exists()
+    assert not Generator.load(artifact("llama"), graph="portable", threads=2).backend.rows.cached
+    assert not Generator.load(artifact("llama"), graph="inplace", threads=1).backend.rows.cached
+    path.write_text("{not json")
+    assert not Generator.load(artifact("llama"), graph="portable", threads=1).backend.rows.cached
+    monkeypatch.setenv("JACOBI_RT_CACHE", "off")
+    assert verdict_path(again.backend) is None
+    assert not Generator.load(artifact("llama"), graph="portable", threads=1).backend.rows.cached
