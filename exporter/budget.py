@@ -18,6 +18,7 @@ from jacobi_rt.runtime.errors import OptionError
 
 GB = 1e9
 FULL_CHECK_SHARE = 4  # the full check runs when this many times the weights fit in the available memory
+STAGED_AGREEMENT_ABOVE = 1 * GB  # float weights past which a quantized graph is compared with the float one stage by stage
 QUANTIZED_SHARE = {"int4": 0.16, "int8": 0.28, "gguf": 0.30}  # of the float32 bytes, blocks and scales, rounded up
 
 
@@ -65,3 +66,12 @@ def check_method(requested: str, weights: int, available: int | None = None) -> 
     if requested == "auto":
         return "full" if fits else "layers"
     return requested
+
+
+def staged_agreement(method: str, weights: int) -> bool:
+    """Whether a quantized export compares its graph with the float one stage by stage (staged_run.py),
+    one layer's weights resident: when the check ran layer by layer, and past STAGED_AGREEMENT_ABOVE of
+    float weights, where the two whole sessions (the float graph's prepacked copies beside its mapped
+    file, and the quantized graph's) would hold about three times the float weights. The figures are the
+    same either way; staged costs SmolLM2-135M ~4 s more, which is why small models stay whole."""
+    return method == "layers" or weights > STAGED_AGREEMENT_ABOVE

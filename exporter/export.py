@@ -27,7 +27,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 
 from . import sources
 from .destination import recover_interrupted
-from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, weight_bytes
+from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, staged_agreement, weight_bytes
 from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
@@ -134,7 +134,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         gguf_path = source.folder / source.gguf_file if source.gguf_file else None
         weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step, max_positions=shape.max_positions)
         sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][: max_context]
-        staged = method == "layers"  # the float graph does not fit in memory: both graphs run a layer at a time
+        staged = staged_agreement(method, floats)
         step(f"comparing the {weights.kind} graph with the float one{' layer by layer' if staged else ''}")
         progress = check_progress(agreement_steps(shape.num_layers, staged)) if check_progress else None
         report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), shape, sample_ids, progress, max_context,

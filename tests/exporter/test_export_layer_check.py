@@ -89,6 +89,13 @@ def test_auto_checks_layer_by_layer_when_the_memory_is_small():
     assert check_method("auto", 1) == "full"  # this machine's MemAvailable holds a byte of weights
 
 
+def test_big_quantized_exports_compare_stage_by_stage():
+    from jacobi_rt.exporter.budget import STAGED_AGREEMENT_ABOVE, staged_agreement
+
+    assert staged_agreement("layers", 1) and staged_agreement("full", STAGED_AGREEMENT_ABOVE + 1)
+    assert not staged_agreement("full", STAGED_AGREEMENT_ABOVE)  # SmolLM2-135M's 0.54 GB: whole, as before
+
+
 def test_full_on_a_model_too_big_is_refused_before_any_work(exports, tmp_path):
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.runtime.errors import OptionError
