@@ -55,7 +55,8 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, MetricsMiddleware
 from .pool import GenerationTimeout, Job, PoolClosed, QueueFull, Ticket, WorkerPool
 from .replies import DONE, Reply, sse
-from .responses import ResponseEvents, ResponseStore, Turn, openapi_body, parse_response, renamed
+from .openapi import Served, install
+from .responses import ResponseEvents, ResponseStore, Turn, parse_response, renamed
 from .schemas import GenerationCall, parse_chat, parse_completion
 from .settings import ServerSettings
 
@@ -233,6 +234,8 @@ def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
     docs = dict(docs_url="/docs", redoc_url=None) if settings.docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="jacobi-rt", summary="OpenAI-compatible server for Jacobi decoding", lifespan=lifespan, **docs)
     app.state.server = server
+    install(app, Served(settings.model_id, generator.limits.max_context, generator.manifest.architecture.vocab_size,
+                        settings.api_key is not None, generator.draft is not None))
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=server.metrics)  # outermost: refused hosts are counted too
     _add_error_handlers(app)
@@ -256,7 +259,7 @@ def _api_routes(server: Server) -> APIRouter:
 
     store = ResponseStore()
 
-    @router.post("/responses", summary="Answer input items (OpenAI Responses)", openapi_extra=openapi_body())
+    @router.post("/responses", summary="Answer input items (OpenAI Responses)")
     async def responses(request: Request):
         return await _respond(server, request, partial(parse_response, store=store, model=server.settings.model_id))
 

@@ -41,7 +41,7 @@ STORE_CHARS = 64 << 20  # and at most this much conversation (JSON characters) i
 
 
 class ResponsesRequest(BaseModel):
-    """The Responses fields jacobi-rt reads. Flat (no nested models), so its JSON schema is the OpenAPI body as is."""
+    """The Responses fields jacobi-rt reads (server/openapi.py documents them, narrowed to what is served)."""
 
     model_config = ConfigDict(extra="allow")  # undeclared fields: refused by name unless in IGNORED
     model: StrictStr | None = None
@@ -549,7 +549,3 @@ def _item_id(call_id: str) -> str:
     """A function_call item's id, made from its call id, so the stream and the Response agree without a table."""
     return "fc_" + call_id.removeprefix("call_")
 
-
-def openapi_body() -> dict:
-    """The route's request body for the OpenAPI document (the app reads the raw body itself)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ResponsesRequest.model_json_schema()}}}}
