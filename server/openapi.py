@@ -22,6 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from jacobi_rt.runtime.params import STRATEGIES
 from jacobi_rt.runtime.sampling import MIN_TEMPERATURE, SEED_RANGE
 
 from .responses import IGNORED as RESPONSES_IGNORED
@@ -77,7 +78,8 @@ def _common(served: Served) -> dict[str, dict]:
                                      "description": "not applied yet: refused (400) unless empty, on every endpoint"}),
             "stream_options": _nullable({"$ref": REF.format(model="StreamOptions"),
                                          "description": "only with stream: true"}),
-            **{name: {"description": "accepted and ignored: it cannot change the output"} for name in IGNORED_FIELDS}}
+            "response_format": _nullable({"anyOf": [_closed({"type": {"enum": ["text", "json_object"]}}),
+                                                    _closed({"type": {"const": "json_schema"}, "json_schema": _SCHEMA})]})}
 
 
 def _completion(served: Served) -> dict[str, dict]:
@@ -110,7 +112,24 @@ def _responses(served: Served) -> dict[str, dict]:
             "truncation": _nullable({"const": "disabled"}),
             "top_logprobs": _nullable({"const": 0, "description": "not served on /v1/responses"}),
             "max_tool_calls": {"type": "null", "description": "not served"},
-            **{name: {"description": "accepted and ignored: it cannot change the output"} for name in RESPONSES_IGNORED}}
+            "text": _nullable(_closed({"format": {"anyOf": [_closed({"type": {"enum": ["text", "json_object"]}}),
+                                                            _closed({"type": {"const": "json_schema"}, **_SCHEMA["properties"]},
+                                                                    ["type", "name", "schema"])]}}, [])),
+            }
+
+
+def _closed(properties: dict, required: list[str] | None = None) -> dict:
+    return {"type": "object", "properties": properties, "required": list(properties) if required is None else required,
+            "additionalProperties": False}
+
+
+_SCHEMA = {**_closed({"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                      "schema": {"type": "object", "description": "a JSON schema llguidance compiles (else a 400 naming it)"},
+                      "strict": {"type": ["boolean", "null"]}}, ["name", "schema"])}
+
+
+def _ignored(names: frozenset[str]) -> dict[str, dict]:
+    return {name: {"description": "accepted and ignored: it cannot change the output"} for name in sorted(names)}
 
 
 # Nested models: closed where the parser refuses undeclared fields, and the message roles named.
@@ -124,10 +143,11 @@ def _request_schemas(served: Served) -> dict[str, dict]:
     models: list[tuple[type[BaseModel], str]] = [(m, "validation") for m in (ChatRequest, CompletionRequest, ResponsesRequest)]
     _, top = models_json_schema(models, ref_template=REF)
     schemas = copy.deepcopy(top["$defs"])
-    for name, narrowed in (("ChatRequest", {**_common(served), **_chat(served)}),
-                           ("CompletionRequest", {**_common(served), **_completion(served)}),
-                           ("ResponsesRequest", _responses(served))):
+    for name, narrowed, ignored in (("ChatRequest", {**_common(served), **_chat(served)}, IGNORED_FIELDS),
+                                    ("CompletionRequest", {**_common(served), **_completion(served)}, IGNORED_FIELDS),
+                                    ("ResponsesRequest", _responses(served), RESPONSES_IGNORED)):
         schemas[name]["properties"].update(narrowed)
+        schemas[name]["properties"] = {**_ignored(ignored), **schemas[name]["properties"]}  # declared ones win
         schemas[name]["additionalProperties"] = False
     for name in _CLOSED:
         schemas[name]["additionalProperties"] = False
@@ -142,6 +162,8 @@ def _request_schemas(served: Served) -> dict[str, dict]:
     options = schemas["JacobiOptions"]["properties"]
     options["window"] = _nullable({"type": "integer", "minimum": 1, "maximum": 64})
     if not served.draft:
+        options["strategy"] = _nullable({"enum": [s for s in STRATEGIES if s != "speculative"],
+                                         "description": "speculative needs a draft model (serve --draft)"})
         options["jacobi_tail"] = {"type": "null", "description": "needs a draft model (serve --draft)"}
     return schemas
 
