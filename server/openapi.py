@@ -112,10 +112,14 @@ def _responses(served: Served) -> dict[str, dict]:
             "truncation": _nullable({"const": "disabled"}),
             "top_logprobs": _nullable({"const": 0, "description": "not served on /v1/responses"}),
             "max_tool_calls": {"type": "null", "description": "not served"},
-            "text": _nullable(_closed({"format": {"anyOf": [_closed({"type": {"enum": ["text", "json_object"]}}),
-                                                            _closed({"type": {"const": "json_schema"}, **_SCHEMA["properties"]},
-                                                                    ["type", "name", "schema"])]}}, [])),
-            }
+            "text": _nullable(_text_options())}
+
+
+def _text_options() -> dict:
+    """text: format (null or absent: text); its other keys (verbosity) only null."""
+    schema = _closed({"type": {"const": "json_schema"}, **_SCHEMA["properties"]}, ["type", "name", "schema"])
+    plain = _closed({"type": {"enum": ["text", "json_object"]}}, [])
+    return {**_closed({"format": _nullable({"anyOf": [plain, schema]})}, []), "additionalProperties": {"type": "null"}}
 
 
 def _closed(properties: dict, required: list[str] | None = None) -> dict:
@@ -123,9 +127,9 @@ def _closed(properties: dict, required: list[str] | None = None) -> dict:
             "additionalProperties": False}
 
 
-_SCHEMA = {**_closed({"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+_SCHEMA = _closed({"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
                       "schema": {"type": "object", "description": "a JSON schema llguidance compiles (else a 400 naming it)"},
-                      "strict": {"type": ["boolean", "null"]}}, ["name", "schema"])}
+                      "strict": {"type": ["boolean", "null"]}}, ["name", "schema"])
 
 
 def _ignored(names: frozenset[str]) -> dict[str, dict]:

@@ -393,7 +393,7 @@ def _text_format(text: dict) -> dict:
     for key, value in text.items():
         if key != "format" and value is not None:
             raise APIError(400, f"text.{key} is not served; text takes format only", f"text.{key}", "unsupported_value")
-    fmt = text.get("format") or {"type": "text"}
+    fmt = {"type": "text"} if text.get("format") is None else text["format"]  # false, 0, "" are no format
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
         raise APIError(400, 'text.format.type must be "text", "json_object" or "json_schema"', "text.format.type",
                        "invalid_value")

@@ -97,3 +97,11 @@ def test_an_output_changing_field_changes_the_output_or_is_refused_by_name(serve
 def test_logit_bias_is_refused_on_both_endpoints(server, endpoint):
     reply = httpx.post(server.url + endpoint, json=_body(endpoint, {"logit_bias": {"19556": -100}}), timeout=60)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "logit_bias", reply.text
+
+
+def test_max_tokens_beside_a_different_max_completion_tokens_is_refused(server):
+    body = _body("/v1/chat/completions", {"max_completion_tokens": 4})  # max_tokens 16 too: one would be ignored
+    reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens", reply.text
+    same = httpx.post(server.url + "/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=60)
+    assert same.status_code == 200 and same.json()["usage"]["completion_tokens"] <= 4

@@ -62,3 +62,6 @@ def test_documented_refusals_stay_the_servers_own_400s(served, document):
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "temperature"
     missing = httpx.get(served.url + "/v1/models/nope", headers=headers, timeout=30)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    falsy = httpx.post(served.url + "/v1/responses", headers=headers, timeout=60,
+                       json={"input": "Hi", "text": {"format": False}})  # only null or absent mean text
+    assert falsy.status_code == 400 and falsy.json()["error"]["param"] == "text.format.type"
