@@ -1,7 +1,8 @@
 """create_app(generator, settings): the FastAPI app of `jacobi-rt serve` (needs the [serve] extra).
 
 OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (the artifact's chat template applied),
-`POST /v1/responses` (translated into a chat request: responses.py) and `GET /v1/models`, plus
+`POST /v1/responses` (translated into a chat request: responses.py; `GET`/`DELETE /v1/responses/{id}` over its
+store) and `GET /v1/models`, plus
 `GET /health` and Prometheus' `GET /metrics`. It is built only on the public Generator API
 (`Generator.start`: text pieces, then the GenerationResult), so it is also the reference for
 embedding the runtime in a service of your own:
@@ -263,6 +264,19 @@ def _api_routes(server: Server) -> APIRouter:
     async def responses(request: Request):
         return await _respond(server, request, partial(parse_response, store=store, model=server.settings.model_id))
 
+    @router.get("/responses/{response_id}", summary="A stored Response (made with store: true)")
+    async def stored_response(response_id: str):
+        response = store.response(response_id)
+        if response is None:
+            raise _response_not_found(response_id, store)
+        return response
+
+    @router.delete("/responses/{response_id}", summary="Forget a stored Response")
+    async def delete_response(response_id: str):
+        if not store.delete(response_id):
+            raise _response_not_found(response_id, store)
+        return {"id": response_id, "object": "response", "deleted": True}
+
     @router.get("/models", summary="The served model")
     async def models():
         return {"object": "list", "data": [_model_card(server)]}
@@ -273,6 +287,11 @@ def _api_routes(server: Server) -> APIRouter:
         return _model_card(server)
 
     return router
+
+
+def _response_not_found(response_id: str, store: ResponseStore) -> APIError:
+    return APIError(404, f"no stored response has the id {response_id[:80]!r} (this server keeps the last "
+                         f"{store.max_responses} responses made with store: true, in memory)", "response_id", "not_found")
 
 
 def _service_routes(server: Server) -> APIRouter:
@@ -481,6 +500,13 @@ async def _disconnect(request: Request) -> None:
 
 # -- errors -------------------------------------------------------------------------------------
 
+def _methods(request: Request) -> set[str]:
+    """Every method some route serves at this path (GET and DELETE /v1/responses/{id} are two routes)."""
+    path = request.scope["path"]
+    return {method for route in request.app.routes if getattr(route, "path_regex", None) and route.path_regex.match(path)
+            for method in getattr(route, "methods", None) or ()}
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     def respond(error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), error.status, headers=error.headers)
@@ -491,7 +517,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request, exc: HTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
-        return respond(APIError(exc.status_code, message, None, code, dict(exc.headers or {})))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the first matching route's methods only
+            headers["Allow"] = ", ".join(sorted(_methods(request)))
+        return respond(APIError(exc.status_code, message, None, code, headers))
 
     async def validation_error(request, exc: RequestValidationError):
         return respond(APIError(400, str(exc.errors()[:1]), None, "invalid_value"))

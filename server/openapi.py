@@ -230,6 +230,7 @@ ANSWERS = {"ChatCompletion": _completion_object(chat=True), "Completion": _compl
                                                                          "data": {"type": "array", "items": _MODEL}}),
            "Health": _object({"status": {"const": "ok"}, "model": {"type": "string"}, "running": {"type": "integer"},
                               "queued": {"type": "integer"}}),
+           "ResponseDeleted": _object({"id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}),
            "Error": _ERROR}
 
 
@@ -260,14 +261,16 @@ def _retry_after(responses: dict) -> dict:
     return responses
 
 
-ROUTES = {  # path -> (request model, answer model, streams, error statuses)
-    "/v1/chat/completions": ("ChatRequest", "ChatCompletion", True, GENERATING),
-    "/v1/completions": ("CompletionRequest", "Completion", True, GENERATING),
-    "/v1/responses": ("ResponsesRequest", "Response", True, GENERATING),
-    "/v1/models": (None, "ModelList", False, ("401", "403")),
-    "/v1/models/{model}": (None, "Model", False, ("401", "403", "404")),
-    "/health": (None, "Health", False, ("403",)),
-    "/metrics": (None, None, False, ("403",)),
+ROUTES = {  # (method, path) -> (request model, answer model, streams, error statuses)
+    ("post", "/v1/chat/completions"): ("ChatRequest", "ChatCompletion", True, GENERATING),
+    ("post", "/v1/completions"): ("CompletionRequest", "Completion", True, GENERATING),
+    ("post", "/v1/responses"): ("ResponsesRequest", "Response", True, GENERATING),
+    ("get", "/v1/responses/{response_id}"): (None, "Response", False, ("401", "403", "404")),
+    ("delete", "/v1/responses/{response_id}"): (None, "ResponseDeleted", False, ("401", "403", "404")),
+    ("get", "/v1/models"): (None, "ModelList", False, ("401", "403")),
+    ("get", "/v1/models/{model}"): (None, "Model", False, ("401", "403", "404")),
+    ("get", "/health"): (None, "Health", False, ("403",)),
+    ("get", "/metrics"): (None, None, False, ("403",)),
 }
 
 
@@ -277,8 +280,8 @@ def document(app: FastAPI, served: Served) -> dict:
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None), schemas.pop("ValidationError", None)  # FastAPI's 422: never sent
     schemas.update(_request_schemas(served), **ANSWERS)
-    for path, (body, answer, streams, codes) in ROUTES.items():
-        for operation in doc["paths"].get(path, {}).values():
+    for (method, path), (body, answer, streams, codes) in ROUTES.items():
+        for operation in [doc["paths"][path][method]] if method in doc["paths"].get(path, {}) else []:
             if not served.api_key:
                 codes = tuple(code for code in codes if code != "401")
             ok = {"description": "OK", **({"content": _json(answer, streams)} if answer else {})}
