@@ -278,7 +278,8 @@ def document(app: FastAPI, served: Served) -> dict:
     """The app's OpenAPI document with its real bodies, answers and statuses."""
     doc = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-    schemas.pop("HTTPValidationError", None), schemas.pop("ValidationError", None)  # FastAPI's 422: never sent
+    for unsent in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422: the server never sends it
+        schemas.pop(unsent, None)
     schemas.update(_request_schemas(served), **ANSWERS)
     for (method, path), (body, answer, streams, codes) in ROUTES.items():
         for operation in [doc["paths"][path][method]] if method in doc["paths"].get(path, {}) else []:
