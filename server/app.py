@@ -1,7 +1,8 @@
 """create_app(generator, settings): the FastAPI app of `jacobi-rt serve` (needs the [serve] extra).
 
 OpenAI's `POST /v1/completions`, `POST /v1/chat/completions` (the artifact's chat template applied),
-`POST /v1/responses` (translated into a chat request: responses.py) and `GET /v1/models`, plus
+`POST /v1/responses` (translated into a chat request: responses.py; `GET`/`DELETE /v1/responses/{id}` over its
+store) and `GET /v1/models`, plus
 `GET /health` and Prometheus' `GET /metrics`. It is built only on the public Generator API
 (`Generator.start`: text pieces, then the GenerationResult), so it is also the reference for
 embedding the runtime in a service of your own:
@@ -52,7 +53,8 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, MetricsMiddleware
 from .pool import GenerationTimeout, Job, PoolClosed, QueueFull, Ticket, WorkerPool
 from .replies import DONE, Reply, sse
-from .responses import ResponseEvents, ResponseStore, Turn, openapi_body, parse_response, renamed
+from .openapi import Served, install
+from .responses import ResponseEvents, ResponseStore, Turn, parse_response, renamed
 from .schemas import GenerationCall, parse_chat, parse_completion
 from .settings import ServerSettings
 from .tool_protocol import protocol, resolve_tools
@@ -224,6 +226,8 @@ def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
     docs = dict(docs_url="/docs", redoc_url=None) if settings.docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="jacobi-rt", summary="OpenAI-compatible server for Jacobi decoding", lifespan=lifespan, **docs)
     app.state.server = server
+    install(app, Served(settings.model_id, generator.limits.max_context, generator.manifest.architecture.vocab_size,
+                        settings.api_key is not None, generator.draft is not None))
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=server.metrics)  # outermost: refused hosts are counted too
     _add_error_handlers(app)
@@ -247,9 +251,22 @@ def _api_routes(server: Server) -> APIRouter:
 
     store = ResponseStore()
 
-    @router.post("/responses", summary="Answer input items (OpenAI Responses)", openapi_extra=openapi_body())
+    @router.post("/responses", summary="Answer input items (OpenAI Responses)")
     async def responses(request: Request):
         return await _respond(server, request, partial(parse_response, store=store, model=server.settings.model_id))
+
+    @router.get("/responses/{response_id}", summary="A stored Response (made with store: true)")
+    async def stored_response(response_id: str):
+        response = store.response(response_id)
+        if response is None:
+            raise _response_not_found(response_id, store)
+        return response
+
+    @router.delete("/responses/{response_id}", summary="Forget a stored Response")
+    async def delete_response(response_id: str):
+        if not store.delete(response_id):
+            raise _response_not_found(response_id, store)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     @router.get("/models", summary="The served model")
     async def models():
@@ -261,6 +278,11 @@ def _api_routes(server: Server) -> APIRouter:
         return _model_card(server)
 
     return router
+
+
+def _response_not_found(response_id: str, store: ResponseStore) -> APIError:
+    return APIError(404, f"no stored response has the id {response_id[:80]!r} (this server keeps the last "
+                         f"{store.max_responses} responses made with store: true, in memory)", "response_id", "not_found")
 
 
 def _service_routes(server: Server) -> APIRouter:
@@ -476,6 +498,13 @@ async def _disconnect(request: Request) -> None:
 
 # -- errors -------------------------------------------------------------------------------------
 
+def _methods(request: Request) -> set[str]:
+    """Every method some route serves at this path (GET and DELETE /v1/responses/{id} are two routes)."""
+    path = request.scope["path"]
+    return {method for route in request.app.routes if getattr(route, "path_regex", None) and route.path_regex.match(path)
+            for method in getattr(route, "methods", None) or ()}
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     def respond(error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), error.status, headers=error.headers)
@@ -486,7 +515,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request, exc: HTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
-        return respond(APIError(exc.status_code, message, None, code, dict(exc.headers or {})))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names the first matching route's methods only
+            headers["Allow"] = ", ".join(sorted(_methods(request)))
+        return respond(APIError(exc.status_code, message, None, code, headers))
 
     async def validation_error(request, exc: RequestValidationError):
         return respond(APIError(400, str(exc.errors()[:1]), None, "invalid_value"))

@@ -41,7 +41,7 @@ STORE_CHARS = 64 << 20  # and at most this much conversation (JSON characters) i
 
 
 class ResponsesRequest(BaseModel):
-    """The Responses fields jacobi-rt reads. Flat (no nested models), so its JSON schema is the OpenAPI body as is."""
+    """The Responses fields jacobi-rt reads (server/openapi.py documents them, narrowed to what is served)."""
 
     model_config = ConfigDict(extra="allow")  # undeclared fields: refused by name unless in IGNORED
     model: StrictStr | None = None
@@ -111,12 +111,13 @@ ITEM_KEYS = {"message": {"type", "role", "content", "id", "status"},
 @dataclass
 class Stored:
     messages: list[dict]  # the conversation (chat-shaped, without instructions), its last reply included
+    response: dict  # the Response object, for GET /v1/responses/{id}
     chars: int
 
 
 class ResponseStore:
-    """The conversations of the last `max_responses` stored responses, at most `max_chars` JSON characters in all;
-    the least recently used goes first."""
+    """The conversations and Response objects of the last `max_responses` stored responses, at most `max_chars` JSON
+    characters in all; the least recently used goes first."""
 
     def __init__(self, max_responses: int = STORE_RESPONSES, max_chars: int = STORE_CHARS):
         self.max_responses, self.max_chars = max_responses, max_chars
@@ -135,12 +136,28 @@ class ResponseStore:
             self._items.move_to_end(response_id)
             return stored.messages
 
-    def put(self, response_id: str, messages: list[dict]) -> None:
-        chars = len(json.dumps(messages, ensure_ascii=False))
+    def response(self, response_id: str) -> dict | None:
+        """The stored Response object (GET /v1/responses/{id}), or None."""
+        with self._lock:
+            stored = self._items.get(response_id)
+            return None if stored is None else stored.response
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            stored = self._items.pop(response_id, None)
+            if stored is not None:
+                self._chars -= stored.chars
+            return stored is not None
+
+    def put(self, response_id: str, messages: list[dict], response: dict | None = None) -> None:
+        response = response or {}
+        chars = len(json.dumps(messages, ensure_ascii=False)) + len(json.dumps(response, ensure_ascii=False))
         if chars > self.max_chars:
             return  # larger than the whole store: not kept
         with self._lock:
-            self._items[response_id] = Stored(messages, chars)
+            if response_id in self._items:
+                self._chars -= self._items.pop(response_id).chars
+            self._items[response_id] = Stored(messages, response, chars)
             self._chars += chars
             while len(self._items) > self.max_responses or self._chars > self.max_chars:
                 _, dropped = self._items.popitem(last=False)
@@ -175,19 +192,20 @@ class Turn:
                 "truncation": "disabled", "usage": None, "user": r.user, "metadata": r.metadata or {}}
 
     def response(self, chat: dict) -> dict:
-        """The finished Response object of chat completion `chat`; its conversation stored unless store: false."""
+        """The finished Response object of chat completion `chat`; it and its conversation stored unless store: false."""
         choice, usage = chat["choices"][0], chat["usage"]
         incomplete = choice["finish_reason"] == "length"
         status = "incomplete" if incomplete else "completed"
         output = self._output(choice["message"], status)
+        response = {**self.snapshot(status), "output": output,
+                    "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                    "usage": {"input_tokens": usage["prompt_tokens"], "input_tokens_details": usage["prompt_tokens_details"],
+                              "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": usage["total_tokens"]},
+                    "jacobi": chat["jacobi"]}
         if self.request.store:
-            self.store.put(self.id, self.conversation + [_as_chat(choice["message"])])
-        return {**self.snapshot(status), "output": output,
-                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-                "usage": {"input_tokens": usage["prompt_tokens"], "input_tokens_details": usage["prompt_tokens_details"],
-                          "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
-                          "total_tokens": usage["total_tokens"]},
-                "jacobi": chat["jacobi"]}
+            self.store.put(self.id, self.conversation + [_as_chat(choice["message"])], response)
+        return response
 
     def _output(self, message: dict, status: str) -> list[dict]:
         calls = message.get("tool_calls") or []
@@ -393,7 +411,7 @@ def _text_format(text: dict) -> dict:
     for key, value in text.items():
         if key != "format" and value is not None:
             raise APIError(400, f"text.{key} is not served; text takes format only", f"text.{key}", "unsupported_value")
-    fmt = text.get("format") or {"type": "text"}
+    fmt = {"type": "text"} if text.get("format") is None else text["format"]  # false, 0, "" are no format
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
         raise APIError(400, 'text.format.type must be "text", "json_object" or "json_schema"', "text.format.type",
                        "invalid_value")
@@ -549,7 +567,3 @@ def _item_id(call_id: str) -> str:
     """A function_call item's id, made from its call id, so the stream and the Response agree without a table."""
     return "fc_" + call_id.removeprefix("call_")
 
-
-def openapi_body() -> dict:
-    """The route's request body for the OpenAPI document (the app reads the raw body itself)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ResponsesRequest.model_json_schema()}}}}

@@ -180,6 +180,9 @@ def parse_chat(payload: Any, allow_constraints: bool = False) -> GenerationCall:
     _refuse_undeclared(request)
     constraint, tools = _constraint(request, allow_constraints, request.tools, request.tool_choice, request.parallel_tool_calls)
     messages = checked_messages(request.messages)
+    if None not in (request.max_tokens, request.max_completion_tokens) and request.max_tokens != request.max_completion_tokens:
+        raise APIError(400, "max_tokens and max_completion_tokens (its newer name) differ; send one of them", "max_tokens",
+                       "invalid_value")  # else one would be ignored
     if request.top_logprobs is not None and not request.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
     logprobs = _bounded("top_logprobs", request.top_logprobs or 0, MAX_CHAT_LOGPROBS) if request.logprobs else None

@@ -264,7 +264,8 @@ def test_what_is_not_served_is_a_400_naming_the_field(server, fields, param):
 
 def test_the_openapi_document_has_the_request_model_and_the_metrics_count_the_route(server):
     document = httpx.get(server.url + "/openapi.json", timeout=30).json()
-    schema = document["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    ref = document["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    schema = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert {"input", "instructions", "tools", "text", "previous_response_id", "max_output_tokens"} <= set(schema["properties"])
     assert "$defs" not in json.dumps(schema)  # its references would not resolve inside the OpenAPI document
     for body in ({"input": "Hi", "max_output_tokens": 1}, {"input": "Hi", "background": True}):
@@ -380,3 +381,18 @@ def test_auto_and_the_tool_history_on_a_template_that_renders_them(tools_server)
     assert [item.type for item in response.output] == (["message"] if chat.choices[0].message.content else []) + \
         ["function_call"] * len(chat.choices[0].message.tool_calls or [])
     assert response.output_text == (chat.choices[0].message.content or "")
+
+
+def test_a_stored_response_can_be_read_back_and_deleted(server, api):
+    made = api.responses.create(model=MODEL, input="Say hi.", max_output_tokens=6)
+    read = api.responses.retrieve(made.id)
+    assert read.id == made.id and read.output_text == made.output_text and read.usage.output_tokens == made.usage.output_tokens
+    deleted = httpx.delete(server.url + f"/v1/responses/{made.id}", timeout=30)
+    assert deleted.status_code == 200 and deleted.json() == {"id": made.id, "object": "response", "deleted": True}
+    for reply in (httpx.get(server.url + f"/v1/responses/{made.id}", timeout=30),
+                  httpx.delete(server.url + f"/v1/responses/{made.id}", timeout=30)):
+        assert reply.status_code == 404 and reply.json()["error"]["param"] == "response_id", reply.text
+    again = httpx.post(server.url + "/v1/responses", json={"input": "And?", "previous_response_id": made.id}, timeout=60)
+    assert again.status_code == 400 and again.json()["error"]["code"] == "previous_response_not_found"
+    unstored = api.responses.create(model=MODEL, input="Say hi.", max_output_tokens=2, store=False)
+    assert httpx.get(server.url + f"/v1/responses/{unstored.id}", timeout=30).status_code == 404
