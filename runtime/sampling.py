@@ -33,6 +33,7 @@ MAX_LOGPROBS = 20
 # Smaller temperatures are refused: logits / 1e-310 overflows to inf and the pick is lost. vLLM treats
 # temperatures below the same 1e-5 as greedy; refusing them says so instead of changing the request.
 MIN_TEMPERATURE = 1e-5
+REPETITION_RANGE = (0.01, 100.0)  # a penalty of 5e-324 sent a logit to inf and left sampling no finite token
 SEED_RANGE = (-(2**63), 2**64)  # int64 and uint64 seeds are both accepted; the key is seed mod 2**64
 
 
@@ -58,7 +59,9 @@ class SamplingParams:
         _integer("top_k", self.top_k, lambda v: v >= 0, "an integer >= 0 (0 keeps every token)")
         _number("top_p", self.top_p, lambda v: 0 < v <= 1, "a number in (0, 1] (1 keeps every token)")
         _number("min_p", self.min_p, lambda v: 0 <= v <= 1, "a number in [0, 1] (0 keeps every token)")
-        _number("repetition_penalty", self.repetition_penalty, lambda v: v > 0, "a number > 0 (1 means none)")
+        _number("repetition_penalty", self.repetition_penalty, lambda v: REPETITION_RANGE[0] <= v <= REPETITION_RANGE[1],
+                f"a number from {REPETITION_RANGE[0]:g} to {REPETITION_RANGE[1]:g} (1 means none; past those, logits / p "
+                "overflow to infinity)")
         _number("frequency_penalty", self.frequency_penalty, lambda v: -2 <= v <= 2, "a number in [-2, 2]")
         _number("presence_penalty", self.presence_penalty, lambda v: -2 <= v <= 2, "a number in [-2, 2]")
         if self.seed is not None:

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from jacobi_rt.runtime.params import STRATEGIES
-from jacobi_rt.runtime.sampling import MIN_TEMPERATURE, SEED_RANGE
+from jacobi_rt.runtime.sampling import MIN_TEMPERATURE, REPETITION_RANGE, SEED_RANGE
 
 from .responses import IGNORED as RESPONSES_IGNORED
 from .responses import ResponsesRequest
@@ -58,7 +58,7 @@ def _sampling() -> dict[str, dict]:
         "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
         "top_k": _nullable({"type": "integer", "minimum": 0}),
         "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-        "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0}),
+        "repetition_penalty": _nullable({"type": "number", "minimum": REPETITION_RANGE[0], "maximum": REPETITION_RANGE[1]}),
         "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
         "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
         "seed": _nullable({"type": "integer", "minimum": SEED_RANGE[0], "maximum": SEED_RANGE[1] - 1}),

@@ -38,6 +38,8 @@ BAD = [
     (COMPLETIONS, {"prompt": "hi", "top_k": -1}, 400, "top_k", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "min_p": 2}, 400, "min_p", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", "invalid_value"),
+    (COMPLETIONS, {"prompt": "0", "max_tokens": 3, "temperature": 1.0, "seed": 0, "repetition_penalty": 5e-324, "min_p": 1},
+     400, "repetition_penalty", "invalid_value"),  # was a 500 (schemathesis): logits / p overflowed
     (COMPLETIONS, {"prompt": "hi", "frequency_penalty": 3}, 400, "frequency_penalty", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "seed": 1.5}, 400, "seed", "invalid_value"),
     (COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", "invalid_value"),
