@@ -32,7 +32,7 @@ from typing import Any, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from .errors import APIError
-from .schemas import GenerationCall, _validate, parse_chat
+from .schemas import GenerationCall, _validate, parse_chat, refuse_extra
 
 Number = Union[StrictInt, StrictFloat]
 
@@ -249,11 +249,7 @@ def parse_response(payload: Any, store: ResponseStore, model: str) -> Turn:
 
 
 def _refuse(request: ResponsesRequest) -> None:
-    for name in request.model_extra or {}:
-        if name not in IGNORED:
-            message = UNDECLARED.get(name, f"{name}: jacobi-rt does not know this field, and it may change the output; "
-                                           "leave it out")
-            raise APIError(400, message, name, "unsupported_value")
+    refuse_extra(request.model_extra, IGNORED, UNDECLARED)
     for name, (allowed, why) in NOT_SERVED.items():
         if getattr(request, name) not in allowed:
             raise APIError(400, why, name, "unsupported_value")

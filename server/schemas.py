@@ -234,12 +234,17 @@ _HINTS = {
 _UNION_BRANCH = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
 
 
-def _refuse_undeclared(request: CommonRequest) -> None:
-    for name in request.model_extra or {}:
-        if name not in IGNORED_FIELDS:
-            message = NOT_YET_SUPPORTED.get(name, f"{name}: jacobi-rt does not know this field, and it may change "
-                                                  "the output; leave it out")
+def refuse_extra(extra: dict | None, ignored: frozenset, refusals: dict[str, str]) -> None:
+    """A body's undeclared fields: those in `ignored` cannot change the output; any other is a 400 (with
+    its message in `refusals` when it is a known field not served)."""
+    for name in extra or {}:
+        if name not in ignored:
+            message = refusals.get(name, f"{name}: jacobi-rt does not know this field, and it may change the output; leave it out")
             raise APIError(400, message, name, "unsupported_value")
+
+
+def _refuse_undeclared(request: CommonRequest) -> None:
+    refuse_extra(request.model_extra, IGNORED_FIELDS, NOT_YET_SUPPORTED)
     for i, message in enumerate(getattr(request, "messages", None) or []):
         for name, value in (message.model_extra or {}).items():
             if value not in (None, "", [], {}) and name not in ("refusal", "annotations"):  # as echoed back by OpenAI
