@@ -199,7 +199,7 @@ def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, method
 
             with _weights_in(opened) if method == "full" else contextlib.nullcontext():
                 extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step,
-                                                          check_progress, max_context, weights(), checked=method == "full")
+                                                          check_progress, max_context, weights(), None if method == "full" else graph)
             graphs.update(extra)
     return graphs, check
 

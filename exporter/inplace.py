@@ -33,7 +33,6 @@ from .skip_norms import fuse_skip_norms
 NAME = "jacobi_inplace"
 ATTENTION = "gqa"  # the ONNX form of jacobi::gqa: "gqa" (the contrib op: reads only each row's length) or "scatter" (standard ops: reads the whole capacity)
 GRAPH_FILE = "model-inplace.onnx"
-UNCHECKED = "its check runs the whole model, and there is no layer-by-layer check for it yet (the portable graph was checked layer by layer)"
 
 
 @dataclass
@@ -187,18 +186,18 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, check_progress=None,
-                      max_context: int | None = None, weights=None, checked: bool = True) -> tuple[dict, dict]:
+                      max_context: int | None = None, weights=None, portable: Path | None = None) -> tuple[dict, dict]:
     """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures with the
     attention form), or ({}, {"skipped": why}) when this family cannot map onto it (the artifact
-    then has the portable graph only). A graph that traces but disagrees with PyTorch raises.
-    checked False (the portable graph checked layer by layer): the graph is traced but not checked,
-    and its record says so (method "none", `unchecked`: why), since its check needs the whole model.
+    then has the portable graph only). A graph that traces but disagrees with its reference raises.
+    The reference is PyTorch (the model holds its weights), or `portable`, the portable graph's file
+    when it was checked layer by layer (a model too big for the whole check): both run stage by stage.
 
     check_progress(n): as export()'s, called when the check starts (a bar made before the trace
     would count the trace's minutes as the first shape's)."""
     from jacobi_rt.runtime.errors import JacobiError
 
-    from .inplace_check import CASES, check_inplace_against_torch
+    from .inplace_check import CASES, check_inplace_against_portable, check_inplace_against_torch
 
     reason, attention = unsupported(shape), attention_form(shape)
     path = folder / GRAPH_FILE
@@ -215,10 +214,14 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
             p.unlink()
         step(f"no in-place graph for this model: {reason}")
         return {}, {"skipped": reason}
-    if not checked:
-        step(f"not checking the in-place graph: {UNCHECKED}")
-        return {spec.INPLACE: GRAPH_FILE}, {"method": "none", "unchecked": UNCHECKED, "attention": attention}
-    step(f"checking the in-place graph against PyTorch at {len(CASES)} batches")
-    progress = check_progress(len(CASES)) if check_progress else None
-    report = check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context)
+    if portable is not None:
+        from .layer_check import layer_scope
+
+        step(f"checking the in-place graph against the portable one at {len(CASES)} batches, stage by stage")
+        progress = check_progress(2 * (shape.num_layers + 2)) if check_progress else None
+        report = check_inplace_against_portable(portable, path, shape, dtype, layer_scope(model), progress, max_context=max_context)
+    else:
+        step(f"checking the in-place graph against PyTorch at {len(CASES)} batches")
+        progress = check_progress(len(CASES)) if check_progress else None
+        report = check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context)
     return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention}

@@ -1,10 +1,12 @@
-"""The in-place graph's export check: onnxruntime against the portable PyTorch window model.
+"""The in-place graph's export check: onnxruntime against the portable PyTorch window model, or,
+for a model too big for that (the portable graph checked layer by layer), against the portable ONNX
+graph, both run stage by stage (staged_run.py).
 
-Each case is a batch of rows with their own cached lengths (a real past from a PyTorch forward,
-the buffer's unused tail filled with noise that must never be read), one window per row, and a
-two-branch window mask for windows of 4 and more. Every row is compared with the portable
-window model (the model's own eager attention and cache) run on that row alone, so the check
-covers the contrib op, the bias built in-graph and the per-row lengths at once.
+Each case is a batch of rows with their own cached lengths (a real past from a forward of the
+reference, the buffer's unused tail filled with noise that must never be read), one window per row,
+and a two-branch window mask for windows of 4 and more. Every row is compared with the reference
+run on that row alone, so the check covers the contrib op, the bias built in-graph and the per-row
+lengths at once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 from jacobi_rt.runtime.errors import ExportCheckError
 
 from .check import TOLERANCE, CheckReport, _compare
+from .staged_run import Run, run_staged
+from .trace import ModelShape
 from .window_model import WindowModel, output_cache
 
 # (lengths of the rows, window)
@@ -91,12 +95,77 @@ def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=No
             _compare(report, expected, mine, (len(rows), window, r["length"]))
         if progress:
             progress()
+    _verdict(report, onnx_path)
+    return report
+
+
+def check_inplace_against_portable(portable_path, onnx_path, shape: ModelShape, dtype: str, layer_scope: str, progress=None,
+                                   cases=CASES, max_context: int | None = None) -> CheckReport:
+    """Compare the in-place ONNX with the portable ONNX (checked against PyTorch already), row by row,
+    both run stage by stage: one layer's weights resident at a time (progress: ticked per stage of
+    either graph). Each row's past is the portable graph's own over random tokens; raise if out of tolerance."""
+    rng = np.random.default_rng(100)
+    batches = [[_onnx_row(shape, length, window, rng) for length in lengths] for lengths, window in fitted_cases(cases, max_context)]
+    names = run_staged(portable_path, shape, layer_scope, [row for rows in batches for row in rows], progress)
+    batched = [_inplace_run(rows, shape, np.dtype(dtype), rng) for rows in batches]
+    run_staged(onnx_path, shape, layer_scope, batched, progress)
+    report = CheckReport(tolerance=TOLERANCE[dtype], reference="portable onnx", method="layer by layer")
+    for rows, run in zip(batches, batched):
+        window = rows[0].feeds["input_ids"].shape[1]
+        for b, row in enumerate(rows):
+            total = row.feeds["attention_mask"].shape[1]
+            mine = [run.outputs[n][b : b + 1] if n in ("logits", "greedy_ids") else run.outputs[n][b : b + 1, :, :total] for n in names]
+            _compare(report, row.ordered(names), mine, (len(rows), window, total - window))
+    _verdict(report, onnx_path)
+    return report
+
+
+def _onnx_row(shape: ModelShape, length: int, window: int, rng) -> Run:
+    """One row for the portable graph: a window (a second branch when window >= 4) over `length` past
+    tokens, their past computed by the graph itself (the prefill)."""
+    ids = rng.integers(0, shape.vocab_size, (1, length + window))
+    mask = np.tril(np.ones((window, window), dtype=bool))[None]
+    positions = np.arange(length, length + window)[None]
+    if window >= 4:
+        half = window // 2
+        mask[:, half:, :half] = False
+        positions[:, half:] = positions[:, : window - half]
+    prefill = None
+    if length:
+        prefill = Run({"input_ids": ids[:, :length], "position_ids": np.arange(length)[None],
+                       "attention_mask": np.ones((1, length), dtype=np.int64),
+                       "window_mask": np.tril(np.ones((length, length), dtype=bool))[None]})
+    return Run({"input_ids": ids[:, length:], "position_ids": positions, "attention_mask": np.ones((1, length + window), dtype=np.int64),
+                "window_mask": mask}, prefill)
+
+
+def _inplace_run(rows: list[Run], shape: ModelShape, dtype: np.dtype, rng) -> Run:
+    """The rows as one batch of the in-place graph: each row's past in a buffer of the batch's capacity,
+    its unused tail noise."""
+    window = rows[0].feeds["input_ids"].shape[1]
+    lengths = [row.feeds["attention_mask"].shape[1] - window for row in rows]
+    capacity = max(lengths) + window + SLACK
+    past = {}
+    for j in range(shape.num_layers):
+        buffers = []
+        for kv in (0, 1):
+            buffer = (rng.standard_normal((len(rows), shape.kv_heads, capacity, shape.head_dim)) * 100).astype(dtype)
+            for b, (row, length) in enumerate(zip(rows, lengths)):
+                buffer[b, :, :length] = row.past_of(j, shape)[kv][0]
+            buffers.append(buffer)
+        past[j] = tuple(buffers)
+    feeds = {name: np.concatenate([row.feeds[name] for row in rows]) for name in ("input_ids", "position_ids", "window_mask")}
+    feeds["attention_mask"] = np.ones((len(rows), max(lengths) + window), dtype=np.int64)
+    feeds["cache_lengths"] = np.array(lengths, dtype=np.int64)
+    return Run(feeds, past=past)
+
+
+def _verdict(report: CheckReport, onnx_path) -> None:
     if report.max_logit_diff > report.tolerance or report.max_present_diff > report.tolerance \
             or report.greedy_agree + report.near_ties < report.positions:
         raise ExportCheckError(
-            f"{onnx_path}: the in-place graph disagrees with PyTorch: max |logit diff| {report.max_logit_diff:.3g}, "
+            f"{onnx_path}: the in-place graph disagrees with {report.reference}: max |logit diff| {report.max_logit_diff:.3g}, "
             f"max |cache diff| {report.max_present_diff:.3g} (tolerance {report.tolerance:g}), greedy ids agree on "
             f"{report.greedy_agree}/{report.positions} positions ({report.near_ties} near-ties); per row: {report.shapes}. "
             "This is an exporter bug for this model: please report it"
         )
-    return report

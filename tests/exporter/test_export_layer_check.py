@@ -56,11 +56,35 @@ def test_the_manifest_records_the_check_and_its_figures(exports):
     assert all(s["max_hidden_diff"] <= report["hidden_tolerance"] * max(1.0, s["max_abs"]) for s in report["stages"][:-1])
     assert report["positions"] == theirs.check["vs_pytorch"]["positions"] == report["greedy_agree"]
     assert report["max_logit_diff"] == pytest.approx(theirs.check["vs_pytorch"]["max_logit_diff"], abs=1e-5)
-    # The in-place graph has no layer-by-layer check: the record says it went unchecked, with no figures.
-    assert mine.check["inplace"]["method"] == "none" and "no layer-by-layer check" in mine.check["inplace"]["unchecked"]
-    assert "max_logit_diff" not in mine.check["inplace"]
-    assert mine.inplace_attention == theirs.inplace_attention
+    # The in-place graph is checked against the portable ONNX, stage by stage; auto then loads it.
+    inplace = mine.check["inplace"]
+    assert (inplace["method"], inplace["reference"]) == ("layer by layer", "portable onnx")
+    assert inplace["greedy_agree"] == inplace["positions"] == theirs.check["inplace"]["positions"] > 0
+    assert inplace["max_logit_diff"] <= 1e-4 and inplace["max_present_diff"] <= 1e-4
+    assert mine.inplace_unchecked is None and mine.inplace_attention == theirs.inplace_attention
     assert "export check (layer by layer): max |logit diff|" in stdout
+
+
+def test_an_inplace_graph_unlike_the_portable_one_is_refused(exports, tmp_path):
+    """The staged in-place check can fail: one layer's attention scale changed is named as a disagreement."""
+    import onnx
+
+    from jacobi_rt.exporter.inplace_check import check_inplace_against_portable
+    from jacobi_rt.exporter.trace import ModelShape
+    from jacobi_rt.runtime.errors import ExportCheckError
+
+    _, _, layers, _ = exports
+    folder = tmp_path / "art"
+    shutil.copytree(layers, folder)
+    graph = onnx.load(str(folder / "model-inplace.onnx"), load_external_data=False)
+    attention = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == LAYERS
+    scale = next(a for a in attention[2].attribute if a.name == "scale")
+    scale.f *= 1.5
+    onnx.save(graph, str(folder / "model-inplace.onnx"))
+    shape = ModelShape(**{k: v for k, v in vars(_manifest(layers).architecture).items() if k != "family"})
+    with pytest.raises(ExportCheckError, match="disagrees with portable onnx"):
+        check_inplace_against_portable(folder / "model.onnx", folder / "model-inplace.onnx", shape, "float32", "model.model.layers.")
 
 
 def test_a_manifest_without_a_method_was_checked_full(exports, tmp_path):

@@ -55,8 +55,9 @@ def test_a_good_copy_still_loads_after_failures(copy):
 
 
 def test_an_unchecked_inplace_graph_is_not_chosen_for_you(copy):
-    """An export checked layer by layer leaves its in-place graph unchecked (manifest check.inplace.method
-    "none"): "auto" takes the checked portable graph; asking for the in-place one warns, and both agree."""
+    """Exports checked layer by layer before the in-place graph had a staged check (jacobi-rt of
+    2026-12-03) recorded it unchecked (manifest check.inplace.method "none"): "auto" takes the checked
+    portable graph; asking for the in-place one warns, and both agree."""
     assert Generator.load(copy).backend.graph == "inplace"
     manifest = json.loads((copy / "jacobi.json").read_text())
     manifest["check"]["inplace"] = {"method": "none", "unchecked": "checked layer by layer", "attention": "gqa"}
