@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from jacobi_rt.runtime.errors import ExportCheckError, require
+from jacobi_rt.runtime.spec import kv_inputs
 
 from .staged_run import Run, run_staged
 from .trace import ModelShape
@@ -160,8 +161,7 @@ def _run_graph(path, shape: ModelShape, runs: list[Run], layer_scope: str | None
     for run in runs:
         for part in ([run.prefill] if run.prefill is not None else []) + [run]:
             past = [part.past_of(j, shape)[v] for j in range(shape.num_layers) for v in (0, 1)]
-            feeds = {**part.feeds, **dict(zip([f"past_key_values.{j}.{kv}" for j in range(shape.num_layers)
-                                               for kv in ("key", "value")], past))}
+            feeds = {**part.feeds, **dict(zip([t.name for t in kv_inputs(shape.num_layers)], past))}
             part.outputs = dict(zip(names, session.run(names, feeds)))
         if progress:
             progress()

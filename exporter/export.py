@@ -121,7 +121,8 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     floats = weight_bytes(model)
     check_disk(folder, needed_disk(floats, kind) if not options.graphs_from else int(floats * QUANTIZED_SHARE[kind]))
 
-    method = check_method(options.check, floats, options.check_memory)
+    # reused graphs are not checked again: the method only says whether the agreement runs staged
+    method = check_method("auto" if options.graphs_from else options.check, floats, options.check_memory)
     if options.graphs_from:
         step(f"reusing the checked graphs of {options.graphs_from}")
         graphs, check = reuse_graphs(Path(options.graphs_from).expanduser(), folder, source_info, options, max_context)

@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from jacobi_rt.runtime.errors import ExportCheckError
 
 from .check import SHAPES, TOLERANCE, CheckReport, _compare, case_tensors, fitted
-from .layer_graph import EMBEDDING, TAIL, LayerGraph
+from .layer_graph import EMBEDDING, ONNX_FLOATS, TAIL, LayerGraph
 from .stitch import decoder_layers
 from .trace import WRAPPED, ModelShape
 from .window_model import CACHE_ARG, additive_mask
@@ -39,7 +39,6 @@ from .window_model import CACHE_ARG, additive_mask
 # A layer's hidden state against PyTorch's, relative to the largest |value| of PyTorch's (the
 # residual stream grows through the layers: SmolLM2-135M's reaches ~1e2 with fp32 errors ~1e-5).
 HIDDEN_TOLERANCE = {"float32": 1e-4, "float16": 2e-2}
-ONNX_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": np.float32}
 
 
 @dataclass
@@ -150,7 +149,7 @@ def _feeds(session, case: _Case, hidden=None, past: tuple | None = None) -> dict
     feeds = {}
     for i, arg in enumerate(session.get_inputs()):
         if i == 0 and hidden is not None:
-            feeds[arg.name] = np.asarray(hidden, dtype=ONNX_FLOAT[arg.type])
+            feeds[arg.name] = np.asarray(hidden, dtype=ONNX_FLOATS[arg.type])
         elif arg.name.startswith("past_key_values."):
             feeds[arg.name] = past[arg.name.endswith(".value")].numpy()
         else:

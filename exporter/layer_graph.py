@@ -28,11 +28,15 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from jacobi_rt.runtime.errors import ExportCheckError, require
 
 from .quantize import REPLACES
 from .stitch import SCOPES
 
+# a stage's float inputs as numpy makes them (bfloat16 has no numpy type: float32, cast by the caller)
+ONNX_FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(bfloat16)": np.float32}
 COPY_SUFFIX = re.compile(r"_layer(\d+)$")
 SHAPE_OPS = {"Shape", "Size"}  # their outputs depend on shapes, never on values
 EMBEDDING, PRELUDE, TAIL = "embedding", "prelude", "tail"

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .layer_graph import LayerGraph
+from .layer_graph import ONNX_FLOATS, LayerGraph
 from .trace import ModelShape
 
 GRAPH_OUTPUTS = ("logits", "greedy_ids")  # beside present.<layer>.key/value
-FLOATS = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
 @dataclass
@@ -67,7 +66,7 @@ def _step(session, run: Run, layer: int | None, shape: ModelShape) -> None:
         if arg.name in run.carried:
             feeds[arg.name] = run.carried[arg.name]
         elif arg.name.startswith("past_key_values."):  # this layer's past: another layer's is read for its shape only
-            feeds[arg.name] = run.past_of(layer or 0, shape, FLOATS[arg.type])[arg.name.endswith(".value")]
+            feeds[arg.name] = run.past_of(layer or 0, shape, ONNX_FLOATS[arg.type])[arg.name.endswith(".value")]
         else:
             feeds[arg.name] = run.feeds[arg.name]
     names = [o.name for o in session.get_outputs()]
