@@ -1,11 +1,13 @@
 """What an export costs the machine, decided before any graph is traced: its disk, and which check
 its memory allows.
 
-The full check holds the whole PyTorch model and an onnxruntime session of the same graph at once,
-twice the weights, and onnxruntime's session start holds its prepacked copies of the MatMul weights
-beside the initializers for a while: about three times the weights at the peak. It runs when four
-times the weights fit in the memory available (a margin for the rest of the machine); past that
-the check runs layer by layer (layer_check.py), one layer's weights resident on each side.
+The full check holds the whole PyTorch model and the graph in onnxruntime. With a whole session
+that is twice the weights, and onnxruntime's session start holds its prepacked copies of the MatMul
+weights beside the initializers for a while: about three times the weights at the peak, so it runs
+when four times the weights fit in the memory available (a margin for the rest of the machine).
+Past STAGED_ABOVE of weights every ONNX side of a check runs stage by stage (staged_run.py), one
+layer's weights resident: the full check then needs the PyTorch model and a margin, 1.5 times the
+weights. Past that the check runs layer by layer (layer_check.py), one layer on each side.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pathlib import Path
 from jacobi_rt.runtime.errors import OptionError
 
 GB = 1e9
-FULL_CHECK_SHARE = 4  # the full check runs when this many times the weights fit in the available memory
-STAGED_AGREEMENT_ABOVE = 1 * GB  # float weights past which a quantized graph is compared with the float one stage by stage
+STAGED_ABOVE = 1 * GB  # float weights past which the checks run their ONNX graphs stage by stage
+FULL_CHECK_SHARE = 4  # the full check with whole sessions runs when this many times the weights fit in the available memory
+STAGED_FULL_CHECK_SHARE = 1.5  # ... and with staged ones (past STAGED_ABOVE)
 QUANTIZED_SHARE = {"int4": 0.16, "int8": 0.28, "gguf": 0.30}  # of the float32 bytes, blocks and scales, rounded up
 
 
@@ -53,14 +56,27 @@ def available_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def staged(weights: int) -> bool:
+    """Whether the checks run their ONNX graphs stage by stage (staged_run.py) for `weights` bytes of
+    float weights. The figures are the same either way; staged costs SmolLM2-135M (0.54 GB) a few
+    seconds more, which is why small models run whole."""
+    return weights > STAGED_ABOVE
+
+
+def full_check_share(weights: int) -> float:
+    """How many times the weights the full check needs in memory."""
+    return STAGED_FULL_CHECK_SHARE if staged(weights) else FULL_CHECK_SHARE
+
+
 def check_method(requested: str, weights: int, available: int | None = None) -> str:
     """The export check to run, "full" or "layers", for `weights` bytes of float weights; `requested`
     is one of options.CHECKS; available: bytes of memory to count on (None: available_memory()).
     Refuses "full" before any work when it would not fit."""
     available = available_memory() if available is None else available
-    fits = FULL_CHECK_SHARE * weights <= available
+    share = full_check_share(weights)
+    fits = share * weights <= available
     if requested == "full" and not fits:
-        raise OptionError(f"the full check holds the model twice (PyTorch and onnxruntime), about {FULL_CHECK_SHARE} x "
+        raise OptionError(f"the full check holds the model in PyTorch beside the graph in onnxruntime, about {share:g} x "
                           f"{weights / GB:.1f} GB with its margin, but {available / GB:.1f} GB of memory are available; "
                           "use `check` layers (or auto) to check the graph one layer at a time", "check")
     if requested == "auto":
@@ -69,9 +85,8 @@ def check_method(requested: str, weights: int, available: int | None = None) -> 
 
 
 def staged_agreement(method: str, weights: int) -> bool:
-    """Whether a quantized export compares its graph with the float one stage by stage (staged_run.py),
-    one layer's weights resident: when the check ran layer by layer, and past STAGED_AGREEMENT_ABOVE of
-    float weights, where the two whole sessions (the float graph's prepacked copies beside its mapped
-    file, and the quantized graph's) would hold about three times the float weights. The figures are the
-    same either way; staged costs SmolLM2-135M ~4 s more, which is why small models stay whole."""
-    return method == "layers" or weights > STAGED_AGREEMENT_ABOVE
+    """Whether a quantized export compares its graph with the float one stage by stage: when the check
+    ran layer by layer, and past STAGED_ABOVE, where the two whole sessions (the float graph's
+    prepacked copies beside its mapped file, and the quantized graph's) would hold about three times
+    the float weights."""
+    return method == "layers" or staged(weights)

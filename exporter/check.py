@@ -12,17 +12,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from jacobi_rt.runtime.errors import ExportCheckError, require
-from jacobi_rt.runtime.spec import kv_inputs
+from jacobi_rt.runtime.errors import ExportCheckError
 
-from .staged_run import Run, run_staged
+from .staged_run import Run, run_graph, ticks
 from .trace import ModelShape
 from .window_model import WindowModel, output_cache
 
 # (batch, window, past)
 SHAPES = [(1, 1, 0), (1, 4, 0), (1, 1, 9), (1, 8, 17), (2, 5, 6), (2, 16, 33)]
 TOLERANCE = {"float32": 2e-3, "float16": 5e-2}
-ORT_HINT = 'pip install ".[cpu]" (or ".[gpu]") from the jacobi-rt checkout: the export check runs the graph in onnxruntime'
 
 
 def fitted(shapes: list, limit: int | None) -> list:
@@ -85,23 +83,24 @@ def random_case(model, shape: ModelShape, batch: int, window: int, past: int, se
     return [ids[:, past:], positions, mask, window_mask, *kv]
 
 
-def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progress=None, max_context: int | None = None) -> CheckReport:
+def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progress=None, max_context: int | None = None,
+                        layer_scope: str | None = None) -> CheckReport:
     """Compare ONNX (onnxruntime, CPU) with the PyTorch window model; raise ExportCheckError if out of tolerance.
-    max_context: the exported context; the shapes are fitted into it."""
-    ort = require("onnxruntime", ORT_HINT)
-
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
+    max_context: the exported context; the shapes are fitted into it. layer_scope: the graph runs stage
+    by stage (staged_run.py), so only the PyTorch model is held whole; progress ticks per stage then."""
     wrapper = WindowModel(model, shape.num_layers).eval()
     report = CheckReport(tolerance=TOLERANCE[dtype])
-    for seed, (batch, window, past) in enumerate(fitted(SHAPES, max_context)):
+    shapes, runs, expected = fitted(SHAPES, max_context), [], []
+    for seed, (batch, window, past) in enumerate(shapes):
         inputs = random_case(model, shape, batch, window, past, seed)
         with torch.no_grad():
-            expected = [t.float().numpy() for t in wrapper(*inputs)]
-        got = session.run(None, dict(zip(names, [t.numpy() for t in inputs])))
-        _compare(report, expected, got, (batch, window, past))
-        if progress:
-            progress()
+            expected.append([t.float().numpy() for t in wrapper(*inputs)])
+        ids, positions, mask, window_mask, *kv = [t.numpy() for t in inputs]
+        runs.append(Run({"input_ids": ids, "position_ids": positions, "attention_mask": mask, "window_mask": window_mask},
+                        past={j: (kv[2 * j], kv[2 * j + 1]) for j in range(shape.num_layers)}))
+    names = run_graph(onnx_path, shape, runs, layer_scope, progress)
+    for case, reference, run in zip(shapes, expected, runs):
+        _compare(report, reference, run.ordered(names), case)
     if report.max_logit_diff > report.tolerance or report.greedy_agree + report.near_ties < report.positions:
         raise ExportCheckError(
             f"{onnx_path}: ONNX disagrees with PyTorch: max |logit diff| {report.max_logit_diff:.3g} "
@@ -139,10 +138,10 @@ def check_against_onnx(reference_path, quantized_path, shape: ModelShape, text_i
     shapes = fitted(SHAPES, max_context)
     runs = [_onnx_run(shape, *case, seed) for seed, case in enumerate(shapes)] + [_text_run(text_ids)]
     quantized = [Run(run.feeds) for run in runs]
-    names = _run_graph(reference_path, shape, runs, layer_scope, progress)
+    names = run_graph(reference_path, shape, runs, layer_scope, progress)
     for run, twin in zip(runs, quantized):
         twin.past = {j: run.past_of(j, shape) for j in range(shape.num_layers)}
-    _run_graph(quantized_path, shape, quantized, layer_scope, progress)
+    run_graph(quantized_path, shape, quantized, layer_scope, progress)
     report = CheckReport(tolerance=float("inf"), reference="unquantized onnx", method="full" if layer_scope is None else "layer by layer")
     for case, run, twin in zip(shapes, runs, quantized):
         _compare(report, run.ordered(names), twin.ordered(names), case)
@@ -150,28 +149,10 @@ def check_against_onnx(reference_path, quantized_path, shape: ModelShape, text_i
     return report
 
 
-def _run_graph(path, shape: ModelShape, runs: list[Run], layer_scope: str | None, progress) -> list[str]:
-    """Every run through the graph at `path`, whole or stage by stage; returns its output names."""
-    if layer_scope is not None:
-        return run_staged(path, shape, layer_scope, runs, progress)
-    ort = require("onnxruntime", ORT_HINT)
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    for run in runs:
-        for part in ([run.prefill] if run.prefill is not None else []) + [run]:
-            past = [part.past_of(j, shape)[v] for j in range(shape.num_layers) for v in (0, 1)]
-            feeds = {**part.feeds, **dict(zip([t.name for t in kv_inputs(shape.num_layers)], past))}
-            part.outputs = dict(zip(names, session.run(names, feeds)))
-        if progress:
-            progress()
-    return names
-
-
 def agreement_steps(num_layers: int, staged: bool) -> int:
     """The ticks check_against_onnx gives its progress: each stage of both graphs, or each run (the
     random cases and the text) of both."""
-    return 2 * (num_layers + 2 if staged else len(SHAPES) + 1)
+    return 2 * ticks(len(SHAPES) + 1, num_layers, staged)
 
 
 def _onnx_run(shape: ModelShape, batch: int, window: int, past: int, seed: int) -> Run:

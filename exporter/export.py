@@ -27,7 +27,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 
 from . import sources
 from .destination import recover_interrupted
-from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, staged_agreement, weight_bytes
+from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, staged, staged_agreement, weight_bytes
 from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
@@ -209,13 +209,14 @@ def _check_portable(opened, shape, graph: Path, dtype: str, method: str, check_p
     """The portable graph against PyTorch: whole (a streamed skeleton filled for it), or layer by layer
     (the parameters outside the decoder layers filled throughout, each layer's read in as it is checked)."""
     from .check import check_against_torch
-    from .layer_check import check_layers, outside_layers, stage_count, streamed_layers
+    from .layer_check import check_layers, layer_scope, outside_layers, stage_count, streamed_layers
     from .skeleton import filled
 
     model = opened.model
     if method == "full":
+        scope = layer_scope(model) if staged(weight_bytes(model)) else None
         with _weights_in(opened):
-            return check_against_torch(model, shape, graph, dtype, _progress(check_progress), max_context)
+            return check_against_torch(model, shape, graph, dtype, _progress(check_progress, shape, scope), max_context, scope)
     progress = check_progress(stage_count(shape.num_layers)) if check_progress else None
     if not opened.streamed:
         return check_layers(graph, model, shape, dtype, None, progress, max_context)
@@ -252,11 +253,12 @@ def keep_first_layers(model, n: int) -> None:
         model.config.layer_types = model.config.layer_types[:n]
 
 
-def _progress(factory):
-    """A progress callable for the portable check's shapes, made as the check starts."""
+def _progress(factory, shape, scope: str | None):
+    """A progress callable for the portable check (its shapes, or its stages), made as the check starts."""
     from .check import SHAPES
+    from .staged_run import ticks
 
-    return factory(len(SHAPES)) if factory else None
+    return factory(ticks(len(SHAPES), shape.num_layers, scope is not None)) if factory else None
 
 
 def _check_destination(out: Path, overwrite: bool) -> None:

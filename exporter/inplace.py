@@ -197,8 +197,6 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
     would count the trace's minutes as the first shape's)."""
     from jacobi_rt.runtime.errors import JacobiError
 
-    from .inplace_check import CASES, check_inplace_against_portable, check_inplace_against_torch
-
     reason, attention = unsupported(shape), attention_form(shape)
     path = folder / GRAPH_FILE
     if reason is None:
@@ -214,14 +212,23 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
             p.unlink()
         step(f"no in-place graph for this model: {reason}")
         return {}, {"skipped": reason}
-    if portable is not None:
-        from .layer_check import layer_scope
-
-        step(f"checking the in-place graph against the portable one at {len(CASES)} batches, stage by stage")
-        progress = check_progress(2 * (shape.num_layers + 2)) if check_progress else None
-        report = check_inplace_against_portable(portable, path, shape, dtype, layer_scope(model), progress, max_context=max_context)
-    else:
-        step(f"checking the in-place graph against PyTorch at {len(CASES)} batches")
-        progress = check_progress(len(CASES)) if check_progress else None
-        report = check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context)
+    report = _check(model, shape, path, dtype, portable, step, check_progress, max_context)
     return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention}
+
+
+def _check(model, shape, path: Path, dtype: str, portable: Path | None, step, check_progress, max_context: int | None):
+    """The in-place graph against the portable ONNX (`portable`), or against PyTorch, its graph run
+    whole or stage by stage as the model's size says (budget.staged)."""
+    from .budget import staged, weight_bytes
+    from .inplace_check import CASES, check_inplace_against_portable, check_inplace_against_torch
+    from .layer_check import layer_scope
+    from .staged_run import ticks
+
+    scope = layer_scope(model) if portable is not None or staged(weight_bytes(model)) else None
+    against = "the portable one" if portable is not None else "PyTorch"
+    step(f"checking the in-place graph against {against} at {len(CASES)} batches{', stage by stage' if scope else ''}")
+    if portable is not None:
+        progress = check_progress(2 * ticks(len(CASES), shape.num_layers, True)) if check_progress else None
+        return check_inplace_against_portable(portable, path, shape, dtype, scope, progress, max_context=max_context)
+    progress = check_progress(ticks(len(CASES), shape.num_layers, scope is not None)) if check_progress else None
+    return check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context, layer_scope=scope)

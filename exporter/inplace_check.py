@@ -17,7 +17,7 @@ import torch
 from jacobi_rt.runtime.errors import ExportCheckError
 
 from .check import TOLERANCE, CheckReport, _compare
-from .staged_run import Run, run_staged
+from .staged_run import Run, run_graph, run_staged
 from .trace import ModelShape
 from .window_model import WindowModel, output_cache
 
@@ -73,19 +73,26 @@ def fitted_cases(cases: list, limit: int | None) -> list:
     return [(tuple(min(length, limit - min(window, limit)) for length in lengths), min(window, limit)) for lengths, window in cases]
 
 
-def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None, cases=CASES, max_context: int | None = None) -> CheckReport:
+def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None, cases=CASES, max_context: int | None = None,
+                                layer_scope: str | None = None) -> CheckReport:
     """Compare the in-place ONNX with the portable PyTorch window model row by row; raise if out of tolerance.
 
-    cases: (lengths of the rows, window) per batch, fitted into max_context (the exported context)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    cases: (lengths of the rows, window) per batch, fitted into max_context (the exported context).
+    layer_scope: the graph runs stage by stage (staged_run.py), only the PyTorch model held whole."""
     wrapper = WindowModel(model, shape.num_layers).eval()
     report = CheckReport(tolerance=TOLERANCE[dtype])
+    batches, runs = [], []
     for seed, (lengths, window) in enumerate(fitted_cases(cases, max_context)):
         g = torch.Generator().manual_seed(100 + seed)
         rows = [_row_case(model, shape, length, window, g) for length in lengths]
-        got = session.run(None, inplace_feeds(rows, shape, max(lengths) + window + SLACK, g))
+        feeds = inplace_feeds(rows, shape, max(lengths) + window + SLACK, g)
+        past = {j: (feeds.pop(f"past_key_values.{j}.key"), feeds.pop(f"past_key_values.{j}.value")) for j in range(shape.num_layers)}
+        batches.append(rows)
+        runs.append(Run(feeds, past=past))
+    names = run_graph(onnx_path, shape, runs, layer_scope, progress)
+    for rows, run in zip(batches, runs):
+        got = run.ordered(names)
+        window = rows[0]["ids"].shape[1]
         for b, r in enumerate(rows):
             total = r["length"] + window
             with torch.no_grad():
@@ -93,8 +100,6 @@ def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=No
             expected = [t.float().numpy() for t in expected]
             mine = [got[0][b : b + 1], got[1][b : b + 1], *(p[b : b + 1, :, :total] for p in got[2:])]
             _compare(report, expected, mine, (len(rows), window, r["length"]))
-        if progress:
-            progress()
     _verdict(report, onnx_path)
     return report
 

@@ -1,9 +1,10 @@
-"""A window graph run in pieces: its stages (layer_graph.chained_stages: the embedding, each decoder
-layer, the tail) one after another, one stage's weights resident at a time, every case through a
-stage before the next one loads. The outputs are the whole graph's (the same nodes, chained).
+"""A window graph run whole, or in pieces: its stages (layer_graph.chained_stages: the embedding, each
+decoder layer, the tail) one after another, one stage's weights resident at a time, every case through
+a stage before the next one loads. The outputs are the whole graph's (the same nodes, chained).
 
-For what must run a graph whose weights do not fit in memory, as a quantized export's agreement
-with a float graph of 30 GB does (check.check_against_onnx).
+Staged is for what must run a graph beside a model too big to hold twice, as the export's checks do
+past budget.STAGED_ABOVE of weights: the PyTorch model whole (check.py, inplace_check.py), or a
+quantized graph against a float graph of 30 GB (check.check_against_onnx).
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jacobi_rt.runtime.errors import require
+from jacobi_rt.runtime.spec import kv_inputs
+
 from .layer_graph import ONNX_FLOATS, LayerGraph
 from .trace import ModelShape
+
+ORT_HINT = 'pip install ".[cpu]" (or ".[gpu]") from the jacobi-rt checkout: the export check runs the graph in onnxruntime'
 
 GRAPH_OUTPUTS = ("logits", "greedy_ids")  # beside present.<layer>.key/value
 
@@ -41,6 +47,31 @@ class Run:
 
     def ordered(self, names: list[str]) -> list:
         return [self.outputs[name] for name in names]
+
+
+def run_graph(path, shape: ModelShape, runs: list[Run], layer_scope: str | None = None, progress=None) -> list[str]:
+    """Every run through the graph at `path`: one whole session, or with `layer_scope` (the decoder
+    layers' module scope, e.g. "model.model.layers.") stage by stage. progress: ticked per run (whole)
+    or per stage (staged; see ticks). Returns the graph's output names, in order."""
+    if layer_scope is not None:
+        return run_staged(path, shape, layer_scope, runs, progress)
+    ort = require("onnxruntime", ORT_HINT)
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    past_names = [t.name for t in kv_inputs(shape.num_layers)]
+    for run in runs:
+        for part in ([run.prefill] if run.prefill is not None else []) + [run]:
+            past = [part.past_of(j, shape)[v] for j in range(shape.num_layers) for v in (0, 1)]
+            part.outputs = dict(zip(names, session.run(names, {**part.feeds, **dict(zip(past_names, past))})))
+        if progress:
+            progress()
+    return names
+
+
+def ticks(runs: int, num_layers: int, staged: bool) -> int:
+    """How often run_graph ticks its progress: per stage when staged, else per run."""
+    return num_layers + 2 if staged else runs
 
 
 def run_staged(graph_path, shape: ModelShape, layer_scope: str, runs: list[Run], progress=None) -> list[str]:

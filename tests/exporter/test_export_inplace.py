@@ -60,6 +60,7 @@ def test_the_scatter_form_also_matches_pytorch(tiny_model, hf_model, tmp_path):
 
 def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytorch(exported, hf_model):
     from jacobi_rt.exporter.inplace_check import check_inplace_against_torch
+    from jacobi_rt.exporter.layer_check import layer_scope
     from jacobi_rt.exporter.trace import probe
 
     model = hf_model(exported.model_dir)
@@ -70,6 +71,11 @@ def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytor
     assert report.positions == sum(len(lengths) * w for lengths, w in cases)
     assert report.greedy_agree == report.positions
     assert report.max_logit_diff < 1e-4 and report.max_present_diff < 1e-4
+    # run stage by stage (as past budget.STAGED_ABOVE of weights), the graph gives the same figures (within float rounding)
+    staged = check_inplace_against_torch(model, probe(model), exported.artifact / "model-inplace.onnx", "float32", cases=cases,
+                                         layer_scope=layer_scope(model))
+    assert (staged.positions, staged.greedy_agree) == (report.positions, report.greedy_agree)
+    assert abs(staged.max_logit_diff - report.max_logit_diff) < 1e-6 and abs(staged.max_present_diff - report.max_present_diff) < 1e-6
 
 
 def test_multi_query_attention_in_place_matches_pytorch_and_decodes_like_greedy(tiny_artifact, hf_model):

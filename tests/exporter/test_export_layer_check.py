@@ -104,20 +104,23 @@ def test_a_manifest_without_a_method_was_checked_full(exports, tmp_path):
 
 
 def test_auto_checks_layer_by_layer_when_the_memory_is_small():
-    from jacobi_rt.exporter.budget import FULL_CHECK_SHARE, check_method
+    from jacobi_rt.exporter.budget import FULL_CHECK_SHARE, STAGED_ABOVE, STAGED_FULL_CHECK_SHARE, check_method
 
-    weights = 10**9
+    weights = STAGED_ABOVE  # the largest run with whole sessions
     assert check_method("auto", weights, available=FULL_CHECK_SHARE * weights) == "full"
     assert check_method("auto", weights, available=FULL_CHECK_SHARE * weights - 1) == "layers"
+    big = 4 * STAGED_ABOVE  # staged: the PyTorch model and a margin
+    assert check_method("auto", big, available=STAGED_FULL_CHECK_SHARE * big) == "full"
+    assert check_method("auto", big, available=STAGED_FULL_CHECK_SHARE * big - 1) == "layers"
     assert check_method("layers", weights, available=10**12) == "layers"
     assert check_method("auto", 1) == "full"  # this machine's MemAvailable holds a byte of weights
 
 
-def test_big_quantized_exports_compare_stage_by_stage():
-    from jacobi_rt.exporter.budget import STAGED_AGREEMENT_ABOVE, staged_agreement
+def test_big_exports_check_stage_by_stage():
+    from jacobi_rt.exporter.budget import STAGED_ABOVE, staged, staged_agreement
 
-    assert staged_agreement("layers", 1) and staged_agreement("full", STAGED_AGREEMENT_ABOVE + 1)
-    assert not staged_agreement("full", STAGED_AGREEMENT_ABOVE)  # SmolLM2-135M's 0.54 GB: whole, as before
+    assert staged_agreement("layers", 1) and staged_agreement("full", STAGED_ABOVE + 1) and staged(STAGED_ABOVE + 1)
+    assert not staged_agreement("full", STAGED_ABOVE) and not staged(STAGED_ABOVE)  # SmolLM2-135M's 0.54 GB: whole, as before
 
 
 def test_full_on_a_model_too_big_is_refused_before_any_work(exports, tmp_path):

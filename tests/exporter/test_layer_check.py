@@ -43,7 +43,7 @@ def _model(folder):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_layer_check_passes_with_the_whole_checks_figures(family, five_layers):
     from jacobi_rt.exporter.check import check_against_torch
-    from jacobi_rt.exporter.layer_check import check_layers, stage_count
+    from jacobi_rt.exporter.layer_check import check_layers, layer_scope, stage_count
     from jacobi_rt.exporter.trace import probe
 
     folder, artifact = five_layers(family)
@@ -52,6 +52,11 @@ def test_layer_check_passes_with_the_whole_checks_figures(family, five_layers):
     ticks = []
     report = check_layers(artifact / "model.onnx", model, shape, "float32", progress=lambda: ticks.append(1))
     whole = check_against_torch(model, shape, artifact / "model.onnx", "float32")
+    staged = check_against_torch(model, shape, artifact / "model.onnx", "float32", layer_scope=layer_scope(model))
+    # the graph run stage by stage: the same figures (gpt2's fused ops round a few 1e-8 differently)
+    assert (staged.positions, staged.greedy_agree, staged.near_ties) == (whole.positions, whole.greedy_agree, whole.near_ties)
+    assert staged.max_logit_diff == pytest.approx(whole.max_logit_diff, abs=1e-6)
+    assert staged.max_present_diff == pytest.approx(whole.max_present_diff, abs=1e-6)
     assert len(ticks) == stage_count(LAYERS) == len(report.stages)
     assert [s["stage"] for s in report.stages] == ["embedding"] + [f"layer {j}" for j in range(LAYERS)] + ["tail"]
     assert report.positions == whole.positions and report.greedy_agree == whole.greedy_agree == whole.positions
