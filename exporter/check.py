@@ -7,6 +7,7 @@ A greedy-id mismatch fails the check unless PyTorch itself saw a near-tie there.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -84,20 +85,23 @@ def random_case(model, shape: ModelShape, batch: int, window: int, past: int, se
 
 
 def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progress=None, max_context: int | None = None,
-                        layer_scope: str | None = None) -> CheckReport:
+                        layer_scope: str | None = None, weights_in=contextlib.nullcontext) -> CheckReport:
     """Compare ONNX (onnxruntime, CPU) with the PyTorch window model; raise ExportCheckError if out of tolerance.
     max_context: the exported context; the shapes are fitted into it. layer_scope: the graph runs stage
-    by stage (staged_run.py), so only the PyTorch model is held whole; progress ticks per stage then."""
+    by stage (staged_run.py), one layer's weights resident; progress ticks per stage then.
+    weights_in(): a context within which the model holds its weights (a streamed skeleton filled): PyTorch's
+    side runs in it, the graph after it, so the two never hold the weights at once."""
     wrapper = WindowModel(model, shape.num_layers).eval()
     report = CheckReport(tolerance=TOLERANCE[dtype])
     shapes, runs, expected = fitted(SHAPES, max_context), [], []
-    for seed, (batch, window, past) in enumerate(shapes):
-        inputs = random_case(model, shape, batch, window, past, seed)
-        with torch.no_grad():
-            expected.append([t.float().numpy() for t in wrapper(*inputs)])
-        ids, positions, mask, window_mask, *kv = [t.numpy() for t in inputs]
-        runs.append(Run({"input_ids": ids, "position_ids": positions, "attention_mask": mask, "window_mask": window_mask},
-                        past={j: (kv[2 * j], kv[2 * j + 1]) for j in range(shape.num_layers)}))
+    with weights_in():
+        for seed, (batch, window, past) in enumerate(shapes):
+            inputs = random_case(model, shape, batch, window, past, seed)
+            with torch.no_grad():
+                expected.append([t.float().numpy() for t in wrapper(*inputs)])
+            ids, positions, mask, window_mask, *kv = [t.numpy() for t in inputs]
+            runs.append(Run({"input_ids": ids, "position_ids": positions, "attention_mask": mask, "window_mask": window_mask},
+                            past={j: (kv[2 * j], kv[2 * j + 1]) for j in range(shape.num_layers)}))
     names = run_graph(onnx_path, shape, runs, layer_scope, progress)
     for case, reference, run in zip(shapes, expected, runs):
         _compare(report, reference, run.ordered(names), case)

@@ -198,9 +198,8 @@ def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, method
         if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
             from .inplace import add_inplace_graph
 
-            with _weights_in(opened) if method == "full" else contextlib.nullcontext():
-                extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step,
-                                                          check_progress, max_context, weights(), None if method == "full" else graph)
+            extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step, check_progress,
+                                                      max_context, weights(), None if method == "full" else graph, lambda: _weights_in(opened))
             graphs.update(extra)
     return graphs, check
 
@@ -215,8 +214,8 @@ def _check_portable(opened, shape, graph: Path, dtype: str, method: str, check_p
     model = opened.model
     if method == "full":
         scope = layer_scope(model) if staged(weight_bytes(model)) else None
-        with _weights_in(opened):
-            return check_against_torch(model, shape, graph, dtype, _progress(check_progress, shape, scope), max_context, scope)
+        return check_against_torch(model, shape, graph, dtype, _progress(check_progress, shape, scope), max_context, scope,
+                                   weights_in=lambda: _weights_in(opened))
     progress = check_progress(stage_count(shape.num_layers)) if check_progress else None
     if not opened.streamed:
         return check_layers(graph, model, shape, dtype, None, progress, max_context)
@@ -225,7 +224,8 @@ def _check_portable(opened, shape, graph: Path, dtype: str, method: str, check_p
 
 
 def _weights_in(opened):
-    """The PyTorch model with its real weights for a check (a streamed skeleton is filled, then emptied)."""
+    """The PyTorch model with its real weights for a check's PyTorch side (a streamed skeleton is filled,
+    then emptied before the graph runs: the two never hold the weights at once)."""
     from .skeleton import filled
 
     return filled(opened.model, opened.read) if opened.streamed else contextlib.nullcontext()

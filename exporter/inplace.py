@@ -14,6 +14,7 @@ rotary, q/k norms or biases, and hands them to `jacobi::gqa` with the layer's pa
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -186,12 +187,13 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, check_progress=None,
-                      max_context: int | None = None, weights=None, portable: Path | None = None) -> tuple[dict, dict]:
+                      max_context: int | None = None, weights=None, portable: Path | None = None, weights_in=None) -> tuple[dict, dict]:
     """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures with the
     attention form), or ({}, {"skipped": why}) when this family cannot map onto it (the artifact
     then has the portable graph only). A graph that traces but disagrees with its reference raises.
     The reference is PyTorch (the model holds its weights), or `portable`, the portable graph's file
     when it was checked layer by layer (a model too big for the whole check): both run stage by stage.
+    weights_in: as check.check_against_torch's (None: the model holds its weights).
 
     check_progress(n): as export()'s, called when the check starts (a bar made before the trace
     would count the trace's minutes as the first shape's)."""
@@ -212,11 +214,11 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
             p.unlink()
         step(f"no in-place graph for this model: {reason}")
         return {}, {"skipped": reason}
-    report = _check(model, shape, path, dtype, portable, step, check_progress, max_context)
+    report = _check(model, shape, path, dtype, portable, step, check_progress, max_context, weights_in or contextlib.nullcontext)
     return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention}
 
 
-def _check(model, shape, path: Path, dtype: str, portable: Path | None, step, check_progress, max_context: int | None):
+def _check(model, shape, path: Path, dtype: str, portable: Path | None, step, check_progress, max_context: int | None, weights_in):
     """The in-place graph against the portable ONNX (`portable`), or against PyTorch, its graph run
     whole or stage by stage as the model's size says (budget.staged)."""
     from .budget import staged, weight_bytes
@@ -231,4 +233,5 @@ def _check(model, shape, path: Path, dtype: str, portable: Path | None, step, ch
         progress = check_progress(2 * ticks(len(CASES), shape.num_layers, True)) if check_progress else None
         return check_inplace_against_portable(portable, path, shape, dtype, scope, progress, max_context=max_context)
     progress = check_progress(ticks(len(CASES), shape.num_layers, scope is not None)) if check_progress else None
-    return check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context, layer_scope=scope)
+    return check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context, layer_scope=scope,
+                                       weights_in=weights_in)

@@ -11,6 +11,8 @@ lengths at once.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -45,6 +47,13 @@ def _row_case(model, shape, length: int, window: int, generator) -> dict:
     return {"ids": ids[:, length:], "positions": positions, "mask": mask, "kv": kv, "length": length}
 
 
+def _portable_row(wrapper, row: dict, window: int) -> list:
+    """The portable PyTorch window model's outputs for one row alone (numpy, float32)."""
+    with torch.no_grad():
+        out = wrapper(row["ids"], row["positions"], torch.ones(1, row["length"] + window, dtype=torch.long), row["mask"], *row["kv"])
+    return [t.float().numpy() for t in out]
+
+
 def inplace_feeds(rows: list[dict], shape, capacity: int, generator) -> dict:
     """The in-place graph's inputs for a batch of rows (numpy)."""
     dtype = rows[0]["kv"][0].dtype
@@ -74,32 +83,32 @@ def fitted_cases(cases: list, limit: int | None) -> list:
 
 
 def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None, cases=CASES, max_context: int | None = None,
-                                layer_scope: str | None = None) -> CheckReport:
+                                layer_scope: str | None = None, weights_in=contextlib.nullcontext) -> CheckReport:
     """Compare the in-place ONNX with the portable PyTorch window model row by row; raise if out of tolerance.
 
     cases: (lengths of the rows, window) per batch, fitted into max_context (the exported context).
-    layer_scope: the graph runs stage by stage (staged_run.py), only the PyTorch model held whole."""
+    layer_scope, weights_in: as check.check_against_torch's (the graph stage by stage; PyTorch's side
+    first, within weights_in(), then the graph)."""
     wrapper = WindowModel(model, shape.num_layers).eval()
     report = CheckReport(tolerance=TOLERANCE[dtype])
-    batches, runs = [], []
-    for seed, (lengths, window) in enumerate(fitted_cases(cases, max_context)):
-        g = torch.Generator().manual_seed(100 + seed)
-        rows = [_row_case(model, shape, length, window, g) for length in lengths]
-        feeds = inplace_feeds(rows, shape, max(lengths) + window + SLACK, g)
-        past = {j: (feeds.pop(f"past_key_values.{j}.key"), feeds.pop(f"past_key_values.{j}.value")) for j in range(shape.num_layers)}
-        batches.append(rows)
-        runs.append(Run(feeds, past=past))
+    batches, runs, expected = [], [], []
+    with weights_in():
+        for seed, (lengths, window) in enumerate(fitted_cases(cases, max_context)):
+            g = torch.Generator().manual_seed(100 + seed)
+            rows = [_row_case(model, shape, length, window, g) for length in lengths]
+            feeds = inplace_feeds(rows, shape, max(lengths) + window + SLACK, g)
+            past = {j: (feeds.pop(f"past_key_values.{j}.key"), feeds.pop(f"past_key_values.{j}.value")) for j in range(shape.num_layers)}
+            batches.append(rows)
+            runs.append(Run(feeds, past=past))
+            expected.append([_portable_row(wrapper, r, window) for r in rows])
     names = run_graph(onnx_path, shape, runs, layer_scope, progress)
-    for rows, run in zip(batches, runs):
+    for rows, run, references in zip(batches, runs, expected):
         got = run.ordered(names)
         window = rows[0]["ids"].shape[1]
-        for b, r in enumerate(rows):
+        for b, (r, reference) in enumerate(zip(rows, references)):
             total = r["length"] + window
-            with torch.no_grad():
-                expected = wrapper(r["ids"], r["positions"], torch.ones(1, total, dtype=torch.long), r["mask"], *r["kv"])
-            expected = [t.float().numpy() for t in expected]
             mine = [got[0][b : b + 1], got[1][b : b + 1], *(p[b : b + 1, :, :total] for p in got[2:])]
-            _compare(report, expected, mine, (len(rows), window, r["length"]))
+            _compare(report, reference, mine, (len(rows), window, r["length"]))
     _verdict(report, onnx_path)
     return report
 
