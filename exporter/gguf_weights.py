@@ -38,6 +38,7 @@ class Candidate:
     name: str  # "NAME" for MatMul(x, NAME), "gather:NAME" for an embedding table
     shape: tuple[int, int]
     read: Callable[[], np.ndarray] = field(compare=False)  # W [N, K] (a view of the mapped file where it can be)
+    stored: Hashable = field(default=None, compare=False)  # where its values are (GraphWeights.stored): one plan per place
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,22 @@ class WeightPlan:
 class _Tensor:
     name: str
     kind: str
-    raw: np.ndarray  # the mapped blocks, [N, bytes a row]
+    file: Path
+    offset: int  # of its blocks in the file
+    raw_shape: tuple[int, int]  # [N, bytes a row]
     shape: tuple[int, int]  # (N, K)
+
+    @property
+    def raw(self) -> np.ndarray:
+        """The blocks, read from the file each time they are needed: a memory map's pages would stay in the
+        process's resident memory as they are read, the whole file's by the end of the pass."""
+        count = self.raw_shape[0] * self.raw_shape[1]
+        with open(self.file, "rb") as f:
+            f.seek(self.offset)
+            data = np.fromfile(f, dtype=np.uint8, count=count)
+        if data.size != count:
+            raise ExportCheckError(f"{self.file}: GGUF tensor {self.name} was cut short (the file changed while exporting)")
+        return data.reshape(self.raw_shape)
 
     def row_hashes(self) -> np.ndarray:
         """row_hashes of the values as the gguf package dequantizes them (what transformers loads), a chunk at a time."""
@@ -130,7 +145,9 @@ class GgufWeights:
             kind = t.tensor_type.name
             if len(t.shape) == 2 and kind not in FLOAT_TYPES:
                 k, n = (int(x) for x in t.shape)  # GGUF lists ne0 (the contiguous K) first
-                self.tensors.append(_Tensor(t.name, kind, t.data, (n, k)))
+                raw = t.data  # the reader's map: only its shape is kept
+                assert raw.dtype == np.uint8 and raw.ndim == 2, (t.name, raw.dtype, raw.shape)
+                self.tensors.append(_Tensor(t.name, kind, Path(path), int(t.data_offset), tuple(raw.shape), (n, k)))
         self._signed: dict[tuple, list[_Signed]] = {}  # (shape, signature) -> tensors in file order
         self._shapes_signed: set[tuple[int, int]] = set()
 

@@ -54,6 +54,20 @@ class GraphWeights:
             return values.transpose(*perm) if perm else values.T
         return read_external(self.folder, proto)
 
+    def stored(self, proto):
+        """Where proto's values are stored, (file, offset, dims, perm), equal for two graph files that read the
+        same bytes the same way; None for an inline one."""
+        from onnx import TensorProto
+
+        if proto.name in self._transposed:
+            source, perm = self._transposed[proto.name]
+            inner = self.stored(source)
+            return None if inner is None else (*inner, tuple(perm or ()) or "T")
+        if proto.data_location != TensorProto.EXTERNAL:
+            return None
+        info = {e.key: e.value for e in proto.external_data}
+        return (str((self.folder / info["location"]).resolve()), int(info.get("offset", 0)), tuple(proto.dims))
+
     def transposed(self, source, name: str, perm: list[int] | None):
         """A proto `name` holding source's values transposed by perm (None: reversed), read when needed."""
         from onnx import TensorProto

@@ -74,7 +74,8 @@ def float_planner(kind: str) -> Planner:
         out = WeightPlan()
         for c in candidates:
             if not c.name.startswith("gather:") and c.shape[1] % BLOCK == 0:
-                out.matrices[c.name] = Planned(kind, bits, BLOCK, c.shape, False, lambda c=c: quantize_float(c.read(), bits), c.name)
+                out.matrices[c.name] = Planned(kind, bits, BLOCK, c.shape, False, lambda c=c: quantize_float(c.read(), bits),
+                                                 c.name if c.stored is None else c.stored)
         return out
 
     return plan
@@ -129,10 +130,12 @@ def weight_candidates(model, values: GraphWeights) -> list[Candidate]:
         if node.op_type == "MatMul":
             for name in weight_parts(node, producer, inits) or []:
                 k, n = inits[name].dims
-                out.setdefault(name, Candidate(name, (n, k), lambda p=inits[name]: values.read(p).T))
+                out.setdefault(name, Candidate(name, (n, k), lambda p=inits[name]: values.read(p).T, values.stored(inits[name])))
         elif node.op_type == "Gather" and node.input[0] in inits and attribute(node, "axis", 0) == 0:
             table = inits[node.input[0]]
-            out.setdefault("gather:" + table.name, Candidate("gather:" + table.name, tuple(table.dims), lambda p=table: values.read(p)))
+            stored = values.stored(table)
+            out.setdefault("gather:" + table.name, Candidate("gather:" + table.name, tuple(table.dims), lambda p=table: values.read(p),
+                                                             None if stored is None else ("gather", *stored)))
     return list(out.values())
 
 

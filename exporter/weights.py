@@ -10,10 +10,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .gguf_weights import GgufWeights
+from .gguf_weights import Candidate, GgufWeights, WeightPlan
 from .options import ExportOptions
 from .graph_weights import data_files
-from .quantize import WeightReport, float_planner, quantize_graph_file
+from .quantize import Planner, WeightReport, float_planner, quantize_graph_file
 from .weight_file import WEIGHTS_FILE, WeightFile
 
 STAGING = ".weights"
@@ -31,6 +31,7 @@ def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None
     else:
         step(f"quantizing weights to {kind} (MatMulNBits, accuracy level {options.accuracy_level})")
         planner = float_planner(kind)
+    planner = planned_once(planner)
     staging = folder / STAGING
     staging.mkdir(exist_ok=True)
     report = WeightReport(kind, options.accuracy_level)
@@ -47,6 +48,30 @@ def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None
     for message in report.messages:
         step(f"  {message}")
     return report
+
+
+def planned_once(planner: Planner) -> Planner:
+    """`planner`, each stored weight planned once across the artifact's graphs: the in-place graph reads
+    the portable one's weights (the same file, offsets and layout), so its candidates take their plans.
+    A GGUF match reads, hashes and verifies every matrix: at 8B that is minutes a graph."""
+    done: dict = {}  # Candidate.stored -> (its Planned or None, its kept_float entry or None)
+
+    def plan(candidates: list[Candidate]) -> WeightPlan:
+        fresh = [c for c in candidates if c.stored is None or c.stored not in done]
+        out = planner(fresh)
+        for c in fresh:
+            if c.stored is not None:
+                done[c.stored] = (out.matrices.get(c.name), out.kept_float.get(c.name))
+        for c in candidates:
+            if c.stored is not None and c.name not in {f.name for f in fresh}:
+                matrix, kept = done[c.stored]
+                if matrix is not None:
+                    out.matrices[c.name] = matrix
+                if kept is not None:
+                    out.kept_float[c.name] = kept
+        return out
+
+    return plan
 
 
 def staged(folder: Path, name: str) -> Path:
