@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from weight_golden import CASES, DATA, describe, export_case
+from weight_golden import CASES, DATA, describe, export_case, kernels
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,8 +33,11 @@ def test_the_pass_makes_the_graphs_it_made_before(case):
     got = describe(folder, float_folder)
     assert got["float"] == want["float"], "the float export itself changed: these digests no longer test the weight pass"
     assert got["graphs"] == want["graphs"]
-    assert got["outputs"] == want["outputs"]
-    assert got["tokens"] == want["tokens"]
+    if kernels() not in want["outputs"]:  # equal graphs; their outputs round by instruction set (weight_golden.py)
+        pytest.skip(f"the graphs are equal; no outputs are recorded for this CPU's kernels ({kernels()}; recorded: "
+                    f"{sorted(want['outputs'])}): python tests/exporter/weight_golden.py --outputs records them")
+    assert got["outputs"] == want["outputs"][kernels()]
+    assert got["tokens"] == want["tokens"][kernels()]
 
 
 def external(path: Path) -> dict[str, tuple[str, int, int]]:

@@ -5,16 +5,20 @@
 (op, domain, name, inputs, outputs, attributes, in order), its initializers (name, type, dims and
 the sha256 of the values, wherever they are stored), and the portable graph's outputs on fixed
 feeds, plus the tokens `Generator.generate` gives. Equal initializer values and equal nodes are
-equal graphs, so outputs are then bitwise equal on any machine; the output digests themselves were
-taken with onnxruntime 1.32's CPU kernels, one thread.
+equal graphs; their outputs are bitwise equal on machines whose CPUs take the same onnxruntime
+kernels (1.32, one thread), but not across instruction sets: the int8-activation kernels of
+MatMulNBits round differently on AVX2 and AVX-512 VNNI. So outputs and tokens are recorded per
+`kernels()`, this CPU's kernel family.
 
-    python tests/exporter/weight_golden.py   # (re)writes tests/exporter/data/weight_pass/*.json
+    python tests/exporter/weight_golden.py            # (re)writes tests/exporter/data/weight_pass/*.json
+    python tests/exporter/weight_golden.py --outputs  # adds this CPU's outputs and tokens (its graphs must match)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import sys
 from pathlib import Path
 
@@ -128,6 +132,18 @@ def output_digests(folder: Path, arch) -> dict[str, str]:
             for name, v in zip(names, session.run(names, portable_feeds(arch)))}
 
 
+KERNEL_ORDER = ("amx_int8", "avx512_vnni", "avx512f", "avx_vnni", "avx2", "i8mm", "asimddp", "asimd")  # most specific first
+
+
+def kernels() -> str:
+    """The instruction set that picks onnxruntime's int8 kernels on this CPU, e.g. "x86_64 avx512_vnni"."""
+    from jacobi_rt.runtime.backends.exact_rows import cpuinfo
+
+    fields = (cpuinfo() or [{}])[0]
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return f"{platform.machine()} {next((f for f in KERNEL_ORDER if f in flags), 'generic')}"
+
+
 def describe(folder: Path, float_folder: Path) -> dict:
     from jacobi_rt.runtime import Generator
     from jacobi_rt.runtime.manifest import load_manifest
@@ -146,12 +162,19 @@ def describe(folder: Path, float_folder: Path) -> dict:
 def main() -> None:
     import tempfile
 
+    outputs_only = "--outputs" in sys.argv
     DATA.mkdir(parents=True, exist_ok=True)
-    for case in sys.argv[1:] or CASES:
+    for case in [a for a in sys.argv[1:] if not a.startswith("--")] or CASES:
+        path = DATA / f"{case}.json"
         with tempfile.TemporaryDirectory() as tmp:
             folder = export_case(case, Path(tmp))
-            (DATA / f"{case}.json").write_text(json.dumps(describe(folder, Path(tmp) / "float"), indent=1, sort_keys=True) + "\n")
-        print("wrote", case, flush=True)
+            got = describe(folder, Path(tmp) / "float")
+        record = json.loads(path.read_text()) if outputs_only else {"float": got["float"], "graphs": got["graphs"], "outputs": {}, "tokens": {}}
+        if (record["float"], record["graphs"]) != (got["float"], got["graphs"]):
+            raise SystemExit(f"{case}: the graphs differ from the recorded ones: record everything again, not --outputs")
+        record["outputs"][kernels()], record["tokens"][kernels()] = got["outputs"], got["tokens"]
+        path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        print("wrote", case, kernels(), flush=True)
 
 
 if __name__ == "__main__":
