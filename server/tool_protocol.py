@@ -23,6 +23,7 @@ from typing import Literal
 from jacobi_rt.runtime.constraints import Constraint, JSON_FORMAT
 from jacobi_rt.runtime.tokenizer import Tokenizer
 
+from .call_schema import call_schemas
 from .errors import APIError
 from .schemas import GenerationCall
 from .structured import function_specs, made
@@ -70,9 +71,10 @@ def described(messages: list[dict], functions: list[dict], parallel: bool) -> li
 
 def grammar(functions: dict[str, dict], parallel: bool) -> str:
     """The Lark grammar (llguidance's dialect) of the generic protocol's output."""
-    items = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"const": name}, "arguments": parameters}} for name, parameters in functions.items()]
+    items, defs = call_schemas(functions)
     one = items[0] if len(items) == 1 else {"anyOf": items}
     schema = {"anyOf": [one, {"type": "array", "minItems": 1, "items": one}]} if parallel else dict(one)
+    if defs:
+        schema["$defs"] = defs
     schema["x-guidance"] = JSON_FORMAT  # the separators every other constrained JSON output has
     return "\n".join(["start: call | answer", f"call: %json {json.dumps(schema)}", r"answer: /[^\[{\s][\s\S]*/", ""])
