@@ -15,7 +15,8 @@ server returned are taken back as they were sent), else a 400 naming it.
 results (its source reads `tool_calls` and names the "tool" role, as Qwen2.5's and Llama 3.1's do);
 any other template gets the generic rendering: an assistant's calls appended to its content as the
 JSON array the server's own tool-call format writes ([{"name", "arguments"}]), and each run of tool
-results as one user turn, a block per result: "Tool result of NAME (call ID):" then the result.
+results as one user turn, a block per result: "Tool result of NAME (call ID):" then the result, and
+last "Answer the question with this result." (these results, for several).
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ def _text(message: ChatMessage, where: str) -> str:
     return "".join(texts)
 
 
+ANSWER_ONE = "Answer the question with this result."
+ANSWER_SEVERAL = "Answer the question with these results."
 _TOOL_ROLE = re.compile(r"""['"]tool['"]""")
 
 
@@ -165,14 +168,22 @@ def for_template(messages: list[dict], template: str | None) -> list[dict]:
         if message["role"] == "tool":
             block = generic_result(message)
             if shaped and shaped[-1].get("tool_results"):
-                shaped[-1] = {**shaped[-1], "content": shaped[-1]["content"] + "\n\n" + block}
+                last = shaped[-1]
+                shaped[-1] = {**last, "content": last["content"] + "\n\n" + block, "tool_results": last["tool_results"] + 1}
             else:
-                shaped.append({"role": "user", "content": block, "tool_results": True})
+                shaped.append({"role": "user", "content": block, "tool_results": 1})
         elif "tool_calls" in message:
             shaped.append({"role": "assistant", "content": generic_calls(message)})
         else:
             shaped.append(message)
-    return [{k: v for k, v in m.items() if k != "tool_results"} for m in shaped]
+    return [_closed(m) if m.get("tool_results") else m for m in shaped]
+
+
+def _closed(turn: dict) -> dict:
+    """A run of tool results as one user turn, ending with a request to answer: without it SmolLM2-135M
+    repeats the call it just made, turn after turn, until an agent's turn limit (tools/agent_frameworks.py)."""
+    several = turn["tool_results"] > 1
+    return {"role": "user", "content": turn["content"] + "\n\n" + (ANSWER_SEVERAL if several else ANSWER_ONE)}
 
 
 def generic_calls(message: dict) -> str:

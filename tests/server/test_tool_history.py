@@ -43,7 +43,7 @@ def test_a_tool_round_trip_on_smollm2_with_the_official_client(start_server, gen
     # the generic rendering, written out: the call as the JSON "required" makes the model write, the result a user turn
     rendered = QUESTION + [
         {"role": "assistant", "content": json.dumps([{"name": "multiply", "arguments": arguments}])},
-        {"role": "user", "content": f"Tool result of multiply (call {call.id}):\n42"}]
+        {"role": "user", "content": f"Tool result of multiply (call {call.id}):\n42\n\nAnswer the question with this result."}]
     expected = generator("smollm2-135m").generate(messages=rendered, max_new_tokens=12, strategy="greedy")
     for reply in replies:
         assert reply.usage.prompt_tokens == expected.stats.prompt_tokens
