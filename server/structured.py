@@ -24,7 +24,7 @@ from jacobi_rt.runtime.constraints import Constraint
 from jacobi_rt.runtime.errors import InputError, MissingDependencyError
 from jacobi_rt.runtime.tokenizer import TOOL_CALL_TAGS
 
-from .call_schema import call_schemas
+from .call_schema import call_schemas, closed
 from .errors import APIError
 from .finite import no_finite_output
 from .tool_calls import ToolCalls
@@ -147,7 +147,7 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
 
 def _functions(tools: list) -> dict[str, dict]:
     """name -> parameters schema, each tool checked as OpenAI checks it."""
-    return {name: spec["parameters"] for name, spec in function_specs(tools).items()}
+    return {name: closed(spec["parameters"]) for name, spec in function_specs(tools).items()}
 
 
 def function_specs(tools: list) -> dict[str, dict]:

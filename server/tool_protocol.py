@@ -23,7 +23,7 @@ from typing import Literal
 from jacobi_rt.runtime.constraints import Constraint, JSON_FORMAT
 from jacobi_rt.runtime.tokenizer import Tokenizer
 
-from .call_schema import call_schemas
+from .call_schema import call_schemas, closed
 from .errors import APIError
 from .schemas import GenerationCall
 from .structured import function_specs, made
@@ -71,7 +71,7 @@ def described(messages: list[dict], functions: list[dict], parallel: bool) -> li
 
 def grammar(functions: dict[str, dict], parallel: bool) -> str:
     """The Lark grammar (llguidance's dialect) of the generic protocol's output."""
-    items, defs = call_schemas(functions)
+    items, defs = call_schemas({name: closed(parameters) for name, parameters in functions.items()})
     one = items[0] if len(items) == 1 else {"anyOf": items}
     schema = {"anyOf": [one, {"type": "array", "minItems": 1, "items": one}]} if parallel else dict(one)
     if defs:

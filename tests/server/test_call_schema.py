@@ -38,5 +38,22 @@ def test_required_and_the_generic_protocol_compile_such_parameters(parameters):
 
 def test_the_generic_grammar_keeps_parameters_without_refs_inline():
     """Schemas without $refs compile to the same grammar as before (the outputs tested elsewhere stay)."""
+    from jacobi_rt.server.call_schema import closed
+
     text = grammar({"f": FLAT}, False)
-    assert json.dumps(FLAT) in text and "$defs" not in text
+    assert json.dumps(closed(FLAT)) in text and "$defs" not in text
+
+
+def test_closed_admits_only_the_listed_properties_where_the_schema_says_nothing_of_others():
+    from jacobi_rt.server.call_schema import closed
+
+    person = {"type": "object", "properties": {"name": {"type": "string"}, "properties": {"type": "object", "properties": {}},
+                                               "tags": {"type": "array", "items": {"type": "object", "properties": {"t": {}}}}}}
+    out = closed(person)
+    assert out["additionalProperties"] is False and out["properties"]["tags"]["items"]["additionalProperties"] is False
+    assert out["properties"]["properties"] == {"type": "object", "properties": {}, "additionalProperties": False}
+    assert "additionalProperties" not in out["properties"]  # a property named "properties" is no keyword
+    left = [{"type": "object", "properties": {"a": {}}, "additionalProperties": True},  # says so itself
+            {"type": "object", "properties": {"a": {}}, "allOf": [{"type": "object", "properties": {"b": {}}}]},
+            {"type": "object", "properties": {"a": {}}, "$ref": "#/$defs/B"}]
+    assert closed(left) == left
