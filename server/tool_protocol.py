@@ -45,8 +45,16 @@ def protocol(tokenizer: Tokenizer) -> Protocol:
 def resolve_tools(call: GenerationCall, tokenizer: Tokenizer) -> None:
     """Make `call` (in place, so whatever holds it, a Responses turn too, answers by it) as this model serves
     it: a chat with tool_choice "auto" on a template without the template protocol gets the generic one (the
-    system message, the grammar, the reader); any other call stays as it is."""
-    if call.tools is None or call.tools.tags is None or protocol(tokenizer) == "template":
+    system message, the grammar, the reader); "required" or a named function on a template that renders no
+    tools gets them listed in the system message (`listed`), so the model knows what the grammar makes it
+    call; any other call stays as it is."""
+    if call.tools is None:
+        return
+    if call.tools.tags is None:
+        if call.messages is not None and call.tool_specs and not tokenizer.takes_tools:
+            call.messages = listed(call.messages, list(function_specs(call.tool_specs).values()))
+        return
+    if protocol(tokenizer) == "template":
         return
     if call.constraint is not None:
         raise APIError(400, 'tool_choice "auto" on this model constrains the output (the generic tool protocol), as '
@@ -61,8 +69,21 @@ def resolve_tools(call: GenerationCall, tokenizer: Tokenizer) -> None:
 
 def described(messages: list[dict], functions: list[dict], parallel: bool) -> list[dict]:
     """`messages` with the tools described at the end of the first system message (or in a new one first)."""
-    lines = [INTRO] + [json.dumps(function, ensure_ascii=False) for function in functions]
-    text = "\n".join(lines) + "\n\n" + CALL_FORMAT + (SEVERAL if parallel else "") + ANSWER
+    return _appended(messages, _lines(functions) + "\n\n" + CALL_FORMAT + (SEVERAL if parallel else "") + ANSWER)
+
+
+def listed(messages: list[dict], functions: list[dict]) -> list[dict]:
+    """`messages` with the tools listed as `described` lists them, without the protocol's words: under
+    tool_choice "required" or a named function the grammar alone says what to write. SmolLM2-135M without
+    the list wrote {"a": 10, "b": 7} for "Call multiply with a=6 and b=7" (tools/agent_frameworks.py)."""
+    return _appended(messages, _lines(functions))
+
+
+def _lines(functions: list[dict]) -> str:
+    return "\n".join([INTRO] + [json.dumps(function, ensure_ascii=False) for function in functions])
+
+
+def _appended(messages: list[dict], text: str) -> list[dict]:
     if messages and messages[0]["role"] in ("system", "developer"):
         first = messages[0]
         return [{**first, "content": f"{first['content']}\n\n{text}" if first["content"] else text}] + messages[1:]
