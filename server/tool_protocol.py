@@ -45,13 +45,13 @@ def protocol(tokenizer: Tokenizer) -> Protocol:
 def resolve_tools(call: GenerationCall, tokenizer: Tokenizer) -> None:
     """Make `call` (in place, so whatever holds it, a Responses turn too, answers by it) as this model serves
     it: a chat with tool_choice "auto" on a template without the template protocol gets the generic one (the
-    system message, the grammar, the reader); "required" or a named function on a template that renders no
-    tools gets them listed in the system message (`listed`), so the model knows what the grammar makes it
-    call; any other call stays as it is."""
+    system message, the grammar, the reader); a named function on a template that renders no tools gets the
+    tools listed in the system message (`listed`), since its output, the bare arguments, names nothing; any
+    other call stays as it is."""
     if call.tools is None:
         return
     if call.tools.tags is None:
-        if call.messages is not None and call.tool_specs and not tokenizer.takes_tools:
+        if call.tools.name is not None and call.messages is not None and call.tool_specs and not tokenizer.takes_tools:
             call.messages = listed(call.messages, list(function_specs(call.tool_specs).values()))
         return
     if protocol(tokenizer) == "template":
@@ -73,9 +73,10 @@ def described(messages: list[dict], functions: list[dict], parallel: bool) -> li
 
 
 def listed(messages: list[dict], functions: list[dict]) -> list[dict]:
-    """`messages` with the tools listed as `described` lists them, without the protocol's words: under
-    tool_choice "required" or a named function the grammar alone says what to write. SmolLM2-135M without
-    the list wrote {"a": 10, "b": 7} for "Call multiply with a=6 and b=7" (tools/agent_frameworks.py)."""
+    """`messages` with the tools listed as `described` lists them, without the protocol's words: under a named
+    tool_choice the grammar alone says what to write. SmolLM2-135M without the list wrote {"a": 10, "b": 7}
+    for "Call multiply with a=6 and b=7" (tools/agent_frameworks.py). Not for "required": its output names
+    the function, and with the list SmolLM2 wrote the same call again and again until max_tokens."""
     return _appended(messages, _lines(functions))
 
 

@@ -59,7 +59,7 @@ def test_a_schema_that_cannot_finish_in_max_tokens_is_length(api):
 
 
 def test_named_tool_and_required_tools_answer_tool_calls(api, gen):
-    # one tool a request: the tools listed in the prompt (tool_protocol.listed) must fit the tiny llama's 256 tokens
+    # one tool: the tools listed in the prompt (tool_protocol.listed) must fit the tiny llama's 256 tokens
     named = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=40, tools=[WEATHER],
                                         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     choice = named.choices[0]
@@ -72,7 +72,7 @@ def test_named_tool_and_required_tools_answer_tool_calls(api, gen):
                             constraint=Constraint.json_schema(WEATHER["function"]["parameters"]))
     assert call.function.arguments == expected.text
 
-    required = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=40, tools=[TIME],
+    required = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=80, tools=[WEATHER, TIME],
                                            tool_choice="required")
     choice = required.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
