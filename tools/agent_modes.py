@@ -146,6 +146,20 @@ def lc_tools(tool_choice: str | None) -> Callable[[Target], str]:
     return run
 
 
+def lc_stream_tools(target: Target) -> str:
+    """bind_tools(tool_choice="any"), streamed: the chunks joined carry the call."""
+    seen: list = []
+    multiply = multiply_tool(seen)
+    chunks = list(_chat_openai(target).bind_tools([multiply], tool_choice="any").stream(CALL))
+    joined = chunks[0]
+    for chunk in chunks[1:]:
+        joined = joined + chunk
+    if not joined.tool_calls:
+        raise ModeFailed(f"no tool call in {len(chunks)} chunks; content {joined.content[:60]!r}")
+    multiply(**joined.tool_calls[0]["args"])
+    return f"{len(chunks)} chunks, multiply{seen[0]}"
+
+
 def lc_structured(method: str) -> Callable[[Target], str]:
     def run(target: Target) -> str:
         person = _chat_openai(target).with_structured_output(person_model(), method=method)
@@ -288,6 +302,25 @@ def sdk_tools(responses: bool, tool_choice: str | None) -> Callable[[Target], st
     return run
 
 
+def sdk_stream_tools(responses: bool) -> Callable[[Target], str]:
+    """The tool loop with tool_choice "required" under Runner.run_streamed."""
+    def run(target: Target) -> str:
+        from agents import Runner, function_tool
+
+        seen: list = []
+
+        async def go():
+            agent = _sdk_agent(target, responses, tools=[function_tool(multiply_tool(seen))], tool_choice="required")
+            result = Runner.run_streamed(agent, CALL, max_turns=MAX_TURNS)
+            async for _ in result.stream_events():
+                pass
+            return result.final_output
+
+        return _called(seen, str(asyncio.run(go())))
+
+    return run
+
+
 def sdk_output(responses: bool) -> Callable[[Target], str]:
     def run(target: Target) -> str:
         from agents import Runner
@@ -308,6 +341,7 @@ def _sdk_modes(label: str, responses: bool) -> list[Mode]:
             Mode(package, f"{label} tools (auto)", sdk_tools(responses, None)),
             Mode(package, f"{label} tool_choice required", sdk_tools(responses, "required")),
             Mode(package, f"{label} tool_choice named", sdk_tools(responses, "multiply")),
+            Mode(package, f"{label} stream, tool_choice required", sdk_stream_tools(responses)),
             Mode(package, f"{label} output_type", sdk_output(responses))]
 
 
@@ -317,6 +351,7 @@ MODES: list[Mode] = [
     Mode("langchain-openai", "bind_tools (auto)", lc_tools(None)),
     Mode("langchain-openai", "bind_tools any", lc_tools("any")),
     Mode("langchain-openai", "bind_tools named", lc_tools("multiply")),
+    Mode("langchain-openai", "stream, bind_tools any", lc_stream_tools),
     Mode("langchain-openai", "structured json_schema", lc_structured("json_schema")),
     Mode("langchain-openai", "structured function_calling", lc_structured("function_calling")),
     Mode("langchain-openai", "structured json_mode", lc_structured("json_mode")),
