@@ -24,6 +24,7 @@ from jacobi_rt.runtime.constraints import Constraint
 from jacobi_rt.runtime.errors import InputError, MissingDependencyError
 from jacobi_rt.runtime.tokenizer import TOOL_CALL_TAGS
 
+from .call_schema import call_schemas, closed
 from .errors import APIError
 from .finite import no_finite_output
 from .tool_calls import ToolCalls
@@ -125,9 +126,10 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
     if choice in (None, "auto"):  # the model decides; tool_protocol.resolved picks the protocol for the model
         return None, ToolCalls(None, TOOL_CALL_TAGS, tuple(functions), parallel=parallel is not False)
     if choice == "required":
-        calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                  "properties": {"name": {"const": name}, "arguments": parameters}} for name, parameters in functions.items()]
+        calls, defs = call_schemas(functions)
         schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+        if defs:
+            schema["$defs"] = defs
         if parallel is False:
             schema["maxItems"] = 1
         return made(Constraint.json_schema, "tools", schema), ToolCalls(None, names=tuple(functions),
@@ -145,7 +147,7 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
 
 def _functions(tools: list) -> dict[str, dict]:
     """name -> parameters schema, each tool checked as OpenAI checks it."""
-    return {name: spec["parameters"] for name, spec in function_specs(tools).items()}
+    return {name: closed(spec["parameters"]) for name, spec in function_specs(tools).items()}
 
 
 def function_specs(tools: list) -> dict[str, dict]:

@@ -23,6 +23,7 @@ from typing import Literal
 from jacobi_rt.runtime.constraints import Constraint, JSON_FORMAT
 from jacobi_rt.runtime.tokenizer import Tokenizer
 
+from .call_schema import call_schemas, closed
 from .errors import APIError
 from .schemas import GenerationCall
 from .structured import function_specs, made
@@ -44,8 +45,16 @@ def protocol(tokenizer: Tokenizer) -> Protocol:
 def resolve_tools(call: GenerationCall, tokenizer: Tokenizer) -> None:
     """Make `call` (in place, so whatever holds it, a Responses turn too, answers by it) as this model serves
     it: a chat with tool_choice "auto" on a template without the template protocol gets the generic one (the
-    system message, the grammar, the reader); any other call stays as it is."""
-    if call.tools is None or call.tools.tags is None or protocol(tokenizer) == "template":
+    system message, the grammar, the reader); a named function on a template that renders no tools gets the
+    tools listed in the system message (`listed`), since its output, the bare arguments, names nothing; any
+    other call stays as it is."""
+    if call.tools is None:
+        return
+    if call.tools.tags is None:
+        if call.tools.name is not None and call.messages is not None and call.tool_specs and not tokenizer.takes_tools:
+            call.messages = listed(call.messages, list(function_specs(call.tool_specs).values()))
+        return
+    if protocol(tokenizer) == "template":
         return
     if call.constraint is not None:
         raise APIError(400, 'tool_choice "auto" on this model constrains the output (the generic tool protocol), as '
@@ -60,8 +69,22 @@ def resolve_tools(call: GenerationCall, tokenizer: Tokenizer) -> None:
 
 def described(messages: list[dict], functions: list[dict], parallel: bool) -> list[dict]:
     """`messages` with the tools described at the end of the first system message (or in a new one first)."""
-    lines = [INTRO] + [json.dumps(function, ensure_ascii=False) for function in functions]
-    text = "\n".join(lines) + "\n\n" + CALL_FORMAT + (SEVERAL if parallel else "") + ANSWER
+    return _appended(messages, _lines(functions) + "\n\n" + CALL_FORMAT + (SEVERAL if parallel else "") + ANSWER)
+
+
+def listed(messages: list[dict], functions: list[dict]) -> list[dict]:
+    """`messages` with the tools listed as `described` lists them, without the protocol's words: under a named
+    tool_choice the grammar alone says what to write. SmolLM2-135M without the list wrote {"a": 10, "b": 7}
+    for "Call multiply with a=6 and b=7" (tools/agent_frameworks.py). Not for "required": its output names
+    the function, and with the list SmolLM2 wrote the same call again and again until max_tokens."""
+    return _appended(messages, _lines(functions))
+
+
+def _lines(functions: list[dict]) -> str:
+    return "\n".join([INTRO] + [json.dumps(function, ensure_ascii=False) for function in functions])
+
+
+def _appended(messages: list[dict], text: str) -> list[dict]:
     if messages and messages[0]["role"] in ("system", "developer"):
         first = messages[0]
         return [{**first, "content": f"{first['content']}\n\n{text}" if first["content"] else text}] + messages[1:]
@@ -70,9 +93,10 @@ def described(messages: list[dict], functions: list[dict], parallel: bool) -> li
 
 def grammar(functions: dict[str, dict], parallel: bool) -> str:
     """The Lark grammar (llguidance's dialect) of the generic protocol's output."""
-    items = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-              "properties": {"name": {"const": name}, "arguments": parameters}} for name, parameters in functions.items()]
+    items, defs = call_schemas({name: closed(parameters) for name, parameters in functions.items()})
     one = items[0] if len(items) == 1 else {"anyOf": items}
     schema = {"anyOf": [one, {"type": "array", "minItems": 1, "items": one}]} if parallel else dict(one)
+    if defs:
+        schema["$defs"] = defs
     schema["x-guidance"] = JSON_FORMAT  # the separators every other constrained JSON output has
     return "\n".join(["start: call | answer", f"call: %json {json.dumps(schema)}", r"answer: /[^\[{\s][\s\S]*/", ""])

@@ -14,6 +14,7 @@ openai = pytest.importorskip("openai", reason="the client tests need the openai 
 pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
 
 from jacobi_rt.runtime.constraints import Constraint  # noqa: E402
+from jacobi_rt.server.tool_protocol import listed  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Describe a pet."}]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "kind"],
@@ -58,14 +59,16 @@ def test_a_schema_that_cannot_finish_in_max_tokens_is_length(api):
 
 
 def test_named_tool_and_required_tools_answer_tool_calls(api, gen):
-    named = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=60, tools=[WEATHER, TIME],
+    # one tool: the tools listed in the prompt (tool_protocol.listed) must fit the tiny llama's 256 tokens
+    named = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=40, tools=[WEATHER],
                                         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     choice = named.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     assert set(json.loads(call.function.arguments)) == {"city"}
-    expected = gen.generate(messages=MESSAGES, max_new_tokens=60,
+    # the tiny llama's template renders no tools: they are listed in a system message (tool_protocol.listed)
+    expected = gen.generate(messages=listed(MESSAGES, [WEATHER["function"]]), max_new_tokens=40,
                             constraint=Constraint.json_schema(WEATHER["function"]["parameters"]))
     assert call.function.arguments == expected.text
 
@@ -78,7 +81,7 @@ def test_named_tool_and_required_tools_answer_tool_calls(api, gen):
 
 
 def test_a_streamed_tool_call_comes_as_deltas_that_join_to_the_whole_call(api):
-    body = dict(model="llama", messages=MESSAGES, max_tokens=60, tools=[WEATHER],
+    body = dict(model="llama", messages=MESSAGES, max_tokens=40, tools=[WEATHER],
                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
     (whole,) = api.chat.completions.create(**body).choices[0].message.tool_calls
     chunks = list(api.chat.completions.create(**body, stream=True))

@@ -52,6 +52,10 @@ def test_auto_renders_the_tools_and_answers_the_models_own_text(tools_server):
     assert reply.usage.prompt_tokens == len(ids)  # the tools were in the prompt
     assert "<tool_call>" not in expected.text  # a random model writes no call: the reply is its text
     assert reply.choices[0].message.content == expected.text and not reply.choices[0].message.tool_calls
+    with client(server) as api:  # streamed, the content comes as it is written (tool_stream._sure_content)
+        chunks = list(api.chat.completions.create(model="qwen2", messages=MESSAGES, tools=[WEATHER], max_tokens=12, stream=True))
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(contents) == expected.text and (len(contents) > 2 or expected.text[:1].isspace())
 
 
 def test_auto_reads_a_call_between_the_templates_tags(tools_server):

@@ -43,7 +43,7 @@ def test_a_tool_round_trip_on_smollm2_with_the_official_client(start_server, gen
     # the generic rendering, written out: the call as the JSON "required" makes the model write, the result a user turn
     rendered = QUESTION + [
         {"role": "assistant", "content": json.dumps([{"name": "multiply", "arguments": arguments}])},
-        {"role": "user", "content": f"Tool result of multiply (call {call.id}):\n42"}]
+        {"role": "user", "content": "Tool result of multiply:\n42\n\nAnswer the question with this result."}]
     expected = generator("smollm2-135m").generate(messages=rendered, max_new_tokens=12, strategy="greedy")
     for reply in replies:
         assert reply.usage.prompt_tokens == expected.stats.prompt_tokens
@@ -119,3 +119,22 @@ def test_a_call_cut_by_max_tokens_comes_back_in_tool_calls(start_server):
             assert "".join(d.function.arguments for d in streamed) == call.function.arguments  # then its arguments
             assert not any(c.choices[0].delta.content for c in chunks if c.choices)
             assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+
+
+def test_the_generic_rendering_names_calls_by_place_not_by_their_random_ids():
+    """The same conversation renders the same prompt whatever ids the server drew (an id in the prompt changed
+    SmolLM2's answer from run to run), and a run of results ends asking for the answer."""
+    from jacobi_rt.server.history import for_template
+
+    def conversation(ids: list[str]) -> list[dict]:
+        calls = [{"id": i, "type": "function", "function": {"name": "multiply", "arguments": {"a": n, "b": 7}}}
+                 for n, i in enumerate(ids)]
+        return [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "", "tool_calls": calls},
+                *({"role": "tool", "content": str(7 * n), "tool_call_id": i, "name": "multiply"} for n, i in enumerate(ids))]
+
+    two = for_template(conversation(["call_x", "call_y"]), None)
+    assert two == for_template(conversation(["call_p", "call_q"]), None)
+    assert two[-1] == {"role": "user", "content": "Tool result of multiply (call 1):\n0\n\nTool result of multiply (call 2):\n7"
+                                                  "\n\nAnswer the question with these results."}
+    assert for_template(conversation(["call_z"]), None)[-1]["content"] == ("Tool result of multiply:\n0\n\n"
+                                                                           "Answer the question with this result.")
