@@ -246,7 +246,8 @@ class LlamaCppConfig:
 
 HF_HINT = 'pip install torch==2.13.0 && pip install ".[export]" from the checkout'
 ORTGENAI_HINT = 'pip install ".[cpu,bench]" from the checkout'
-LLAMACPP_HINT = 'pip install ".[llamacpp]" from the checkout (builds llama.cpp from source, about 6 minutes)'
+LLAMACPP_HINT = ('pip install ".[llamacpp]" from the checkout (builds llama.cpp from source, about 6 minutes; on a CPU with '
+                 'AMX its native build crashes on prompts: build it with AMX off, as docs/bench/2026-12-04-scale-gguf-8b.md says)')
 
 PEERS: dict[str, PeerSpec] = {
     "hf": PeerSpec(("torch", "transformers"), HF_HINT, lambda c, n: HfConfig(c, n, lookup=False)),
