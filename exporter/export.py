@@ -27,7 +27,7 @@ from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTA
 
 from . import sources
 from .destination import recover_interrupted
-from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, staged, staged_agreement, weight_bytes
+from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, staged_agreement, weight_bytes
 from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
@@ -208,12 +208,12 @@ def _check_portable(opened, shape, graph: Path, dtype: str, method: str, check_p
     """The portable graph against PyTorch: whole (a streamed skeleton filled for it), or layer by layer
     (the parameters outside the decoder layers filled throughout, each layer's read in as it is checked)."""
     from .check import check_against_torch
-    from .layer_check import check_layers, layer_scope, outside_layers, stage_count, streamed_layers
+    from .layer_check import check_layers, outside_layers, stage_count, staged_scope, streamed_layers
     from .skeleton import filled
 
     model = opened.model
     if method == "full":
-        scope = layer_scope(model) if staged(weight_bytes(model)) else None
+        scope = staged_scope(model)
         return check_against_torch(model, shape, graph, dtype, _progress(check_progress, shape, scope), max_context, scope,
                                    weights_in=lambda: _weights_in(opened))
     progress = check_progress(stage_count(shape.num_layers)) if check_progress else None

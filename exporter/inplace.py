@@ -187,13 +187,13 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
 
 
 def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, check_progress=None,
-                      max_context: int | None = None, weights=None, portable: Path | None = None, weights_in=None) -> tuple[dict, dict]:
+                      max_context: int | None = None, weights=None, portable: Path | None = None, weights_in=contextlib.nullcontext) -> tuple[dict, dict]:
     """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures with the
     attention form), or ({}, {"skipped": why}) when this family cannot map onto it (the artifact
     then has the portable graph only). A graph that traces but disagrees with its reference raises.
     The reference is PyTorch (the model holds its weights), or `portable`, the portable graph's file
     when it was checked layer by layer (a model too big for the whole check): both run stage by stage.
-    weights_in: as check.check_against_torch's (None: the model holds its weights).
+    weights_in: as check.check_against_torch's (the default: the model holds its weights).
 
     check_progress(n): as export()'s, called when the check starts (a bar made before the trace
     would count the trace's minutes as the first shape's)."""
@@ -214,19 +214,18 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
             p.unlink()
         step(f"no in-place graph for this model: {reason}")
         return {}, {"skipped": reason}
-    report = _check(model, shape, path, dtype, portable, step, check_progress, max_context, weights_in or contextlib.nullcontext)
+    report = _check(model, shape, path, dtype, portable, step, check_progress, max_context, weights_in)
     return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention}
 
 
 def _check(model, shape, path: Path, dtype: str, portable: Path | None, step, check_progress, max_context: int | None, weights_in):
     """The in-place graph against the portable ONNX (`portable`), or against PyTorch, its graph run
     whole or stage by stage as the model's size says (budget.staged)."""
-    from .budget import staged, weight_bytes
     from .inplace_check import CASES, check_inplace_against_portable, check_inplace_against_torch
-    from .layer_check import layer_scope
+    from .layer_check import layer_scope, staged_scope
     from .staged_run import ticks
 
-    scope = layer_scope(model) if portable is not None or staged(weight_bytes(model)) else None
+    scope = layer_scope(model) if portable is not None else staged_scope(model)
     against = "the portable one" if portable is not None else "PyTorch"
     step(f"checking the in-place graph against {against} at {len(CASES)} batches{', stage by stage' if scope else ''}")
     if portable is not None:

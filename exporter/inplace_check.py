@@ -38,13 +38,20 @@ def _row_case(model, shape, length: int, window: int, generator) -> dict:
         kv = [t for layer in output_cache(out).layers for t in (layer.keys, layer.values)]
     else:
         kv = [torch.zeros(1, shape.kv_heads, 0, shape.head_dim, dtype=dtype) for _ in range(2 * shape.num_layers)]
-    mask = torch.tril(torch.ones(window, window, dtype=torch.bool))[None]
-    positions = torch.arange(length, length + window)[None]
-    if window >= 4:  # the second half is an independent branch from the same place
+    mask, positions = (torch.from_numpy(a) for a in _branched_window(length, window))
+    return {"ids": ids[:, length:], "positions": positions, "mask": mask, "kv": kv, "length": length}
+
+
+def _branched_window(length: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's window mask [1, W, W] and positions [1, W] after `length` cached tokens: causal, and for
+    windows of 4 and more the second half an independent branch from the same place."""
+    mask = np.tril(np.ones((window, window), dtype=bool))[None]
+    positions = np.arange(length, length + window, dtype=np.int64)[None]
+    if window >= 4:
         half = window // 2
         mask[:, half:, :half] = False
-        positions[:, half:] = positions[:, : window - half].clone()
-    return {"ids": ids[:, length:], "positions": positions, "mask": mask, "kv": kv, "length": length}
+        positions[:, half:] = positions[:, : window - half]
+    return mask, positions
 
 
 def _portable_row(wrapper, row: dict, window: int) -> list:
@@ -138,12 +145,7 @@ def _onnx_row(shape: ModelShape, length: int, window: int, rng) -> Run:
     """One row for the portable graph: a window (a second branch when window >= 4) over `length` past
     tokens, their past computed by the graph itself (the prefill)."""
     ids = rng.integers(0, shape.vocab_size, (1, length + window))
-    mask = np.tril(np.ones((window, window), dtype=bool))[None]
-    positions = np.arange(length, length + window)[None]
-    if window >= 4:
-        half = window // 2
-        mask[:, half:, :half] = False
-        positions[:, half:] = positions[:, : window - half]
+    mask, positions = _branched_window(length, window)
     prefill = None
     if length:
         prefill = Run({"input_ids": ids[:, :length], "position_ids": np.arange(length)[None],

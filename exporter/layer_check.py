@@ -128,6 +128,14 @@ def layer_scope(model) -> str:
     return f"{WRAPPED}{_layers(model)[0]}."
 
 
+def staged_scope(model) -> str | None:
+    """The layer scope for running a check's ONNX graphs stage by stage when the model is big enough
+    (budget.staged), else None: whole sessions."""
+    from .budget import staged, weight_bytes
+
+    return layer_scope(model) if staged(weight_bytes(model)) else None
+
+
 def _layers(model):
     found = decoder_layers(model)
     if found is None:

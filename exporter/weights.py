@@ -62,8 +62,9 @@ def planned_once(planner: Planner) -> Planner:
         for c in fresh:
             if c.stored is not None:
                 done[c.stored] = (out.matrices.get(c.name), out.kept_float.get(c.name))
+        planned = {c.name for c in fresh}
         for c in candidates:
-            if c.stored is not None and c.name not in {f.name for f in fresh}:
+            if c.stored is not None and c.name not in planned:
                 matrix, kept = done[c.stored]
                 if matrix is not None:
                     out.matrices[c.name] = matrix
