@@ -68,10 +68,10 @@ def graph_file(folder: Path, graph: str) -> tuple[Path, dict[str, int]]:
     return folder / "model.onnx", sizes
 
 
-def feeds(session, window: int, past: int, sizes: dict[str, int]) -> dict[str, np.ndarray]:
-    """One pass's inputs by name and symbolic axis (jacobi-rt's and onnxruntime-genai's names)."""
+def feeds(session, window: int, past: int, sizes: dict[str, int], rows: int = 1) -> dict[str, np.ndarray]:
+    """One pass's inputs by name and symbolic axis (jacobi-rt's and onnxruntime-genai's names), `rows` batch rows."""
     total = past + window
-    axes = {"batch": 1, "batch_size": 1, "window": window, "sequence_length": window, "past": past,
+    axes = {"batch": rows, "batch_size": rows, "window": window, "sequence_length": window, "past": past,
             "past_sequence_length": past, "total": total, "total_sequence_length": total, "capacity": total, **sizes}
     dtypes = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_,
               "tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -95,7 +95,7 @@ def feeds(session, window: int, past: int, sizes: dict[str, int]) -> dict[str, n
 
 
 def profile(folder: Path, graph: str = "portable", window: int = 1, past: int = 256, threads: int = 1,
-            warmup: int = 10, runs: int = 50, name: str | None = None) -> Profile:
+            warmup: int = 10, runs: int = 50, name: str | None = None, rows: int = 1) -> Profile:
     import onnxruntime as ort
 
     from jacobi_rt.runtime.backends.onnxrt import session_options
@@ -106,7 +106,7 @@ def profile(folder: Path, graph: str = "portable", window: int = 1, past: int = 
     with tempfile.TemporaryDirectory() as tmp:
         options.profile_file_prefix = os.path.join(tmp, "profile")
         session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-        inputs = feeds(session, window, past, sizes)
+        inputs = feeds(session, window, past, sizes, rows)
         for _ in range(warmup + runs):
             session.run(["logits"], inputs)
         events = json.loads(Path(session.end_profiling()).read_text())
@@ -149,13 +149,14 @@ def table(profiles: list[Profile]) -> str:
 @click.option("--graph", default="portable", show_default=True, help="jacobi-rt artifacts' graph variant (portable, inplace).")
 @click.option("--window", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--past", type=click.IntRange(0), default=256, show_default=True)
+@click.option("--rows", type=click.IntRange(1), default=1, show_default=True, help="Batch rows, each with the same past.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--warmup", type=click.IntRange(1), default=10, show_default=True)
 @click.option("--runs", type=click.IntRange(1), default=50, show_default=True)
-def main(folders, graph, window, past, threads, warmup, runs):
+def main(folders, graph, window, past, rows, threads, warmup, runs):
     """Per-op-type kernel milliseconds and node counts of one pass, for each artifact or model folder."""
-    profiles = [profile(f, graph, window, past, threads, warmup, runs) for f in folders]
-    print(f"W={window}, past {past}, {threads} thread(s), mean of {runs} runs after {warmup} warm-up (ms per pass)")
+    profiles = [profile(f, graph, window, past, threads, warmup, runs, rows=rows) for f in folders]
+    print(f"W={window}, rows {rows}, past {past}, {threads} thread(s), mean of {runs} runs after {warmup} warm-up (ms per pass)")
     print(table(profiles))
 
 
