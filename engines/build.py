@@ -17,10 +17,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 from jacobi_rt.runtime.backends.cuda import GpuFacts, gpu_facts
 from jacobi_rt.runtime.errors import BackendError, InputError, require
@@ -32,7 +32,9 @@ from .records import add_engine, engine_file
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "int8")
 QUANTIZED = ("fp8", "int8")  # need QuantizeLinear/DequantizeLinear nodes in the ONNX
 MIN_CAPABILITY = {"bf16": (8, 0), "fp8": (8, 9)}
-POLYGRAPHY_HINT = 'pip install polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]"); it drives the TensorRT build'
+POLYGRAPHY_HINT = (
+    'pip install polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]"); it drives the TensorRT build'
+)
 
 
 @dataclass
@@ -89,7 +91,9 @@ def default_timing_cache(tensorrt_version: str, gpu: GpuFacts) -> Path:
     return root / "jacobi-rt" / "tensorrt" / f"timing-{tensorrt_version}-{gpu.sm}.cache"
 
 
-def build_engine(folder: str | Path, options: BuildOptions = BuildOptions(), log: Callable[[str], None] = print) -> EngineRecord:
+def build_engine(
+    folder: str | Path, options: BuildOptions = BuildOptions(), log: Callable[[str], None] = print
+) -> EngineRecord:
     """Build, write `engines/<gpu>-<sm>-<precision>.plan` into the artifact, record it; returns the record."""
     from jacobi_rt.runtime.backends.tensorrt import load_tensorrt  # it imports this package's profiles
 
@@ -102,8 +106,10 @@ def build_engine(folder: str | Path, options: BuildOptions = BuildOptions(), log
     if options.use_timing_cache:
         cache = Path(options.timing_cache or default_timing_cache(trt.__version__, gpu))
         cache.parent.mkdir(parents=True, exist_ok=True)
-    log(f"building a {options.precision} TensorRT {trt.__version__} engine for {gpu.name} (compute {gpu.compute_capability}) "
-        f"from {plan.onnx}")
+    log(
+        f"building a {options.precision} TensorRT {trt.__version__} engine for {gpu.name} (compute {gpu.compute_capability}) "
+        f"from {plan.onnx}"
+    )
     for profile in plan.profiles:
         log(f"  profile {profile.describe()}")
     if plan.manifest.dtype == "float32" and options.precision != "fp32":
@@ -112,19 +118,30 @@ def build_engine(folder: str | Path, options: BuildOptions = BuildOptions(), log
     engine_bytes = _build_bytes(trt, plan, options, cache)
     seconds = time.perf_counter() - started
     record = EngineRecord(
-        file=engine_file(gpu, options.precision), sha256="", precision=options.precision, tensorrt_version=trt.__version__,
-        gpu_name=gpu.name, compute_capability=gpu.compute_capability, profiles=[p.to_dict() for p in plan.profiles],
-        build_seconds=round(seconds, 1), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        file=engine_file(gpu, options.precision),
+        sha256="",
+        precision=options.precision,
+        tensorrt_version=trt.__version__,
+        gpu_name=gpu.name,
+        compute_capability=gpu.compute_capability,
+        profiles=[p.to_dict() for p in plan.profiles],
+        build_seconds=round(seconds, 1),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     path = _write(plan.folder / record.file, engine_bytes)
     record.sha256 = sha256_file(path)
-    log(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) in {seconds:.0f} s" + (f"; timing cache {cache}" if cache else ""))
+    log(
+        f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) in {seconds:.0f} s"
+        + (f"; timing cache {cache}" if cache else "")
+    )
     if options.check:
         from .check import check_engine
 
         record.check = check_engine(plan.folder, plan.manifest, record)
-        log(f"check vs onnxruntime: max |logit diff| {record.check['max_logit_diff']:.3g}, "
-            f"greedy ids agree at {record.check['greedy_agreement']:.2%} of {record.check['positions']} positions")
+        log(
+            f"check vs onnxruntime: max |logit diff| {record.check['max_logit_diff']:.3g}, "
+            f"greedy ids agree at {record.check['greedy_agreement']:.2%} of {record.check['positions']} positions"
+        )
     add_engine(plan.folder, plan.manifest, record)
     return record
 
@@ -138,7 +155,9 @@ def _write(path: Path, data) -> Path:
         os.replace(partial, path)
     except OSError as exc:
         partial.unlink(missing_ok=True)
-        raise BackendError(f"could not write the engine to {path} ({exc}); check the space and permissions there") from exc
+        raise BackendError(
+            f"could not write the engine to {path} ({exc}); check the space and permissions there"
+        ) from exc
     return path
 
 
@@ -163,9 +182,14 @@ def _build_bytes(trt, plan: BuildPlan, options: BuildOptions, cache: Path | None
             if precision in QUANTIZED:
                 _require_qdq(trt, network[1], plan)
             config = CreateConfig(
-                fp16=precision in ("fp16", *QUANTIZED), bf16=precision == "bf16", int8=precision == "int8",
-                fp8=precision == "fp8", profiles=profiles, load_timing_cache=str(cache) if cache else None,
-                builder_optimization_level=options.optimization_level, memory_pool_limits=limits,
+                fp16=precision in ("fp16", *QUANTIZED),
+                bf16=precision == "bf16",
+                int8=precision == "int8",
+                fp8=precision == "fp8",
+                profiles=profiles,
+                load_timing_cache=str(cache) if cache else None,
+                builder_optimization_level=options.optimization_level,
+                memory_pool_limits=limits,
                 progress_monitor=_progress_monitor(trt) if options.progress else None,
             )
             return EngineBytesFromNetwork(network, config=config, save_timing_cache=str(cache) if cache else None)()
@@ -196,7 +220,9 @@ def _progress_monitor(trt):
         def phase_start(self, phase_name, parent_phase, num_steps):
             with self._lock:
                 depth = len(self._bars)
-                self._bars[phase_name] = tqdm(total=num_steps, desc=phase_name, position=depth, leave=False, file=sys.stderr)
+                self._bars[phase_name] = tqdm(
+                    total=num_steps, desc=phase_name, position=depth, leave=False, file=sys.stderr
+                )
 
         def step_complete(self, phase_name, step):
             with self._lock:

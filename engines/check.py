@@ -15,7 +15,16 @@ from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.backends.tensorrt import TrtBackend
 from jacobi_rt.runtime.manifest import EngineRecord, Manifest
 
-CASES = [(1, 1, 0), (1, 4, 0), (1, 1, 9), (1, 8, 17), (1, 16, 40), (1, 32, 100), (1, 64, 3), (2, 5, 6)]  # (batch, window, past)
+CASES = [
+    (1, 1, 0),
+    (1, 4, 0),
+    (1, 1, 9),
+    (1, 8, 17),
+    (1, 16, 40),
+    (1, 32, 100),
+    (1, 64, 3),
+    (2, 5, 6),
+]  # (batch, window, past)
 
 
 def check_engine(folder: str | Path, manifest: Manifest, record: EngineRecord, seed: int = 0) -> dict:
@@ -32,15 +41,23 @@ def check_engine(folder: str | Path, manifest: Manifest, record: EngineRecord, s
             chunk = min(32, engine.max_window)
             got = _last_window(engine, prompt, ids, chunk)
             want = _last_window(reference, prompt, ids, chunk)
-            cases.append({"batch": batch, "window": window, "past": past,
-                          "max_logit_diff": float(np.abs(got.logits - want.logits).max()),
-                          "greedy_agreement": float((got.greedy_ids == want.greedy_ids).mean())})
+            cases.append(
+                {
+                    "batch": batch,
+                    "window": window,
+                    "past": past,
+                    "max_logit_diff": float(np.abs(got.logits - want.logits).max()),
+                    "greedy_agreement": float((got.greedy_ids == want.greedy_ids).mean()),
+                }
+            )
     positions = [c["batch"] * c["window"] for c in cases]
     return {
         "reference": "onnxruntime-cpu",
         "cases": cases,
         "max_logit_diff": max((c["max_logit_diff"] for c in cases), default=0.0),
-        "greedy_agreement": float(np.average([c["greedy_agreement"] for c in cases], weights=positions)) if cases else 1.0,
+        "greedy_agreement": float(np.average([c["greedy_agreement"] for c in cases], weights=positions))
+        if cases
+        else 1.0,
         "positions": int(sum(positions)),
     }
 

@@ -55,7 +55,11 @@ def _check_limits(manifest: Manifest, limits: Limits) -> int:
             f"--max-context must be between 2 and the artifact's max_context of {manifest.max_context}, not {context}; "
             "re-export with a larger --max-context to go further"
         )
-    for name, value in (("--max-batch", limits.max_batch), ("--decode-window", limits.decode_window), ("--prefill-window", limits.prefill_window)):
+    for name, value in (
+        ("--max-batch", limits.max_batch),
+        ("--decode-window", limits.decode_window),
+        ("--prefill-window", limits.prefill_window),
+    ):
         if value < 1:
             raise InputError(f"{name} must be at least 1, not {value}")
     return context

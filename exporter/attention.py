@@ -46,7 +46,9 @@ def attention_swapped(model, name: str, function):
     AttentionInterface.register(name, function)
     model.set_attn_implementation(name)
     try:
-        with falcon_attention_routed(model, function):  # the one supported family whose attention bypasses the interface
+        with falcon_attention_routed(
+            model, function
+        ):  # the one supported family whose attention bypasses the interface
             yield model
     finally:
         model.set_attn_implementation("eager")

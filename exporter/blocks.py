@@ -73,17 +73,23 @@ class BlockMatrix:
             w += self.offsets.astype(np.float64)[..., None]
         return w.reshape(n, k).astype(np.float32)
 
-    def take_rows(self, rows: np.ndarray) -> "BlockMatrix":
+    def take_rows(self, rows: np.ndarray) -> BlockMatrix:
         offsets = None if self.offsets is None else self.offsets[rows]
         return BlockMatrix(self.kind, self.bits, self.block, self.q[rows], self.scales[rows], offsets)
 
     @staticmethod
-    def stack(parts: list["BlockMatrix"]) -> "BlockMatrix":
+    def stack(parts: list[BlockMatrix]) -> BlockMatrix:
         """The rows of `parts` (one block layout) as one matrix, in order."""
         first = parts[0]
         offsets = None if first.offsets is None else np.concatenate([p.offsets for p in parts])
-        return BlockMatrix(first.kind, first.bits, first.block, np.concatenate([p.q for p in parts]),
-                           np.concatenate([p.scales for p in parts]), offsets)
+        return BlockMatrix(
+            first.kind,
+            first.bits,
+            first.block,
+            np.concatenate([p.q for p in parts]),
+            np.concatenate([p.scales for p in parts]),
+            offsets,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -207,8 +213,10 @@ def quantize_float(w: np.ndarray, bits: int, block: int = BLOCK) -> BlockMatrix:
     view: only a chunk of it is ever copied.
     """
     n, k = w.shape
-    parts = [_quantize_rows(np.ascontiguousarray(w[start:start + ROWS_AT_ONCE], dtype=np.float32), bits, block)
-             for start in range(0, n, ROWS_AT_ONCE)]
+    parts = [
+        _quantize_rows(np.ascontiguousarray(w[start : start + ROWS_AT_ONCE], dtype=np.float32), bits, block)
+        for start in range(0, n, ROWS_AT_ONCE)
+    ]
     q, d = parts[0] if len(parts) == 1 else (np.concatenate(arrays) for arrays in zip(*parts))
     return BlockMatrix(f"int{bits}", bits, block, q, d)
 

@@ -20,7 +20,9 @@ from jacobi_rt.runtime.errors import OptionError
 
 GB = 1e9
 STAGED_ABOVE = 1 * GB  # float weights past which the checks run their ONNX graphs stage by stage
-FULL_CHECK_SHARE = 4  # the full check with whole sessions runs when this many times the weights fit in the available memory
+FULL_CHECK_SHARE = (
+    4  # the full check with whole sessions runs when this many times the weights fit in the available memory
+)
 STAGED_FULL_CHECK_SHARE = 1.5  # ... and with staged ones (past STAGED_ABOVE)
 QUANTIZED_SHARE = {"int4": 0.16, "int8": 0.28, "gguf": 0.30}  # of the float32 bytes, blocks and scales, rounded up
 
@@ -39,9 +41,12 @@ def check_disk(folder: Path, needed: int) -> None:
     """Refuse before any work when `folder`'s disk cannot hold `needed` bytes, saying how much it needs."""
     free = shutil.disk_usage(folder).free
     if needed > free:
-        raise OptionError(f"the export needs about {needed / GB:.1f} GB on the disk of {folder} (the weights as written, "
-                          f"and their quantized copy when quantized), but {free / GB:.1f} GB are free; "
-                          "free some space or choose an `out` on another disk", "out")
+        raise OptionError(
+            f"the export needs about {needed / GB:.1f} GB on the disk of {folder} (the weights as written, "
+            f"and their quantized copy when quantized), but {free / GB:.1f} GB are free; "
+            "free some space or choose an `out` on another disk",
+            "out",
+        )
 
 
 def available_memory() -> int:
@@ -76,9 +81,12 @@ def check_method(requested: str, weights: int, available: int | None = None) -> 
     share = full_check_share(weights)
     fits = share * weights <= available
     if requested == "full" and not fits:
-        raise OptionError(f"the full check holds the model in PyTorch beside the graph in onnxruntime, about {share:g} x "
-                          f"{weights / GB:.1f} GB with its margin, but {available / GB:.1f} GB of memory are available; "
-                          "use `check` layers (or auto) to check the graph one layer at a time", "check")
+        raise OptionError(
+            f"the full check holds the model in PyTorch beside the graph in onnxruntime, about {share:g} x "
+            f"{weights / GB:.1f} GB with its margin, but {available / GB:.1f} GB of memory are available; "
+            "use `check` layers (or auto) to check the graph one layer at a time",
+            "check",
+        )
     if requested == "auto":
         return "full" if fits else "layers"
     return requested

@@ -84,8 +84,16 @@ def random_case(model, shape: ModelShape, batch: int, window: int, past: int, se
     return [ids[:, past:], positions, mask, window_mask, *kv]
 
 
-def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progress=None, max_context: int | None = None,
-                        layer_scope: str | None = None, weights_in=contextlib.nullcontext) -> CheckReport:
+def check_against_torch(
+    model,
+    shape: ModelShape,
+    onnx_path,
+    dtype: str,
+    progress=None,
+    max_context: int | None = None,
+    layer_scope: str | None = None,
+    weights_in=contextlib.nullcontext,
+) -> CheckReport:
     """Compare ONNX (onnxruntime, CPU) with the PyTorch window model; raise ExportCheckError if out of tolerance.
     max_context: the exported context; the shapes are fitted into it. layer_scope: the graph runs stage
     by stage (staged_run.py), one layer's weights resident; progress ticks per stage then.
@@ -100,8 +108,12 @@ def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progres
             with torch.no_grad():
                 expected.append([t.float().numpy() for t in wrapper(*inputs)])
             ids, positions, mask, window_mask, *kv = [t.numpy() for t in inputs]
-            runs.append(Run({"input_ids": ids, "position_ids": positions, "attention_mask": mask, "window_mask": window_mask},
-                            past={j: (kv[2 * j], kv[2 * j + 1]) for j in range(shape.num_layers)}))
+            runs.append(
+                Run(
+                    {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "window_mask": window_mask},
+                    past={j: (kv[2 * j], kv[2 * j + 1]) for j in range(shape.num_layers)},
+                )
+            )
     names = run_graph(onnx_path, shape, runs, layer_scope, progress)
     for case, reference, run in zip(shapes, expected, runs):
         _compare(report, reference, run.ordered(names), case)
@@ -116,7 +128,9 @@ def check_against_torch(model, shape: ModelShape, onnx_path, dtype: str, progres
 
 def _compare(report: CheckReport, expected: list, got: list, shape: tuple) -> None:
     logit_diff = float(np.abs(expected[0] - got[0]).max())
-    present_diff = max((float(np.abs(e - g.astype(np.float32)).max()) for e, g in zip(expected[2:], got[2:]) if e.size), default=0.0)
+    present_diff = max(
+        (float(np.abs(e - g.astype(np.float32)).max()) for e, g in zip(expected[2:], got[2:]) if e.size), default=0.0
+    )
     same = expected[1] == got[1]
     top2 = np.sort(expected[0], axis=-1)[..., -2:]
     tie = (top2[..., 1] - top2[..., 0]) <= 2 * report.tolerance
@@ -128,8 +142,15 @@ def _compare(report: CheckReport, expected: list, got: list, shape: tuple) -> No
     report.shapes.append({"batch": shape[0], "window": shape[1], "past": shape[2], "max_logit_diff": logit_diff})
 
 
-def check_against_onnx(reference_path, quantized_path, shape: ModelShape, text_ids: list[int], progress=None,
-                       max_context: int | None = None, layer_scope: str | None = None) -> CheckReport:
+def check_against_onnx(
+    reference_path,
+    quantized_path,
+    shape: ModelShape,
+    text_ids: list[int],
+    progress=None,
+    max_context: int | None = None,
+    layer_scope: str | None = None,
+) -> CheckReport:
     """A quantized graph is compared with the unquantized ONNX: agreement is reported, not enforced.
 
     The cases are random_case's, their past from the unquantized graph itself (checked against PyTorch
@@ -146,7 +167,9 @@ def check_against_onnx(reference_path, quantized_path, shape: ModelShape, text_i
     for run, twin in zip(runs, quantized):
         twin.past = {j: run.past_of(j, shape) for j in range(shape.num_layers)}
     run_graph(quantized_path, shape, quantized, layer_scope, progress)
-    report = CheckReport(tolerance=float("inf"), reference="unquantized onnx", method="full" if layer_scope is None else "layer by layer")
+    report = CheckReport(
+        tolerance=float("inf"), reference="unquantized onnx", method="full" if layer_scope is None else "layer by layer"
+    )
     for case, run, twin in zip(shapes, runs, quantized):
         _compare(report, run.ordered(names), twin.ordered(names), case)
     report.text_agreement = float((runs[-1].outputs["greedy_ids"] == quantized[-1].outputs["greedy_ids"]).mean())
@@ -165,13 +188,32 @@ def _onnx_run(shape: ModelShape, batch: int, window: int, past: int, seed: int) 
     ids, mask, window_mask, positions = case_tensors(shape.vocab_size, batch, window, past, seed)
     prefill = None
     if past:
-        prefill = Run({"input_ids": ids[:, :past].numpy(), "position_ids": np.arange(past, dtype=np.int64)[None].repeat(batch, 0),
-                       "attention_mask": mask[:, :past].numpy(), "window_mask": np.tril(np.ones((past, past), dtype=bool))[None].repeat(batch, 0)})
-    return Run({"input_ids": ids[:, past:].numpy(), "position_ids": positions.numpy(), "attention_mask": mask.numpy(),
-                "window_mask": window_mask.numpy()}, prefill)
+        prefill = Run(
+            {
+                "input_ids": ids[:, :past].numpy(),
+                "position_ids": np.arange(past, dtype=np.int64)[None].repeat(batch, 0),
+                "attention_mask": mask[:, :past].numpy(),
+                "window_mask": np.tril(np.ones((past, past), dtype=bool))[None].repeat(batch, 0),
+            }
+        )
+    return Run(
+        {
+            "input_ids": ids[:, past:].numpy(),
+            "position_ids": positions.numpy(),
+            "attention_mask": mask.numpy(),
+            "window_mask": window_mask.numpy(),
+        },
+        prefill,
+    )
 
 
 def _text_run(text_ids: list[int]) -> Run:
     n = len(text_ids)
-    return Run({"input_ids": np.array([text_ids], dtype=np.int64), "position_ids": np.arange(n, dtype=np.int64)[None],
-                "attention_mask": np.ones((1, n), dtype=np.int64), "window_mask": np.tril(np.ones((n, n), dtype=bool))[None]})
+    return Run(
+        {
+            "input_ids": np.array([text_ids], dtype=np.int64),
+            "position_ids": np.arange(n, dtype=np.int64)[None],
+            "attention_mask": np.ones((1, n), dtype=np.int64),
+            "window_mask": np.tril(np.ones((n, n), dtype=bool))[None],
+        }
+    )

@@ -28,7 +28,9 @@ def recover_interrupted(out: Path) -> list[str]:
             continue
         if kind == "old" and not out.exists() and (leftover / MANIFEST_NAME).is_file():
             leftover.rename(out)
-            notes.append(f"restored the artifact {out} from {leftover.name}, where an overwrite interrupted in process {pid} left it")
+            notes.append(
+                f"restored the artifact {out} from {leftover.name}, where an overwrite interrupted in process {pid} left it"
+            )
         else:
             shutil.rmtree(leftover, ignore_errors=True)
             notes.append(f"removed {leftover.parent / leftover.name}, left by an export interrupted in process {pid}")

@@ -15,9 +15,9 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 from jacobi_rt import __version__
 from jacobi_rt.runtime.errors import OptionError
@@ -26,13 +26,13 @@ from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens
 from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTABLE
 
 from . import sources
-from .destination import recover_interrupted
+from . import weights as weight_step
 from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, staged_agreement, weight_bytes
+from .destination import recover_interrupted
 from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
 from .weight_source import open_model
-from . import weights as weight_step
 
 GRAPH_FILE = "model.onnx"
 # Natural text for the quantized graph's agreement: random windows give flat, tie-prone logits.
@@ -79,7 +79,9 @@ def export(
         staging.mkdir(parents=True)
     except OSError as exc:
         _remove_empty(created)
-        raise OptionError(f"cannot write to {out.parent} ({exc.strerror}); choose an `out` in a writable folder", "out") from exc
+        raise OptionError(
+            f"cannot write to {out.parent} ({exc.strerror}); choose an `out` in a writable folder", "out"
+        ) from exc
     try:
         manifest = _export_into(staging, source, options, step, check_progress, write_progress)
         manifest.created["export_seconds"] = round(time.time() - started, 1)
@@ -127,19 +129,30 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         step(f"reusing the checked graphs of {options.graphs_from}")
         graphs, check = reuse_graphs(Path(options.graphs_from).expanduser(), folder, source_info, options, max_context)
     else:
-        graphs, check = _trace_and_check(opened, shape, folder, options, method, max_context, step, check_progress, write_progress)
+        graphs, check = _trace_and_check(
+            opened, shape, folder, options, method, max_context, step, check_progress, write_progress
+        )
     graph = folder / graphs[PORTABLE]
 
     weights = None
     if quantize or options.weights == "gguf":  # the same weight pass over every graph file
         gguf_path = source.folder / source.gguf_file if source.gguf_file else None
-        weights = weight_step.quantize_graphs(folder, graphs, gguf_path, options, step, max_positions=shape.max_positions)
-        sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][: max_context]
+        weights = weight_step.quantize_graphs(
+            folder, graphs, gguf_path, options, step, max_positions=shape.max_positions
+        )
+        sample_ids = tokenizer(SAMPLE_TEXT)["input_ids"][:max_context]
         staged = staged_agreement(method, floats)
         step(f"comparing the {weights.kind} graph with the float one{' layer by layer' if staged else ''}")
         progress = check_progress(agreement_steps(shape.num_layers, staged)) if check_progress else None
-        report = check_against_onnx(graph, weight_step.staged(folder, GRAPH_FILE), shape, sample_ids, progress, max_context,
-                                    layer_scope=layer_scope(model) if staged else None)
+        report = check_against_onnx(
+            graph,
+            weight_step.staged(folder, GRAPH_FILE),
+            shape,
+            sample_ids,
+            progress,
+            max_context,
+            layer_scope=layer_scope(model) if staged else None,
+        )
         check[f"{weights.kind}_vs_fp"] = report.to_dict()
         check["weights"] = weights.to_dict()
         weight_step.replace_graphs(folder, graphs)
@@ -165,14 +178,23 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
         created={
             "tool": f"jacobi-rt {__version__}",
             "torch": torch.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             **({"graphs_from": str(Path(options.graphs_from).expanduser().resolve())} if options.graphs_from else {}),
         },
     )
 
 
-def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, method: str, max_context: int, step,
-                     check_progress, write_progress) -> tuple[dict[str, str], dict]:
+def _trace_and_check(
+    opened,
+    shape,
+    folder: Path,
+    options: ExportOptions,
+    method: str,
+    max_context: int,
+    step,
+    check_progress,
+    write_progress,
+) -> tuple[dict[str, str], dict]:
     """Trace the portable graph (and the in-place one) into `folder`, their weights in one shared file,
     each checked against PyTorch at shapes inside `max_context` by `method` (budget.check_method)."""
     import torch
@@ -183,6 +205,7 @@ def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, method
 
     model = opened.model
     with WeightFile(folder) as file:
+
         def weights() -> TracedWeights:  # one per graph: its own progress bar, one shared file
             tensors = sum(1 for _ in model.parameters())
             return TracedWeights.of(model, opened.read, file, write_progress(tensors) if write_progress else None)
@@ -198,8 +221,19 @@ def _trace_and_check(opened, shape, folder: Path, options: ExportOptions, method
         if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
             from .inplace import add_inplace_graph
 
-            extra, check[INPLACE] = add_inplace_graph(model, shape, folder, options.torch_dtype, options.opset, step, check_progress,
-                                                      max_context, weights(), None if method == "full" else graph, lambda: _weights_in(opened))
+            extra, check[INPLACE] = add_inplace_graph(
+                model,
+                shape,
+                folder,
+                options.torch_dtype,
+                options.opset,
+                step,
+                check_progress,
+                max_context,
+                weights(),
+                None if method == "full" else graph,
+                lambda: _weights_in(opened),
+            )
             graphs.update(extra)
     return graphs, check
 
@@ -214,8 +248,16 @@ def _check_portable(opened, shape, graph: Path, dtype: str, method: str, check_p
     model = opened.model
     if method == "full":
         scope = staged_scope(model)
-        return check_against_torch(model, shape, graph, dtype, _progress(check_progress, shape, scope), max_context, scope,
-                                   weights_in=lambda: _weights_in(opened))
+        return check_against_torch(
+            model,
+            shape,
+            graph,
+            dtype,
+            _progress(check_progress, shape, scope),
+            max_context,
+            scope,
+            weights_in=lambda: _weights_in(opened),
+        )
     progress = check_progress(stage_count(shape.num_layers)) if check_progress else None
     if not opened.streamed:
         return check_layers(graph, model, shape, dtype, None, progress, max_context)
@@ -239,13 +281,17 @@ def _check_limits(source, options: ExportOptions) -> None:
     if options.keep_layers is not None and source.num_layers:
         check_keep_layers(options.keep_layers, source.num_layers)
     if options.weights == "gguf" and not source.gguf_file:
-        raise OptionError(f"`weights` gguf keeps a GGUF file's quantized blocks, but {source.name} is not a .gguf; use `quantize` int4 or int8", "weights", "quantize")
+        raise OptionError(
+            f"`weights` gguf keeps a GGUF file's quantized blocks, but {source.name} is not a .gguf; use `quantize` int4 or int8",
+            "weights",
+            "quantize",
+        )
 
 
 def keep_first_layers(model, n: int) -> None:
     """Truncate the decoder to its first n layers, in place (config included)."""
-    inner = getattr(model, "model", None) or getattr(model, "transformer")
-    layers = getattr(inner, "layers", None) or getattr(inner, "h")
+    inner = getattr(model, "model", None) or model.transformer
+    layers = getattr(inner, "layers", None) or inner.h
     check_keep_layers(n, len(layers))
     del layers[n:]
     model.config.num_hidden_layers = n
@@ -266,9 +312,13 @@ def _check_destination(out: Path, overwrite: bool) -> None:
         warnings.warn(note, stacklevel=3)
     if out.exists():
         if not overwrite:
-            raise OptionError(f"{out} already exists; pass `overwrite` to replace it, or choose another `out`", "overwrite", "out")
+            raise OptionError(
+                f"{out} already exists; pass `overwrite` to replace it, or choose another `out`", "overwrite", "out"
+            )
         if not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_NAME).is_file()):
-            raise OptionError(f"{out} exists and is not a jacobi-rt artifact; refusing to overwrite it, choose another `out`", "out")
+            raise OptionError(
+                f"{out} exists and is not a jacobi-rt artifact; refusing to overwrite it, choose another `out`", "out"
+            )
 
 
 def _remove_empty(folders: list[Path]) -> None:

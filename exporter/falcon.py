@@ -15,13 +15,26 @@ import functools
 import types
 
 
-def routed_forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None, use_cache=False,
-                   output_attentions=False, position_embeddings=None, attention=None, **kwargs):
+def routed_forward(
+    self,
+    hidden_states,
+    alibi,
+    attention_mask,
+    position_ids=None,
+    layer_past=None,
+    use_cache=False,
+    output_attentions=False,
+    position_embeddings=None,
+    attention=None,
+    **kwargs,
+):
     from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
 
     query, key, value = self._split_heads(self.query_key_value(hidden_states))  # [B, W, heads, D] each
     batch, window = query.shape[:2]
-    kv_heads = self.num_heads if self.new_decoder_architecture else self.num_kv_heads  # new: keys broadcast to every head
+    kv_heads = (
+        self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    )  # new: keys broadcast to every head
     query = query.transpose(1, 2).reshape(batch, self.num_heads, window, self.head_dim)
     key = key.transpose(1, 2).reshape(batch, kv_heads, window, self.head_dim)
     value = value.transpose(1, 2).reshape(batch, kv_heads, window, self.head_dim)

@@ -16,10 +16,10 @@ the mapped GGUF bytes, when the pass writes them.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Hashable
 
 import numpy as np
 
@@ -38,7 +38,9 @@ class Candidate:
     name: str  # "NAME" for MatMul(x, NAME), "gather:NAME" for an embedding table
     shape: tuple[int, int]
     read: Callable[[], np.ndarray] = field(compare=False)  # W [N, K] (a view of the mapped file where it can be)
-    stored: Hashable = field(default=None, compare=False)  # where its values are (GraphWeights.stored): one plan per place
+    stored: Hashable = field(
+        default=None, compare=False
+    )  # where its values are (GraphWeights.stored): one plan per place
 
 
 @dataclass(frozen=True)
@@ -51,20 +53,28 @@ class Planned:
     shape: tuple[int, int]  # (N, K)
     has_offsets: bool
     make: Callable[[], BlockMatrix] = field(compare=False, repr=False)
-    ident: Hashable = None  # equal idents share one set of initializers in a graph (a tied table and head); None: its own
+    ident: Hashable = (
+        None  # equal idents share one set of initializers in a graph (a tied table and head); None: its own
+    )
 
     @staticmethod
-    def of(m: BlockMatrix, ident: Hashable = None) -> "Planned":
+    def of(m: BlockMatrix, ident: Hashable = None) -> Planned:
         """A matrix already made."""
         return Planned(m.kind, m.bits, m.block, m.shape, m.offsets is not None, lambda: m, ident)
 
     @staticmethod
-    def stack(parts: list["Planned"]) -> "Planned":
+    def stack(parts: list[Planned]) -> Planned:
         """The rows of `parts` (one block layout) as one matrix, in order (BlockMatrix.stack, made when written)."""
         first = parts[0]
         rows = sum(p.shape[0] for p in parts)
-        return Planned(first.kind, first.bits, first.block, (rows, first.shape[1]), first.has_offsets,
-                       lambda: BlockMatrix.stack([p.make() for p in parts]))
+        return Planned(
+            first.kind,
+            first.bits,
+            first.block,
+            (rows, first.shape[1]),
+            first.has_offsets,
+            lambda: BlockMatrix.stack([p.make() for p in parts]),
+        )
 
 
 @dataclass
@@ -100,7 +110,9 @@ class _Tensor:
             f.seek(self.offset)
             data = np.fromfile(f, dtype=np.uint8, count=count)
         if data.size != count:
-            raise ExportCheckError(f"{self.file}: GGUF tensor {self.name} was cut short (the file changed while exporting)")
+            raise ExportCheckError(
+                f"{self.file}: GGUF tensor {self.name} was cut short (the file changed while exporting)"
+            )
         return data.reshape(self.raw_shape)
 
     def row_hashes(self) -> np.ndarray:
@@ -110,8 +122,12 @@ class _Tensor:
 
         kind = GGMLQuantizationType[self.kind]
         n, k = self.shape
-        return np.concatenate([row_hashes(dequantize(self.raw[start:start + ROWS_AT_ONCE], kind).reshape(-1, k).astype(np.float32))
-                               for start in range(0, n, ROWS_AT_ONCE)])
+        return np.concatenate(
+            [
+                row_hashes(dequantize(self.raw[start : start + ROWS_AT_ONCE], kind).reshape(-1, k).astype(np.float32))
+                for start in range(0, n, ROWS_AT_ONCE)
+            ]
+        )
 
     def blocks(self) -> BlockMatrix:
         return from_gguf(self.kind, self.raw, *self.shape)
@@ -164,7 +180,10 @@ class GgufWeights:
             try:
                 blocks = self._blocks_in_order(tensor, rows)
             except UnsupportedType:
-                plan.kept_float[candidate.name] = (tensor.kind, f"{tensor.name} is {tensor.kind}, which has no exact MatMulNBits form here: kept as float32")
+                plan.kept_float[candidate.name] = (
+                    tensor.kind,
+                    f"{tensor.name} is {tensor.kind}, which has no exact MatMulNBits form here: kept as float32",
+                )
                 continue
             if not reproduces(blocks, w):
                 raise ExportCheckError(
@@ -172,9 +191,19 @@ class GgufWeights:
                     "export without weights='gguf' and report this"
                 )
             identity = np.array_equal(rows, np.arange(len(rows)))
-            ident = (tensor.name, b"" if identity else rows.tobytes())  # a tied embedding and LM head share their arrays
-            plan.matrices[candidate.name] = Planned(blocks.kind, blocks.bits, blocks.block, blocks.shape, blocks.offsets is not None,
-                                                    lambda t=tensor, r=rows: self._blocks_in_order(t, r), ident)
+            ident = (
+                tensor.name,
+                b"" if identity else rows.tobytes(),
+            )  # a tied embedding and LM head share their arrays
+            plan.matrices[candidate.name] = Planned(
+                blocks.kind,
+                blocks.bits,
+                blocks.block,
+                blocks.shape,
+                blocks.offsets is not None,
+                lambda t=tensor, r=rows: self._blocks_in_order(t, r),
+                ident,
+            )
             del w, blocks
         return plan
 
@@ -218,7 +247,10 @@ def reproduces(blocks: BlockMatrix, w: np.ndarray) -> bool:
     """blocks dequantize to W's float32 bits exactly (compared a chunk of rows at a time)."""
     for start in range(0, blocks.shape[0], ROWS_AT_ONCE):
         part = blocks.take_rows(slice(start, start + ROWS_AT_ONCE)).dequantize()
-        if not np.array_equal(part.view(np.uint32), np.ascontiguousarray(w[start:start + ROWS_AT_ONCE], dtype=np.float32).view(np.uint32)):
+        if not np.array_equal(
+            part.view(np.uint32),
+            np.ascontiguousarray(w[start : start + ROWS_AT_ONCE], dtype=np.float32).view(np.uint32),
+        ):
             return False
     return True
 

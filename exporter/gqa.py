@@ -72,9 +72,23 @@ def _(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_h
 
 # GroupQueryAttention's inputs in onnxruntime's order (contrib_ops: GroupQueryAttention, 1.32), up to the last we use.
 GQA_INPUTS = [
-    ("query", "T"), ("key", "T"), ("value", "T"), ("past_key", "T"), ("past_value", "T"), ("seqlens_k", "M"),
-    ("total_sequence_length", "M"), ("cos_cache", "T"), ("sin_cache", "T"), ("position_ids", "P"), ("attention_bias", "T"),
-    ("head_sink", "T"), ("k_scale", "F"), ("v_scale", "F"), ("q_norm_weight", "T"), ("k_norm_weight", "T"), ("query_seqlens", "M"),
+    ("query", "T"),
+    ("key", "T"),
+    ("value", "T"),
+    ("past_key", "T"),
+    ("past_value", "T"),
+    ("seqlens_k", "M"),
+    ("total_sequence_length", "M"),
+    ("cos_cache", "T"),
+    ("sin_cache", "T"),
+    ("position_ids", "P"),
+    ("attention_bias", "T"),
+    ("head_sink", "T"),
+    ("k_scale", "F"),
+    ("v_scale", "F"),
+    ("q_norm_weight", "T"),
+    ("k_norm_weight", "T"),
+    ("query_seqlens", "M"),
 ]
 REQUIRED = {"query", "seqlens_k", "total_sequence_length"}
 
@@ -88,22 +102,46 @@ def _register_schema() -> None:
         return
     schema = defs.OpSchema
     optional, single = schema.FormalParameterOption.Optional, schema.FormalParameterOption.Single
-    defs.register_schema(schema(
-        "GroupQueryAttention", "com.microsoft", 1,
-        inputs=[schema.FormalParameter(n, t, param_option=single if n in REQUIRED else optional) for n, t in GQA_INPUTS],
-        outputs=[schema.FormalParameter(n, "T") for n in ("output", "present_key", "present_value")],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], ""), ("M", ["tensor(int32)"], ""),
-                          ("P", ["tensor(int64)"], ""), ("F", ["tensor(float)"], "")],
-        attributes=[schema.Attribute("num_heads", schema.AttrType.INT, required=True),
-                    schema.Attribute("kv_num_heads", schema.AttrType.INT, required=True),
-                    schema.Attribute("scale", schema.AttrType.FLOAT, required=False),
-                    schema.Attribute("softcap", schema.AttrType.FLOAT, required=False),
-                    schema.Attribute("do_rotary", schema.AttrType.INT, required=False)],
-    ))
+    defs.register_schema(
+        schema(
+            "GroupQueryAttention",
+            "com.microsoft",
+            1,
+            inputs=[
+                schema.FormalParameter(n, t, param_option=single if n in REQUIRED else optional) for n, t in GQA_INPUTS
+            ],
+            outputs=[schema.FormalParameter(n, "T") for n in ("output", "present_key", "present_value")],
+            type_constraints=[
+                ("T", ["tensor(float)", "tensor(float16)"], ""),
+                ("M", ["tensor(int32)"], ""),
+                ("P", ["tensor(int64)"], ""),
+                ("F", ["tensor(float)"], ""),
+            ],
+            attributes=[
+                schema.Attribute("num_heads", schema.AttrType.INT, required=True),
+                schema.Attribute("kv_num_heads", schema.AttrType.INT, required=True),
+                schema.Attribute("scale", schema.AttrType.FLOAT, required=False),
+                schema.Attribute("softcap", schema.AttrType.FLOAT, required=False),
+                schema.Attribute("do_rotary", schema.AttrType.INT, required=False),
+            ],
+        )
+    )
 
 
-def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads: int, kv_heads: int, scale: float,
-             softcap: float = 0.0):
+def gqa_onnx(
+    query,
+    key,
+    value,
+    past_key,
+    past_value,
+    seqlens_k,
+    total_len,
+    bias,
+    num_heads: int,
+    kv_heads: int,
+    scale: float,
+    softcap: float = 0.0,
+):
     """The ONNX translation (for torch.onnx.export's custom_translation_table): one contrib node."""
     from onnxscript import opset18 as op
     from onnxscript.values import Opset
@@ -113,12 +151,35 @@ def gqa_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias
     # W from the bias every layer shares (not from this layer's query): one copy per pass after onnxruntime's CSE
     window = op.Cast(op.Shape(bias, start=2, end=3), to=6)  # [1] int32
     query_seqlens = op.Expand(window, op.Shape(seqlens_k))  # [B] = W: every row's window is whole
-    bias = op.Slice(bias, op.Constant(value_ints=[0]), op.Reshape(op.Cast(total_len, to=7), op.Constant(value_ints=[1])),
-                    op.Constant(value_ints=[3]))  # [B, 1, W, T]: the kernel indexes the bias by total_sequence_length
+    bias = op.Slice(
+        bias,
+        op.Constant(value_ints=[0]),
+        op.Reshape(op.Cast(total_len, to=7), op.Constant(value_ints=[1])),
+        op.Constant(value_ints=[3]),
+    )  # [B, 1, W, T]: the kernel indexes the bias by total_sequence_length
     return msft.GroupQueryAttention(
-        query, key, value, past_key, past_value, seqlens_k, total_len,
-        None, None, None, bias, None, None, None, None, None, query_seqlens,  # cos, sin, position_ids, bias, sink, scales, norms
-        num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, softcap=softcap, do_rotary=0,
+        query,
+        key,
+        value,
+        past_key,
+        past_value,
+        seqlens_k,
+        total_len,
+        None,
+        None,
+        None,
+        bias,
+        None,
+        None,
+        None,
+        None,
+        None,
+        query_seqlens,  # cos, sin, position_ids, bias, sink, scales, norms
+        num_heads=num_heads,
+        kv_num_heads=kv_heads,
+        scale=scale,
+        softcap=softcap,
+        do_rotary=0,
     )
 
 

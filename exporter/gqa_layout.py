@@ -59,11 +59,23 @@ def _rotary_3d(rotary, g: GraphIndex, replaced: dict, removed: set) -> None:
     if not heads or len(heads) != 4 or not isinstance(heads[1], int) or not flat_dims or len(flat_dims) != 3:
         return
     source = g.producer.get(into.input[0])  # Reshape([B, W, H*D] -> [B, W, H, D]) when the model did nothing between
-    if source is None or source.op_type != "Reshape" or len(g.consumers[source.output[0]]) != 1 or not _same(g.dims(source.input[0]), flat_dims):
+    if (
+        source is None
+        or source.op_type != "Reshape"
+        or len(g.consumers[source.output[0]]) != 1
+        or not _same(g.dims(source.input[0]), flat_dims)
+    ):
         return
     removed.update({id(source), id(into), id(out), id(flat)})
-    replaced[id(rotary)] = helper.make_node("RotaryEmbedding", [source.input[0], *rotary.input[1:]], [flat.output[0]],
-                                            name=rotary.name + "_3d", domain=MS_DOMAIN, interleaved=0, num_heads=heads[1])
+    replaced[id(rotary)] = helper.make_node(
+        "RotaryEmbedding",
+        [source.input[0], *rotary.input[1:]],
+        [flat.output[0]],
+        name=rotary.name + "_3d",
+        domain=MS_DOMAIN,
+        interleaved=0,
+        num_heads=heads[1],
+    )
 
 
 def _round_trip(second, g: GraphIndex, removed: set, renamed: dict) -> None:

@@ -56,9 +56,9 @@ def pack_attention(model) -> PackReport:
         if attribute(node, "do_rotary", 0) == 0 and _rotary_in(inputs, g, removed):
             _set_attribute(node, "do_rotary", 1)
             report.rotary += 1
-        packed = _packed(inputs[QUERY:VALUE + 1], g, removed, added)
+        packed = _packed(inputs[QUERY : VALUE + 1], g, removed, added)
         if packed is not None:
-            inputs[QUERY:VALUE + 1] = [packed, "", ""]
+            inputs[QUERY : VALUE + 1] = [packed, "", ""]
             report.packed += 1
         while inputs and not inputs[-1]:
             inputs.pop()
@@ -80,8 +80,15 @@ def pack_attention(model) -> PackReport:
 def _rotary_in(inputs: list, g: GraphIndex, removed: set) -> bool:
     """Take q's and k's RotaryEmbedding into the attention's inputs when they share tables and positions."""
     rotations = [g.producer.get(inputs[QUERY]), g.producer.get(inputs[KEY])]
-    if any(r is None or r.op_type != "RotaryEmbedding" or r.domain != MS_DOMAIN or len(g.consumers[r.output[0]]) != 1
-           or attribute(r, "interleaved", 0) != 0 or attribute(r, "rotary_embedding_dim", 0) != 0 for r in rotations):
+    if any(
+        r is None
+        or r.op_type != "RotaryEmbedding"
+        or r.domain != MS_DOMAIN
+        or len(g.consumers[r.output[0]]) != 1
+        or attribute(r, "interleaved", 0) != 0
+        or attribute(r, "rotary_embedding_dim", 0) != 0
+        for r in rotations
+    ):
         return False
     q, k = rotations
     if list(q.input[1:4]) != list(k.input[1:4]) or attribute(q, "num_heads", 0) == 0:  # 3-D inputs (gqa_layout.py)
@@ -98,8 +105,12 @@ def _packed(parts: list[str], g: GraphIndex, removed: set, added: dict) -> str |
     if any(p is None or len(g.consumers[name]) != 1 for p, name in zip(producers, parts)):
         return None
     split = producers[0]
-    if split.op_type == "Split" and all(p is split for p in producers) and list(split.output) == parts \
-            and attribute(split, "axis", 0) in (-1, len(g.dims(split.input[0]) or []) - 1):
+    if (
+        split.op_type == "Split"
+        and all(p is split for p in producers)
+        and list(split.output) == parts
+        and attribute(split, "axis", 0) in (-1, len(g.dims(split.input[0]) or []) - 1)
+    ):
         removed.add(id(split))
         return split.input[0]
     biases = []
@@ -113,17 +124,24 @@ def _packed(parts: list[str], g: GraphIndex, removed: set, added: dict) -> str |
             return None
     else:
         matmuls = producers
-    if any(m.op_type != "MatMul" or m.input[1] not in g.constants or m.input[1] in g.producer for m in matmuls) \
-            or len({m.input[0] for m in matmuls}) != 1 or any(len(g.constants[m.input[1]].dims) != 2 for m in matmuls):
+    if (
+        any(m.op_type != "MatMul" or m.input[1] not in g.constants or m.input[1] in g.producer for m in matmuls)
+        or len({m.input[0] for m in matmuls}) != 1
+        or any(len(g.constants[m.input[1]].dims) != 2 for m in matmuls)
+    ):
         return None
     first = matmuls[0]
     weight, packed = first.input[1] + "_qkv", first.output[0] + "_qkv"
-    new = [helper.make_node("Concat", [m.input[1] for m in matmuls], [weight], name=first.name + "_qkv_weight", axis=1),
-           helper.make_node("MatMul", [first.input[0], weight], [packed], name=first.name + "_qkv")]
+    new = [
+        helper.make_node("Concat", [m.input[1] for m in matmuls], [weight], name=first.name + "_qkv_weight", axis=1),
+        helper.make_node("MatMul", [first.input[0], weight], [packed], name=first.name + "_qkv"),
+    ]
     if biases:
         bias, summed = first.input[1] + "_qkv_bias", packed + "_biased"
-        new += [helper.make_node("Concat", biases, [bias], name=first.name + "_qkv_bias", axis=0),
-                helper.make_node("Add", [packed, bias], [summed], name=first.name + "_qkv_add")]
+        new += [
+            helper.make_node("Concat", biases, [bias], name=first.name + "_qkv_bias", axis=0),
+            helper.make_node("Add", [packed, bias], [summed], name=first.name + "_qkv_add"),
+        ]
         packed = summed
     removed.update(id(n) for n in matmuls + (producers if biases else []))
     added.setdefault(id(first), []).extend(new)

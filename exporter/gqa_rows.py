@@ -37,7 +37,9 @@ def pad_attention_rows(model) -> int:
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    taken = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    taken = (
+        {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    )
     counter = [0]
 
     def name(base: str) -> str:
@@ -50,7 +52,9 @@ def pad_attention_rows(model) -> int:
 
     constants = {
         "one32": numpy_helper.from_array(np.array(1, np.int32), name("one_int32")),
-        "row": numpy_helper.from_array(np.array([0, 0, 0, 0, 1, 0], np.int64), name("pad_row")),  # [B, S, .]: one row at the end
+        "row": numpy_helper.from_array(
+            np.array([0, 0, 0, 0, 1, 0], np.int64), name("pad_row")
+        ),  # [B, S, .]: one row at the end
         "positions": numpy_helper.from_array(np.array([0, 0, 0, 1], np.int64), name("pad_positions")),  # [B, S]
         "bias": numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), name("pad_bias")),
         "start": numpy_helper.from_array(np.array([0], np.int64), name("slice_start")),
@@ -92,8 +96,11 @@ def pad_attention_rows(model) -> int:
         del node.input[:]
         node.input.extend(inputs)
         node.output[0] = padded
-        after.setdefault(index, []).append(helper.make_node(
-            "Slice", [padded, constants["start"].name, constants["end"].name, constants["axis"].name], [output]))
+        after.setdefault(index, []).append(
+            helper.make_node(
+                "Slice", [padded, constants["start"].name, constants["end"].name, constants["axis"].name], [output]
+            )
+        )
         rewritten += 1
     if not rewritten:
         return 0

@@ -22,10 +22,12 @@ def _default(node):
 
 def _folding(constant_folding):
     """onnxscript's constant folding pass, with the settings its optimize_ir uses."""
-    return constant_folding.FoldConstantsPass(shape_inference=True,
-                                              input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-                                              output_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-                                              should_fold=_default)
+    return constant_folding.FoldConstantsPass(
+        shape_inference=True,
+        input_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+        output_size_limit=constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+        should_fold=_default,
+    )
 
 
 def _internals():
@@ -54,8 +56,11 @@ def rules_that_fire(model) -> list | None:
     fired = []
     for _ in range(1 + ROUNDS):  # a rule may only match after another fired
         _folding(constant_folding)(copy)
-        new = [rule for rule in rewriter._DEFAULT_REWRITE_RULES
-               if rule not in fired and pattern.RewriteRuleSet([rule]).apply_to_model(copy)]
+        new = [
+            rule
+            for rule in rewriter._DEFAULT_REWRITE_RULES
+            if rule not in fired and pattern.RewriteRuleSet([rule]).apply_to_model(copy)
+        ]
         if not new:
             break
         fired += new
@@ -77,7 +82,11 @@ def optimize(model, rules: list | None) -> None:
     step = [_folding(constant_folding)]
     if rules:
         step.append(rewriter.RewritePass(rules))
-    step += [common_passes.RemoveUnusedNodesPass(), common_passes.RemoveUnusedFunctionsPass(), common_passes.RemoveUnusedOpsetsPass()]
+    step += [
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.RemoveUnusedFunctionsPass(),
+        common_passes.RemoveUnusedOpsetsPass(),
+    ]
     ir.passes.Sequential(
         common_passes.InlinePass(),
         ir.passes.PassManager(step, steps=ROUNDS, early_stop=True),

@@ -22,7 +22,9 @@ INLINE_BELOW = 1024  # bytes: shapes, axes, epsilons stay in the graph file
 def nbytes(proto) -> int:
     from onnx import helper
 
-    return int(np.prod(proto.dims, dtype=np.int64)) * np.dtype(helper.tensor_dtype_to_np_dtype(proto.data_type)).itemsize
+    return (
+        int(np.prod(proto.dims, dtype=np.int64)) * np.dtype(helper.tensor_dtype_to_np_dtype(proto.data_type)).itemsize
+    )
 
 
 def raw_bytes(array: np.ndarray) -> memoryview:

@@ -54,8 +54,17 @@ def inplace_attention(module, query, key, value, attention_mask, scaling=None, d
     state: InplaceWindow = module.jacobi_window
     flat = lambda t: t.transpose(1, 2).reshape(batch, window, -1)  # noqa: E731  [B, W, heads*D]
     out, present_key, present_value = torch.ops.jacobi.gqa(
-        flat(query), flat(key), flat(value), state.past[2 * layer], state.past[2 * layer + 1],
-        state.seqlens_k, state.total_len, attention_mask, heads, kv_heads, float(scaling if scaling is not None else dim**-0.5),
+        flat(query),
+        flat(key),
+        flat(value),
+        state.past[2 * layer],
+        state.past[2 * layer + 1],
+        state.seqlens_k,
+        state.total_len,
+        attention_mask,
+        heads,
+        kv_heads,
+        float(scaling if scaling is not None else dim**-0.5),
         float(softcap or 0.0),
     )
     state.presents[layer] = (present_key, present_value)
@@ -172,10 +181,18 @@ def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = A
         return InplaceWindowModel(model, layers).eval(), sample_inputs(layer_shape, dtype), dynamic_shapes
 
     # onnxruntime-only already (the contrib op): skip norms, rotary, GQA's own layout too; the scatter form stays standard ONNX
-    return trace_window_graph(build, model, inplace_attention_for, path, opset, shape.num_layers, spec.INPLACE,
-                              translation(attention),
-                              partial(onnxruntime_fusions, max_positions=shape.max_positions) if attention == "gqa" else None,
-                              weights)
+    return trace_window_graph(
+        build,
+        model,
+        inplace_attention_for,
+        path,
+        opset,
+        shape.num_layers,
+        spec.INPLACE,
+        translation(attention),
+        partial(onnxruntime_fusions, max_positions=shape.max_positions) if attention == "gqa" else None,
+        weights,
+    )
 
 
 def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
@@ -186,8 +203,19 @@ def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
     pack_attention(onnx_model)
 
 
-def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, check_progress=None,
-                      max_context: int | None = None, weights=None, portable: Path | None = None, weights_in=contextlib.nullcontext) -> tuple[dict, dict]:
+def add_inplace_graph(
+    model,
+    shape,
+    folder: Path,
+    dtype: str,
+    opset: int,
+    step,
+    check_progress=None,
+    max_context: int | None = None,
+    weights=None,
+    portable: Path | None = None,
+    weights_in=contextlib.nullcontext,
+) -> tuple[dict, dict]:
     """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures with the
     attention form), or ({}, {"skipped": why}) when this family cannot map onto it (the artifact
     then has the portable graph only). A graph that traces but disagrees with its reference raises.
@@ -218,7 +246,17 @@ def add_inplace_graph(model, shape, folder: Path, dtype: str, opset: int, step, 
     return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention}
 
 
-def _check(model, shape, path: Path, dtype: str, portable: Path | None, step, check_progress, max_context: int | None, weights_in):
+def _check(
+    model,
+    shape,
+    path: Path,
+    dtype: str,
+    portable: Path | None,
+    step,
+    check_progress,
+    max_context: int | None,
+    weights_in,
+):
     """The in-place graph against the portable ONNX (`portable`), or against PyTorch, its graph run
     whole or stage by stage as the model's size says (budget.staged)."""
     from .inplace_check import CASES, check_inplace_against_portable, check_inplace_against_torch
@@ -232,5 +270,6 @@ def _check(model, shape, path: Path, dtype: str, portable: Path | None, step, ch
         progress = check_progress(2 * ticks(len(CASES), shape.num_layers, True)) if check_progress else None
         return check_inplace_against_portable(portable, path, shape, dtype, scope, progress, max_context=max_context)
     progress = check_progress(ticks(len(CASES), shape.num_layers, scope is not None)) if check_progress else None
-    return check_inplace_against_torch(model, shape, path, dtype, progress, max_context=max_context, layer_scope=scope,
-                                       weights_in=weights_in)
+    return check_inplace_against_torch(
+        model, shape, path, dtype, progress, max_context=max_context, layer_scope=scope, weights_in=weights_in
+    )

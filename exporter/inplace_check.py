@@ -57,7 +57,13 @@ def _branched_window(length: int, window: int) -> tuple[np.ndarray, np.ndarray]:
 def _portable_row(wrapper, row: dict, window: int) -> list:
     """The portable PyTorch window model's outputs for one row alone (numpy, float32)."""
     with torch.no_grad():
-        out = wrapper(row["ids"], row["positions"], torch.ones(1, row["length"] + window, dtype=torch.long), row["mask"], *row["kv"])
+        out = wrapper(
+            row["ids"],
+            row["positions"],
+            torch.ones(1, row["length"] + window, dtype=torch.long),
+            row["mask"],
+            *row["kv"],
+        )
     return [t.float().numpy() for t in out]
 
 
@@ -86,11 +92,23 @@ def fitted_cases(cases: list, limit: int | None) -> list:
     """Cases whose rows fit `limit` positions (the exported context), windows and lengths shrunk."""
     if limit is None:
         return list(cases)
-    return [(tuple(min(length, limit - min(window, limit)) for length in lengths), min(window, limit)) for lengths, window in cases]
+    return [
+        (tuple(min(length, limit - min(window, limit)) for length in lengths), min(window, limit))
+        for lengths, window in cases
+    ]
 
 
-def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=None, cases=CASES, max_context: int | None = None,
-                                layer_scope: str | None = None, weights_in=contextlib.nullcontext) -> CheckReport:
+def check_inplace_against_torch(
+    model,
+    shape,
+    onnx_path,
+    dtype: str,
+    progress=None,
+    cases=CASES,
+    max_context: int | None = None,
+    layer_scope: str | None = None,
+    weights_in=contextlib.nullcontext,
+) -> CheckReport:
     """Compare the in-place ONNX with the portable PyTorch window model row by row; raise if out of tolerance.
 
     cases: (lengths of the rows, window) per batch, fitted into max_context (the exported context).
@@ -104,7 +122,10 @@ def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=No
             g = torch.Generator().manual_seed(100 + seed)
             rows = [_row_case(model, shape, length, window, g) for length in lengths]
             feeds = inplace_feeds(rows, shape, max(lengths) + window + SLACK, g)
-            past = {j: (feeds.pop(f"past_key_values.{j}.key"), feeds.pop(f"past_key_values.{j}.value")) for j in range(shape.num_layers)}
+            past = {
+                j: (feeds.pop(f"past_key_values.{j}.key"), feeds.pop(f"past_key_values.{j}.value"))
+                for j in range(shape.num_layers)
+            }
             batches.append(rows)
             runs.append(Run(feeds, past=past))
             expected.append([_portable_row(wrapper, r, window) for r in rows])
@@ -120,13 +141,24 @@ def check_inplace_against_torch(model, shape, onnx_path, dtype: str, progress=No
     return report
 
 
-def check_inplace_against_portable(portable_path, onnx_path, shape: ModelShape, dtype: str, layer_scope: str, progress=None,
-                                   cases=CASES, max_context: int | None = None) -> CheckReport:
+def check_inplace_against_portable(
+    portable_path,
+    onnx_path,
+    shape: ModelShape,
+    dtype: str,
+    layer_scope: str,
+    progress=None,
+    cases=CASES,
+    max_context: int | None = None,
+) -> CheckReport:
     """Compare the in-place ONNX with the portable ONNX (checked against PyTorch already), row by row,
     both run stage by stage: one layer's weights resident at a time (progress: ticked per stage of
     either graph). Each row's past is the portable graph's own over random tokens; raise if out of tolerance."""
     rng = np.random.default_rng(100)
-    batches = [[_onnx_row(shape, length, window, rng) for length in lengths] for lengths, window in fitted_cases(cases, max_context)]
+    batches = [
+        [_onnx_row(shape, length, window, rng) for length in lengths]
+        for lengths, window in fitted_cases(cases, max_context)
+    ]
     names = run_staged(portable_path, shape, layer_scope, [row for rows in batches for row in rows], progress)
     batched = [_inplace_run(rows, shape, np.dtype(dtype), rng) for rows in batches]
     run_staged(onnx_path, shape, layer_scope, batched, progress)
@@ -135,7 +167,10 @@ def check_inplace_against_portable(portable_path, onnx_path, shape: ModelShape, 
         window = rows[0].feeds["input_ids"].shape[1]
         for b, row in enumerate(rows):
             total = row.feeds["attention_mask"].shape[1]
-            mine = [run.outputs[n][b : b + 1] if n in ("logits", "greedy_ids") else run.outputs[n][b : b + 1, :, :total] for n in names]
+            mine = [
+                run.outputs[n][b : b + 1] if n in ("logits", "greedy_ids") else run.outputs[n][b : b + 1, :, :total]
+                for n in names
+            ]
             _compare(report, row.ordered(names), mine, (len(rows), window, total - window))
     _verdict(report, onnx_path)
     return report
@@ -148,11 +183,23 @@ def _onnx_row(shape: ModelShape, length: int, window: int, rng) -> Run:
     mask, positions = _branched_window(length, window)
     prefill = None
     if length:
-        prefill = Run({"input_ids": ids[:, :length], "position_ids": np.arange(length)[None],
-                       "attention_mask": np.ones((1, length), dtype=np.int64),
-                       "window_mask": np.tril(np.ones((length, length), dtype=bool))[None]})
-    return Run({"input_ids": ids[:, length:], "position_ids": positions, "attention_mask": np.ones((1, length + window), dtype=np.int64),
-                "window_mask": mask}, prefill)
+        prefill = Run(
+            {
+                "input_ids": ids[:, :length],
+                "position_ids": np.arange(length)[None],
+                "attention_mask": np.ones((1, length), dtype=np.int64),
+                "window_mask": np.tril(np.ones((length, length), dtype=bool))[None],
+            }
+        )
+    return Run(
+        {
+            "input_ids": ids[:, length:],
+            "position_ids": positions,
+            "attention_mask": np.ones((1, length + window), dtype=np.int64),
+            "window_mask": mask,
+        },
+        prefill,
+    )
 
 
 def _inplace_run(rows: list[Run], shape: ModelShape, dtype: np.dtype, rng) -> Run:
@@ -170,15 +217,20 @@ def _inplace_run(rows: list[Run], shape: ModelShape, dtype: np.dtype, rng) -> Ru
                 buffer[b, :, :length] = row.past_of(j, shape)[kv][0]
             buffers.append(buffer)
         past[j] = tuple(buffers)
-    feeds = {name: np.concatenate([row.feeds[name] for row in rows]) for name in ("input_ids", "position_ids", "window_mask")}
+    feeds = {
+        name: np.concatenate([row.feeds[name] for row in rows]) for name in ("input_ids", "position_ids", "window_mask")
+    }
     feeds["attention_mask"] = np.ones((len(rows), max(lengths) + window), dtype=np.int64)
     feeds["cache_lengths"] = np.array(lengths, dtype=np.int64)
     return Run(feeds, past=past)
 
 
 def _verdict(report: CheckReport, onnx_path) -> None:
-    if report.max_logit_diff > report.tolerance or report.max_present_diff > report.tolerance \
-            or report.greedy_agree + report.near_ties < report.positions:
+    if (
+        report.max_logit_diff > report.tolerance
+        or report.max_present_diff > report.tolerance
+        or report.greedy_agree + report.near_ties < report.positions
+    ):
         raise ExportCheckError(
             f"{onnx_path}: the in-place graph disagrees with {report.reference}: max |logit diff| {report.max_logit_diff:.3g}, "
             f"max |cache diff| {report.max_present_diff:.3g} (tolerance {report.tolerance:g}), greedy ids agree on "

@@ -85,8 +85,9 @@ class _Case:
     logits: np.ndarray | None = None  # PyTorch's
 
 
-def check_layers(graph_path, model, shape: ModelShape, dtype: str, read_layer=None, progress=None,
-                 max_context: int | None = None) -> LayerCheckReport:
+def check_layers(
+    graph_path, model, shape: ModelShape, dtype: str, read_layer=None, progress=None, max_context: int | None = None
+) -> LayerCheckReport:
     """Compare the portable ONNX graph with PyTorch stage by stage; raise ExportCheckError naming the
     first stage out of tolerance, or if the chained logits or greedy ids disagree (as check.py).
 
@@ -107,7 +108,7 @@ def check_layers(graph_path, model, shape: ModelShape, dtype: str, read_layer=No
             _tail(graph.session(stage), cases, figures, report)
         else:
             j = int(stage.name.split()[1])
-            with (read_layer(j) if read_layer else contextlib.nullcontext()):
+            with read_layer(j) if read_layer else contextlib.nullcontext():
                 _layer(graph.session(stage), model, shape, j, cases, figures, report, done[0] if j == 0 else None)
         figures.seconds = time.perf_counter() - started
         done.append(figures)
@@ -139,8 +140,10 @@ def staged_scope(model) -> str | None:
 def _layers(model):
     found = decoder_layers(model)
     if found is None:
-        raise ExportCheckError(f"{type(model).__name__}: no ModuleList of num_hidden_layers alike decoder layers; "
-                               "the layer check needs one, run the whole-model check instead")
+        raise ExportCheckError(
+            f"{type(model).__name__}: no ModuleList of num_hidden_layers alike decoder layers; "
+            "the layer check needs one, run the whole-model check instead"
+        )
     return found
 
 
@@ -152,8 +155,12 @@ def _feeds(session, case: _Case, hidden=None, past: tuple | None = None) -> dict
     """A stage's inputs. Every past input gets this layer's past: a stage reads its own layer's by
     value and, at most, another layer's by its shape (the sizes the first layer computes), alike."""
     batch, window, length = case.shape
-    values = {"input_ids": case.ids[:, length:], "position_ids": case.positions, "attention_mask": case.mask,
-              "window_mask": case.window_mask}
+    values = {
+        "input_ids": case.ids[:, length:],
+        "position_ids": case.positions,
+        "attention_mask": case.mask,
+        "window_mask": case.window_mask,
+    }
     feeds = {}
     for i, arg in enumerate(session.get_inputs()):
         if i == 0 and hidden is not None:
@@ -177,8 +184,16 @@ def _embedding(session, cases: list[_Case]) -> None:
         case.chained = session.run(None, _feeds(session, case))[0]
 
 
-def _layer(session, model, shape: ModelShape, j: int, cases: list[_Case], figures: StageFigures, report,
-           embedding: StageFigures | None) -> None:
+def _layer(
+    session,
+    model,
+    shape: ModelShape,
+    j: int,
+    cases: list[_Case],
+    figures: StageFigures,
+    report,
+    embedding: StageFigures | None,
+) -> None:
     last = j == shape.num_layers - 1
     with torch.no_grad(), _one_layer(model, j) as layer:
         for case in cases:
@@ -190,7 +205,9 @@ def _layer(session, model, shape: ModelShape, j: int, cases: list[_Case], figure
             isolated = session.run(None, _feeds(session, case, case.hidden.float().numpy(), past))
             chained = session.run(None, _feeds(session, case, case.chained, past))
             _account(figures, isolated[0], hidden, zip(isolated[1:], present))
-            report.max_present_diff = max(report.max_present_diff, *(_max_diff(o, p) for o, p in zip(chained[1:], present)))
+            report.max_present_diff = max(
+                report.max_present_diff, *(_max_diff(o, p) for o, p in zip(chained[1:], present))
+            )
             case.hidden, case.chained = hidden, chained[0]
             if last:
                 case.logits = logits
@@ -221,8 +238,15 @@ def _past(model, layer, shape: ModelShape, j: int, case: _Case) -> tuple:
         empty = torch.zeros(batch, shape.kv_heads, 0, shape.head_dim, dtype=dtype)
         return empty, empty
     cache = DynamicCache(config=model.config)
-    entering, case.past_hidden, _ = _run(model, layer, case.past_hidden, case.ids[:, :length], attention_mask=case.mask[:, :length],
-                                         use_cache=True, **{CACHE_ARG: cache})
+    entering, case.past_hidden, _ = _run(
+        model,
+        layer,
+        case.past_hidden,
+        case.ids[:, :length],
+        attention_mask=case.mask[:, :length],
+        use_cache=True,
+        **{CACHE_ARG: cache},
+    )
     return cache.layers[j].keys, cache.layers[j].values
 
 
@@ -232,9 +256,17 @@ def _window(model, layer, j: int, case: _Case, past: tuple, last: bool):
     cache = DynamicCache()
     for i in range(j + 1):  # the layers before j hold the same past: the model reads the past length off layer 0
         cache.update(past[0], past[1], i)
-    entering, hidden, out = _run(model, layer, case.hidden, case.ids[:, length:], position_ids=case.positions,
-                                 attention_mask=additive_mask(case.mask, case.window_mask, past[0].dtype),
-                                 use_cache=True, stop=not last, **{CACHE_ARG: cache})
+    entering, hidden, out = _run(
+        model,
+        layer,
+        case.hidden,
+        case.ids[:, length:],
+        position_ids=case.positions,
+        attention_mask=additive_mask(case.mask, case.window_mask, past[0].dtype),
+        use_cache=True,
+        stop=not last,
+        **{CACHE_ARG: cache},
+    )
     logits = out.logits.float().numpy() if last else None
     return entering, hidden, (cache.layers[j].keys, cache.layers[j].values), logits
 
@@ -298,12 +330,14 @@ def _verdict(report: LayerCheckReport, graph_path) -> None:
         raise ExportCheckError(
             f"{graph_path}: ONNX disagrees with PyTorch in {worst['stage']}: max |hidden diff| {worst['max_hidden_diff']:.3g}, "
             f"max |present diff| {worst['max_present_diff']:.3g} (tolerance {limit:.3g}, fed PyTorch's hidden state); "
-            "this is an exporter bug for this model: please report it")
+            "this is an exporter bug for this model: please report it"
+        )
     if report.max_logit_diff > report.tolerance or report.greedy_agree + report.near_ties < report.positions:
         raise ExportCheckError(
             f"{graph_path}: every stage is within tolerance but the whole graph disagrees with PyTorch: max |logit diff| "
             f"{report.max_logit_diff:.3g} (tolerance {report.tolerance:g}), greedy ids agree on {report.greedy_agree}/"
-            f"{report.positions} positions ({report.near_ties} near-ties); the errors compound: please report it")
+            f"{report.positions} positions ({report.near_ties} near-ties); the errors compound: please report it"
+        )
 
 
 def streamed_layers(model, read):
@@ -316,7 +350,9 @@ def streamed_layers(model, read):
 
     @contextlib.contextmanager
     def read_layer(j: int):
-        owners = [(m, attribute, p) for m in layers[j].modules() for attribute, p in m._parameters.items() if p is not None]
+        owners = [
+            (m, attribute, p) for m in layers[j].modules() for attribute, p in m._parameters.items() if p is not None
+        ]
         names = {id(p): f"{name}.{j}.{n}" for n, p in layers[j].named_parameters()}
         try:
             for module, attribute, p in owners:

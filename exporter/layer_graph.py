@@ -77,7 +77,9 @@ class LayerGraph:
         hidden = [self._hidden_entering(j) for j in range(self.num_layers)] + [self._hidden_entering(TAIL)]
         stages = [self._stage(EMBEDDING, None, [hidden[0]])]
         for j in range(self.num_layers):
-            stages.append(self._stage(f"layer {j}", hidden[j], [hidden[j + 1], f"present.{j}.key", f"present.{j}.value"]))
+            stages.append(
+                self._stage(f"layer {j}", hidden[j], [hidden[j + 1], f"present.{j}.key", f"present.{j}.value"])
+            )
         stages.append(self._stage(TAIL, hidden[-1], ["logits", "greedy_ids"]))
         return stages
 
@@ -96,10 +98,14 @@ class LayerGraph:
                 if value in self.dependent and made is not None and stage_of[i] is not None and made != stage_of[i]:
                     carried[stage_of[i]][value] = None
         names = [EMBEDDING, *(f"layer {j}" for j in range(self.num_layers)), TAIL]
-        own = [[], *([f"present.{j}.key", f"present.{j}.value"] for j in range(self.num_layers)), ["logits", "greedy_ids"]]
+        own = [
+            [],
+            *([f"present.{j}.key", f"present.{j}.value"] for j in range(self.num_layers)),
+            ["logits", "greedy_ids"],
+        ]
         stages = []
         for s, (name, outputs) in enumerate(zip(names, own)):
-            later = [v for reads in carried[s + 1:] for v in reads if stage_of[self.producer[v]] == s]
+            later = [v for reads in carried[s + 1 :] for v in reads if stage_of[self.producer[v]] == s]
             stages.append(self._cut(name, list(carried[s]), list(dict.fromkeys(outputs + later))))
         return stages
 
@@ -120,8 +126,10 @@ class LayerGraph:
     def _check_layers(self) -> None:
         found = sorted({k for k in self.layer if isinstance(k, int)})
         if found != list(range(self.num_layers)):
-            raise ExportCheckError(f"{self.path}: cannot find the nodes of each of its {self.num_layers} layers by module scope "
-                                   f"(found layers {found[:8]}...); the layer check needs a graph traced by this exporter")
+            raise ExportCheckError(
+                f"{self.path}: cannot find the nodes of each of its {self.num_layers} layers by module scope "
+                f"(found layers {found[:8]}...); the layer check needs a graph traced by this exporter"
+            )
 
     def _dependent_on_ids(self) -> set[str]:
         """Values computed from input_ids' data (the hidden states, logits), not from its shape alone."""
@@ -143,8 +151,10 @@ class LayerGraph:
                     found.append(name)
         if len(found) != 1:
             where = f"layer {layer}" if isinstance(layer, int) else "the tail"
-            raise ExportCheckError(f"{self.path}: {where} reads {len(found)} hidden states from outside it ({found[:4]}), "
-                                   "expected one; the layer check cannot cut this graph, run the whole-model check instead")
+            raise ExportCheckError(
+                f"{self.path}: {where} reads {len(found)} hidden states from outside it ({found[:4]}), "
+                "expected one; the layer check cannot cut this graph, run the whole-model check instead"
+            )
         return found[0]
 
     def _stage(self, name: str, hidden_in: str | None, outputs: list[str]) -> Stage:
@@ -159,12 +169,21 @@ class LayerGraph:
             chosen.add(i)
             stack.extend(self.producer[v] for v in _reads(self.nodes[i]) if v != hidden_in and v in self.producer)
         read = {v for i in chosen for v in _reads(self.nodes[i])}
-        if hidden_in is not None and "input_ids" in {v for i in chosen if self.nodes[i].op_type not in SHAPE_OPS
-                                                     for v in _reads(self.nodes[i])}:
-            raise ExportCheckError(f"{self.path}: {name} recomputes the embedding: it reads a hidden state other than "
-                                   f"{hidden_in}; the layer check cannot cut this graph, run the whole-model check instead")
-        return Stage(name, hidden_in, outputs, sorted(chosen), [v for v in self.inputs if v in read],
-                     [v for v in self.initializers if v in read])
+        if hidden_in is not None and "input_ids" in {
+            v for i in chosen if self.nodes[i].op_type not in SHAPE_OPS for v in _reads(self.nodes[i])
+        }:
+            raise ExportCheckError(
+                f"{self.path}: {name} recomputes the embedding: it reads a hidden state other than "
+                f"{hidden_in}; the layer check cannot cut this graph, run the whole-model check instead"
+            )
+        return Stage(
+            name,
+            hidden_in,
+            outputs,
+            sorted(chosen),
+            [v for v in self.inputs if v in read],
+            [v for v in self.initializers if v in read],
+        )
 
     def _cut(self, name: str, carried: list[str], outputs: list[str]) -> Stage:
         """The backward closure of `outputs`, stopped at `carried` (fed to it) and the graph's inputs."""
@@ -175,8 +194,15 @@ class LayerGraph:
                 chosen.add(i)
                 stack.extend(self.producer[v] for v in _reads(self.nodes[i]) if v not in stops and v in self.producer)
         read = {v for i in chosen for v in _reads(self.nodes[i])}
-        return Stage(name, None, outputs, sorted(chosen), [v for v in self.inputs if v in read],
-                     [v for v in self.initializers if v in read], carried)
+        return Stage(
+            name,
+            None,
+            outputs,
+            sorted(chosen),
+            [v for v in self.inputs if v in read],
+            [v for v in self.initializers if v in read],
+            carried,
+        )
 
     def _write(self, stage: Stage, path: Path) -> None:
         import onnx
@@ -184,9 +210,13 @@ class LayerGraph:
 
         fed = ([stage.hidden_in] if stage.hidden_in is not None else []) + stage.carried
         inputs = [self._value_info(v) for v in fed] + [self.inputs[v] for v in stage.inputs]
-        graph = helper.make_graph([self.nodes[i] for i in stage.nodes], stage.name, inputs,
-                                  [self._value_info(o) for o in stage.outputs],
-                                  initializer=[self.initializers[v] for v in stage.initializers])
+        graph = helper.make_graph(
+            [self.nodes[i] for i in stage.nodes],
+            stage.name,
+            inputs,
+            [self._value_info(o) for o in stage.outputs],
+            initializer=[self.initializers[v] for v in stage.initializers],
+        )
         part = helper.make_model(graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version)
         part.functions.extend(self.model.functions)
         onnx.save(part, str(path))
@@ -226,8 +256,8 @@ def _layer_of(node, scope: str):
     if copy:
         return int(copy.group(1))
     for name in ast.literal_eval(props.get(SCOPES, "[]")):
-        if name.startswith(scope) and name[len(scope):].isdigit():
-            return int(name[len(scope):])
+        if name.startswith(scope) and name[len(scope) :].isdigit():
+            return int(name[len(scope) :])
     return None
 
 
@@ -236,6 +266,10 @@ def _reads(node) -> list[str]:
     names = [v for v in node.input if v]
     for attr in node.attribute:
         for graph in list(attr.g.node and [attr.g] or []) + list(attr.graphs):
-            inner = {o for n in graph.node for o in n.output} | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+            inner = (
+                {o for n in graph.node for o in n.output}
+                | {v.name for v in graph.input}
+                | {t.name for t in graph.initializer}
+            )
             names += [v for n in graph.node for v in _reads(n) if v not in inner]
     return names

@@ -12,7 +12,7 @@ at a time, and leaves the graph pointing there. Peak memory: the largest tensor,
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -70,8 +70,13 @@ def fold_transposes(model) -> int:
         perm = tuple(attribute.value) if attribute is not None else tuple(reversed(range(rank)))
         parent, out = source.const_value, node.outputs[0]
         shape = [parent.shape[i] for i in perm]
-        tensor = _lazy(lambda p=parent, q=perm: np.ascontiguousarray(np.transpose(p.numpy(), q)),
-                       parent.dtype, shape, out.name, (found[0], perm))
+        tensor = _lazy(
+            lambda p=parent, q=perm: np.ascontiguousarray(np.transpose(p.numpy(), q)),
+            parent.dtype,
+            shape,
+            out.name,
+            (found[0], perm),
+        )
         value = ir.Value(name=out.name, shape=ir.Shape(shape), type=ir.TensorType(parent.dtype), const_value=tensor)
         folded.append((node, out, value, source))
     for node, out, value, source in folded:
@@ -106,8 +111,15 @@ def externalize(model, weights: WeightFile, progress: Callable[[], None] | None 
         found = origin(tensor)
         produce = lambda t=tensor: _array(t)  # noqa: E731
         stored = weights.put((found, tensor.dtype), produce) if found is not None else weights.add(_array(tensor))
-        value.const_value = ir.ExternalTensor(weights.name, stored.offset, stored.length, tensor.dtype,
-                                              shape=ir.Shape(tensor.shape), name=value.name, base_dir=str(weights.path.parent))
+        value.const_value = ir.ExternalTensor(
+            weights.name,
+            stored.offset,
+            stored.length,
+            tensor.dtype,
+            shape=ir.Shape(tensor.shape),
+            name=value.name,
+            base_dir=str(weights.path.parent),
+        )
         written += 1
         if progress:
             progress()

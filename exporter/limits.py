@@ -31,12 +31,21 @@ def context_limit(config: dict) -> ContextLimit | None:
     limits = [ContextLimit(positions, f"the model's {positions} positions")] if positions else []
     window = _sliding_window(config)
     if window:
-        limits.append(ContextLimit(window, f"the model's sliding window of {window} positions, config.json's sliding_window"))
+        limits.append(
+            ContextLimit(window, f"the model's sliding window of {window} positions, config.json's sliding_window")
+        )
     for rope in rope_settings(config):
-        original = _positive(rope.get("original_max_position_embeddings")) or _positive(config.get("original_max_position_embeddings"))
+        original = _positive(rope.get("original_max_position_embeddings")) or _positive(
+            config.get("original_max_position_embeddings")
+        )
         if _rope_type(rope) == "longrope" and original:
-            limits.append(ContextLimit(original, f"longrope's original_max_position_embeddings, {original}: past it the model "
-                                                  "switches to its long factors mid-sequence"))
+            limits.append(
+                ContextLimit(
+                    original,
+                    f"longrope's original_max_position_embeddings, {original}: past it the model "
+                    "switches to its long factors mid-sequence",
+                )
+            )
     return min(limits, key=lambda limit: limit.positions, default=None)
 
 
@@ -44,11 +53,15 @@ def check_config(config: dict, where: str) -> None:
     """Refuse a config the export cannot follow faithfully, naming the field and its value: an
     unknown rope type, or ALiBi (Falcon-RW: positions as an attention bias, which the graphs lack)."""
     if config.get("alibi") is True:
-        raise ModelSourceError(f"{where}: alibi true (ALiBi position biases) is not supported; only rotary Falcon models export")
+        raise ModelSourceError(
+            f"{where}: alibi true (ALiBi position biases) is not supported; only rotary Falcon models export"
+        )
     for rope in rope_settings(config):
         kind = _rope_type(rope)
         if kind not in ROPE_TYPES:
-            raise ModelSourceError(f"{where}: rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+            raise ModelSourceError(
+                f"{where}: rope_scaling type {kind!r} is not supported; supported: {', '.join(ROPE_TYPES)}"
+            )
 
 
 def rope_settings(config: dict) -> list[dict]:

@@ -28,9 +28,15 @@ class ExportOptions:
     role: str = "target"  # target | draft
     keep_layers: int | None = None  # export only the first N decoder layers: a draft cut from the target
     inplace: bool = True  # also the in-place graph (onnxruntime's GroupQueryAttention, CPU) when the family maps
-    graphs_from: str | None = None  # a float-weights artifact of the same model: reuse its checked graphs, run only the weight pass
-    stream: bool = True  # read the weights one tensor at a time from the source's files; False: load the whole model first
-    check: str = "auto"  # full: the whole graph against the whole model; layers: layer by layer; auto: full when it fits
+    graphs_from: str | None = (
+        None  # a float-weights artifact of the same model: reuse its checked graphs, run only the weight pass
+    )
+    stream: bool = (
+        True  # read the weights one tensor at a time from the source's files; False: load the whole model first
+    )
+    check: str = (
+        "auto"  # full: the whole graph against the whole model; layers: layer by layer; auto: full when it fits
+    )
     check_memory: int | None = None  # bytes of memory auto counts on; None: what the kernel says is available
 
     def validate(self) -> None:
@@ -45,12 +51,23 @@ class ExportOptions:
         if not 17 <= self.opset <= 23:
             raise OptionError(f"`opset` must be between 17 and 23, not {self.opset}", "opset")
         if self.quantize and self.weights == "gguf":
-            raise OptionError("`quantize` re-rounds the weights and `weights` gguf keeps the GGUF's own: choose one", "quantize", "weights")
+            raise OptionError(
+                "`quantize` re-rounds the weights and `weights` gguf keeps the GGUF's own: choose one",
+                "quantize",
+                "weights",
+            )
         if self.graphs_from is not None and not (self.quantize or self.weights == "gguf"):
-            raise OptionError("`graphs_from` reuses an artifact's graphs for a weight pass: add `quantize` or `weights` gguf "
-                              "(without one, the export would be a copy of that artifact)", "graphs_from", "quantize", "weights")
+            raise OptionError(
+                "`graphs_from` reuses an artifact's graphs for a weight pass: add `quantize` or `weights` gguf "
+                "(without one, the export would be a copy of that artifact)",
+                "graphs_from",
+                "quantize",
+                "weights",
+            )
         if self.dtype != "fp32" and (self.quantize or self.weights == "gguf"):
-            raise OptionError("quantized weights (`quantize`, `weights` gguf) need `dtype` fp32", "quantize", "weights", "dtype")
+            raise OptionError(
+                "quantized weights (`quantize`, `weights` gguf) need `dtype` fp32", "quantize", "weights", "dtype"
+            )
 
     @property
     def torch_dtype(self) -> str:
@@ -66,9 +83,13 @@ def _one_of(parameter: str, value, allowed) -> None:
 def check_max_context(max_context: int, limit) -> None:
     """limit: a limits.ContextLimit (its positions and what sets them)."""
     if not 1 <= max_context <= limit.positions:
-        raise OptionError(f"`max_context` must be between 1 and {limit.positions} ({limit.why}), not {max_context}", "max_context")
+        raise OptionError(
+            f"`max_context` must be between 1 and {limit.positions} ({limit.why}), not {max_context}", "max_context"
+        )
 
 
 def check_keep_layers(keep_layers: int, layers: int) -> None:
     if not 1 <= keep_layers <= layers:
-        raise OptionError(f"`keep_layers` must be between 1 and the model's {layers} layers, not {keep_layers}", "keep_layers")
+        raise OptionError(
+            f"`keep_layers` must be between 1 and the model's {layers} layers, not {keep_layers}", "keep_layers"
+        )

@@ -26,17 +26,17 @@ graph's packed q|k|v is the portable graph's stacked siblings, the same bytes, s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from .blocks import BLOCK, BlockMatrix, quantize_float
 from .gguf_weights import Candidate, Planned, WeightPlan
-from .graph_weights import INLINE_BELOW, GraphWeights, raw_bytes
 from .gqa_rows import pad_attention_rows
+from .graph_weights import INLINE_BELOW, GraphWeights, raw_bytes
 from .rotary import attribute, fuse_rotary, live_nodes
 from .skip_norms import fuse_skip_norms
 from .weight_file import WeightFile, point_at
@@ -57,13 +57,21 @@ class WeightReport:
     tensor_types: dict[str, int] = field(default_factory=dict)  # blocks' type -> tensors quantized
     kept_float: dict[str, int] = field(default_factory=dict)  # tensor type -> tensors left float
     messages: list[str] = field(default_factory=list)  # why, one line each, naming tensor and type
-    graph_bytes: dict[str, int] = field(default_factory=dict)  # file -> size on disk: each graph file, their one weights file
+    graph_bytes: dict[str, int] = field(
+        default_factory=dict
+    )  # file -> size on disk: each graph file, their one weights file
     attention_extra_row: bool = False  # the in-place graph's attention has gqa_rows.py's extra row
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "accuracy_level": self.accuracy_level, "tensor_types": self.tensor_types,
-                "kept_float": self.kept_float, "exact": self.kind == "gguf", "graph_bytes": self.graph_bytes,
-                "attention_extra_row": self.attention_extra_row}
+        return {
+            "kind": self.kind,
+            "accuracy_level": self.accuracy_level,
+            "tensor_types": self.tensor_types,
+            "kept_float": self.kept_float,
+            "exact": self.kind == "gguf",
+            "graph_bytes": self.graph_bytes,
+            "attention_extra_row": self.attention_extra_row,
+        }
 
 
 def float_planner(kind: str) -> Planner:
@@ -74,15 +82,29 @@ def float_planner(kind: str) -> Planner:
         out = WeightPlan()
         for c in candidates:
             if not c.name.startswith("gather:") and c.shape[1] % BLOCK == 0:
-                out.matrices[c.name] = Planned(kind, bits, BLOCK, c.shape, False, lambda c=c: quantize_float(c.read(), bits),
-                                                 c.name if c.stored is None else c.stored)
+                out.matrices[c.name] = Planned(
+                    kind,
+                    bits,
+                    BLOCK,
+                    c.shape,
+                    False,
+                    lambda c=c: quantize_float(c.read(), bits),
+                    c.name if c.stored is None else c.stored,
+                )
         return out
 
     return plan
 
 
-def quantize_graph_file(source: Path, target: Path, planner: Planner, accuracy_level: int, siblings: bool = True,
-                        max_positions: int | None = None, weights: WeightFile | None = None) -> WeightPlan:
+def quantize_graph_file(
+    source: Path,
+    target: Path,
+    planner: Planner,
+    accuracy_level: int,
+    siblings: bool = True,
+    max_positions: int | None = None,
+    weights: WeightFile | None = None,
+) -> WeightPlan:
     """Read SOURCE (its weights one at a time, from wherever its protos point), apply the planned blocks,
     write TARGET with every initializer of 1 KiB or more in `weights` (a WeightFile in TARGET's folder,
     shared by the artifact's graphs; None: TARGET.data of its own).
@@ -130,12 +152,21 @@ def weight_candidates(model, values: GraphWeights) -> list[Candidate]:
         if node.op_type == "MatMul":
             for name in weight_parts(node, producer, inits) or []:
                 k, n = inits[name].dims
-                out.setdefault(name, Candidate(name, (n, k), lambda p=inits[name]: values.read(p).T, values.stored(inits[name])))
+                out.setdefault(
+                    name, Candidate(name, (n, k), lambda p=inits[name]: values.read(p).T, values.stored(inits[name]))
+                )
         elif node.op_type == "Gather" and node.input[0] in inits and attribute(node, "axis", 0) == 0:
             table = inits[node.input[0]]
             stored = values.stored(table)
-            out.setdefault("gather:" + table.name, Candidate("gather:" + table.name, tuple(table.dims), lambda p=table: values.read(p),
-                                                             None if stored is None else ("gather", *stored)))
+            out.setdefault(
+                "gather:" + table.name,
+                Candidate(
+                    "gather:" + table.name,
+                    tuple(table.dims),
+                    lambda p=table: values.read(p),
+                    None if stored is None else ("gather", *stored),
+                ),
+            )
     return list(out.values())
 
 
@@ -145,14 +176,24 @@ def weight_parts(matmul, producer: dict, inits) -> list[str] | None:
     if weight in inits:
         return [weight]
     concat = producer.get(weight)
-    if concat is not None and concat.op_type == "Concat" and attribute(concat, "axis", 0) in (1, -1) \
-            and all(name in inits and name not in producer for name in concat.input):
+    if (
+        concat is not None
+        and concat.op_type == "Concat"
+        and attribute(concat, "axis", 0) in (1, -1)
+        and all(name in inits and name not in producer for name in concat.input)
+    ):
         return list(concat.input)
     return None
 
 
-def rewrite(model, matrices: dict[str, Planned | BlockMatrix], tables: set[str], accuracy_level: int, siblings: bool = True,
-            weights: WeightFile | None = None) -> set[str]:
+def rewrite(
+    model,
+    matrices: dict[str, Planned | BlockMatrix],
+    tables: set[str],
+    accuracy_level: int,
+    siblings: bool = True,
+    weights: WeightFile | None = None,
+) -> set[str]:
     """Replace the MatMuls (and, for names in `tables`, the Gathers) of the planned initializers; the
     arrays of 1 KiB or more go to `weights` as they are made (None: into the graph). Returns the names
     of the initializers written to `weights`."""
@@ -165,7 +206,11 @@ def rewrite(model, matrices: dict[str, Planned | BlockMatrix], tables: set[str],
     producer = {o: n for n in graph.node for o in n.output}
     nodes = []
     for node in graph.node:
-        parts = weight_parts(node, producer, matrices) if node.op_type == "MatMul" and node.input[1] not in matrices else None
+        parts = (
+            weight_parts(node, producer, matrices)
+            if node.op_type == "MatMul" and node.input[1] not in matrices
+            else None
+        )
         if node.op_type == "MatMul" and node.input[1] in matrices and node.input[1] not in tables:
             group = groups.get(node.output[0])
             if group:  # the group is emitted where its first member was; the others are dropped
@@ -231,8 +276,11 @@ class _Emitter:
         self._arrays: dict[object, tuple[str, str, str | None]] = {}
         self._blocksums: dict[tuple[str, int], str] = {}
         self._constants: dict[tuple, str] = {}
-        self._ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*graph.input, *graph.value_info]
-                       if v.type.tensor_type.HasField("shape")}
+        self._ranks = {
+            v.name: len(v.type.tensor_type.shape.dim)
+            for v in [*graph.input, *graph.value_info]
+            if v.type.tensor_type.HasField("shape")
+        }
         self._taken = {i.name for i in graph.initializer} | {o for n in graph.node for o in n.output}
         self._names = 0
 
@@ -277,9 +325,13 @@ class _Emitter:
             return self.matmul(nodes[0], ms[0], accuracy_level)
         joined = self._name(nodes[0].output[0] + "_siblings")
         weight = self._name(nodes[0].input[1] + "_siblings")
-        fused = helper.make_node("MatMul", [nodes[0].input[0], weight], [joined], name=self._name(nodes[0].name or "matmul"))
+        fused = helper.make_node(
+            "MatMul", [nodes[0].input[0], weight], [joined], name=self._name(nodes[0].name or "matmul")
+        )
         sizes = self._constant([m.shape[0] for m in ms])
-        split = helper.make_node("Split", [joined, sizes], [n.output[0] for n in nodes], name=self._name("split"), axis=-1)
+        split = helper.make_node(
+            "Split", [joined, sizes], [n.output[0] for n in nodes], name=self._name("split"), axis=-1
+        )
         return self.matmul(fused, Planned.stack(ms), accuracy_level) + [split]
 
     def packed(self, node, ms: list[Planned], accuracy_level: int) -> list:
@@ -307,12 +359,27 @@ class _Emitter:
         blocks, scales, offsets = self.arrays(m, weight)
         y = node.output[0]
         main = y if offsets is None else self._name(y + "_nbits")
-        out = [helper.make_node("MatMulNBits", [x, blocks, scales], [main], name=self._name(node.name or "matmul"),
-                                domain=MS_DOMAIN, K=k, N=n, bits=m.bits, block_size=m.block, accuracy_level=accuracy_level)]
+        out = [
+            helper.make_node(
+                "MatMulNBits",
+                [x, blocks, scales],
+                [main],
+                name=self._name(node.name or "matmul"),
+                domain=MS_DOMAIN,
+                K=k,
+                N=n,
+                bits=m.bits,
+                block_size=m.block,
+                accuracy_level=accuracy_level,
+            )
+        ]
         if offsets is not None:
             sums, made = self.blocksum(x, k // m.block, m.block)
             correction = self._name(y + "_offset")
-            out += made + [helper.make_node("MatMul", [sums, offsets], [correction]), helper.make_node("Add", [main, correction], [y])]
+            out += made + [
+                helper.make_node("MatMul", [sums, offsets], [correction]),
+                helper.make_node("Add", [main, correction], [y]),
+            ]
         return out
 
     def matmul_with_sums(self, node, m: Planned, accuracy_level: int) -> list:
@@ -327,12 +394,20 @@ class _Emitter:
         made = m.make()
         offsets = self._add(made.offsets.T, node.input[1] + "_offsets")
         joined = self._name(y + "_withsums")
-        out = self.matmul(helper.make_node("MatMul", [x, node.input[1] + "_sums"], [joined], name=node.name),
-                          Planned.of(with_block_sums(made)), accuracy_level)
+        out = self.matmul(
+            helper.make_node("MatMul", [x, node.input[1] + "_sums"], [joined], name=node.name),
+            Planned.of(with_block_sums(made)),
+            accuracy_level,
+        )
         main, sums, correction = self._name(y + "_nbits"), self._name(x + "_blocksum"), self._name(y + "_offset")
         self._blocksums[(x, m.block)] = sums
-        return out + [helper.make_node("Split", [joined, self._constant([n, nb])], [main, sums], name=self._name("split"), axis=-1),
-                      helper.make_node("MatMul", [sums, offsets], [correction]), helper.make_node("Add", [main, correction], [y])]
+        return out + [
+            helper.make_node(
+                "Split", [joined, self._constant([n, nb])], [main, sums], name=self._name("split"), axis=-1
+            ),
+            helper.make_node("MatMul", [sums, offsets], [correction]),
+            helper.make_node("Add", [main, correction], [y]),
+        ]
 
     def blocksum(self, x: str, blocks: int, width: int) -> tuple[str, list]:
         """x summed over each block of `width` along its last axis, [..., K] -> [..., K/width]."""
@@ -345,8 +420,10 @@ class _Emitter:
         rank = self._ranks.get(x)
         if rank:  # Reshape (0 keeps a dimension) and ReduceSum: two cheap nodes
             grouped = self._name(x + "_blocks")
-            made = [helper.make_node("Reshape", [x, self._constant([0] * (rank - 1) + [blocks, width])], [grouped]),
-                    helper.make_node("ReduceSum", [grouped, self._constant([-1])], [sums], keepdims=0)]
+            made = [
+                helper.make_node("Reshape", [x, self._constant([0] * (rank - 1) + [blocks, width])], [grouped]),
+                helper.make_node("ReduceSum", [grouped, self._constant([-1])], [sums], keepdims=0),
+            ]
         else:  # any rank: one MatMul with a 0/1 block-indicator matrix [K, K/width]
             indicator = np.kron(np.eye(blocks, dtype=np.float32), np.ones((width, 1), np.float32))
             made = [helper.make_node("MatMul", [x, self._constant(indicator)], [sums])]
@@ -368,12 +445,24 @@ class _Emitter:
         n, k = m.shape
         made = m.make() if m.has_offsets else None  # row_offsets reads its offsets
         blocks, scales, _ = self.arrays(m, table, made)
-        flat, shape = self._name(table + "_rows"), self._add(np.array([n, k * m.bits // 8], np.int64), table + "_rowshape")
+        flat, shape = (
+            self._name(table + "_rows"),
+            self._add(np.array([n, k * m.bits // 8], np.int64), table + "_rowshape"),
+        )
         rows = node.output[0] if made is None else self._name(node.output[0] + "_nbits")
         out = [
             helper.make_node("Reshape", [blocks, shape], [flat]),
-            helper.make_node("GatherBlockQuantized", [flat, ids, scales], [rows], name=self._name(node.name or "gather"),
-                             domain=MS_DOMAIN, gather_axis=0, quantize_axis=1, block_size=m.block, bits=m.bits),
+            helper.make_node(
+                "GatherBlockQuantized",
+                [flat, ids, scales],
+                [rows],
+                name=self._name(node.name or "gather"),
+                domain=MS_DOMAIN,
+                gather_axis=0,
+                quantize_axis=1,
+                block_size=m.block,
+                bits=m.bits,
+            ),
         ]
         return out if made is None else out + self.row_offsets(rows, ids, made, table, node.output[0])
 
@@ -384,7 +473,9 @@ class _Emitter:
 
         n, k = m.shape
         keep = [0] * self._ranks.get(ids, 2)  # Reshape's 0: the ids' dimensions as they are
-        offsets, grouped, spread, summed = (self._name(y + suffix) for suffix in ("_offsets", "_blocks", "_spread", "_sum"))
+        offsets, grouped, spread, summed = (
+            self._name(y + suffix) for suffix in ("_offsets", "_blocks", "_spread", "_sum")
+        )
         return [
             helper.make_node("Gather", [self._add(m.offsets, table + "_row_offsets"), ids], [offsets], axis=0),
             helper.make_node("Reshape", [rows, self._constant(keep + [k // m.block, m.block])], [grouped]),
@@ -401,8 +492,13 @@ def with_block_sums(m: BlockMatrix) -> BlockMatrix:
     nb = k // m.block
     indicator = np.full((nb, nb, m.block), m.zero, np.uint8)
     indicator[np.arange(nb), np.arange(nb)] = m.zero + 1
-    return BlockMatrix(m.kind, m.bits, m.block, np.concatenate([m.q, indicator.reshape(nb, k)]),
-                       np.concatenate([m.scales, np.ones((nb, nb), np.float32)]))
+    return BlockMatrix(
+        m.kind,
+        m.bits,
+        m.block,
+        np.concatenate([m.q, indicator.reshape(nb, k)]),
+        np.concatenate([m.scales, np.ones((nb, nb), np.float32)]),
+    )
 
 
 def save_model(model, path: Path) -> None:
@@ -434,7 +530,9 @@ def fold_transposed_weights(model, values: GraphWeights) -> int:
         if not users or any(u.op_type != "MatMul" or list(u.input).index(node.output[0]) != 1 for u in users):
             continue
         perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
-        graph.initializer.append(values.transposed(initializers[node.input[0]], node.output[0], perm[0] if perm else None))
+        graph.initializer.append(
+            values.transposed(initializers[node.input[0]], node.output[0], perm[0] if perm else None)
+        )
         graph.node.remove(node)
         folded += 1
     return folded

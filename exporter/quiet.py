@@ -10,8 +10,8 @@ while the context is open; every other message of that logger still reaches the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
 NOTICE = "torchvision is not installed"

@@ -21,7 +21,9 @@ from .graph_weights import data_files
 from .options import ExportOptions
 
 
-def reuse_graphs(base: Path, folder: Path, source_info: dict, options: ExportOptions, max_context: int) -> tuple[dict[str, str], dict]:
+def reuse_graphs(
+    base: Path, folder: Path, source_info: dict, options: ExportOptions, max_context: int
+) -> tuple[dict[str, str], dict]:
     """Copy `base`'s graph files into `folder`; return the manifest's `graphs` and the checks they passed."""
     try:
         manifest = read_manifest(base)
@@ -46,10 +48,14 @@ def reuse_graphs(base: Path, folder: Path, source_info: dict, options: ExportOpt
     graphs = dict(manifest.graphs) if options.inplace else {PORTABLE: manifest.graphs[PORTABLE]}
     names = list(dict.fromkeys(graphs.values()))
     verify_files(base, manifest, names)
-    data = list(dict.fromkeys(d for name in names for d in data_files(base / name)))  # weights.data once, or each legacy NAME.data
+    data = list(
+        dict.fromkeys(d for name in names for d in data_files(base / name))
+    )  # weights.data once, or each legacy NAME.data
     missing = [d for d in data if d not in manifest.files]
     if missing:
-        raise ArtifactError(f"{base}'s graphs read {', '.join(missing)}, which its manifest does not list; export it again")
+        raise ArtifactError(
+            f"{base}'s graphs read {', '.join(missing)}, which its manifest does not list; export it again"
+        )
     verify_files(base, manifest, data)
     for name in names + data:
         shutil.copyfile(base / name, folder / name)

@@ -65,13 +65,24 @@ def fuse_rotary(model, max_positions: int) -> RotaryReport:
         tables = _tables(model, g, cos, sin, max_positions)
         width = {g.last_dim(r.x) for r in rotations}
         if isinstance(tables, str) or width != {2 * tables[0].shape[1]} or width != {g.head_dim}:
-            report.skipped[cos] = tables if isinstance(tables, str) else f"rotates {sorted(width)} of a {g.head_dim}-wide head"
+            report.skipped[cos] = (
+                tables if isinstance(tables, str) else f"rotates {sorted(width)} of a {g.head_dim}-wide head"
+            )
             continue
-        names = [_add(graph, g, numpy_helper.from_array(t, f"rotary_{kind}_cache")) for kind, t in zip(("cos", "sin"), tables)]
+        names = [
+            _add(graph, g, numpy_helper.from_array(t, f"rotary_{kind}_cache"))
+            for kind, t in zip(("cos", "sin"), tables)
+        ]
         for r in rotations:
             last = r.nodes[-1]
-            replaced[id(last)] = helper.make_node("RotaryEmbedding", [r.x, POSITIONS, *names], [last.output[0]],
-                                                  name=last.name + "_rotary", domain=MS_DOMAIN, interleaved=0)
+            replaced[id(last)] = helper.make_node(
+                "RotaryEmbedding",
+                [r.x, POSITIONS, *names],
+                [last.output[0]],
+                name=last.name + "_rotary",
+                domain=MS_DOMAIN,
+                interleaved=0,
+            )
             removed.update(id(n) for n in r.nodes[:-1])
             report.fused += 1
     if not report.fused:
@@ -140,7 +151,11 @@ def _rotation_at(neg, g: GraphIndex) -> _Rotation | None:
     if lower is None or lower.op_type != "Slice" or lower.input[0] != x or width is None or width % 2:
         return None
     half = width // 2
-    if not (_is_slice(lower, g, 0, half, width) and _is_slice(upper, g, half, None, width) and _axis(concat, width, g.dims(x))):
+    if not (
+        _is_slice(lower, g, 0, half, width)
+        and _is_slice(upper, g, half, None, width)
+        and _axis(concat, width, g.dims(x))
+    ):
         return None
     if len(g.consumers[lower.output[0]]) != 1 or len(g.consumers[upper.output[0]]) != 1:
         return None
@@ -149,7 +164,12 @@ def _rotation_at(neg, g: GraphIndex) -> _Rotation | None:
     if add is None:
         return None
     mul_cos = g.producer.get(_other(add, mul_sin.output[0]))
-    if mul_cos is None or mul_cos.op_type != "Mul" or x not in mul_cos.input or len(g.consumers[mul_cos.output[0]]) != 1:
+    if (
+        mul_cos is None
+        or mul_cos.op_type != "Mul"
+        or x not in mul_cos.input
+        or len(g.consumers[mul_cos.output[0]]) != 1
+    ):
         return None
     cos, sin = _heads_unsqueezed(_other(mul_cos, x), g), _heads_unsqueezed(_other(mul_sin, concat.output[0]), g)
     if cos is None or sin is None or len(g.dims(x) or []) != 4:
@@ -234,8 +254,13 @@ def _subgraph_session(model, g: GraphIndex, nodes: list, outputs: list[str]):
         return None
     needed = {i for n in nodes for i in n.input}
     initializers = [i for i in model.graph.initializer if i.name in needed]
-    graph = helper.make_graph(nodes, "rotary_tables", [helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["b", "s"])],
-                              [g.values[o] for o in outputs], initializers)
+    graph = helper.make_graph(
+        nodes,
+        "rotary_tables",
+        [helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["b", "s"])],
+        [g.values[o] for o in outputs],
+        initializers,
+    )
     sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     try:
         session = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])

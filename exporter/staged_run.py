@@ -19,7 +19,9 @@ from jacobi_rt.runtime.spec import kv_inputs
 from .layer_graph import ONNX_FLOATS, LayerGraph
 from .trace import ModelShape
 
-ORT_HINT = 'pip install ".[cpu]" (or ".[gpu]") from the jacobi-rt checkout: the export check runs the graph in onnxruntime'
+ORT_HINT = (
+    'pip install ".[cpu]" (or ".[gpu]") from the jacobi-rt checkout: the export check runs the graph in onnxruntime'
+)
 
 GRAPH_OUTPUTS = ("logits", "greedy_ids")  # beside present.<layer>.key/value
 

@@ -43,8 +43,13 @@ def decoder_layers(model) -> tuple[str, torch.nn.ModuleList] | None:
     children of one type."""
     count = getattr(model.config, "num_hidden_layers", None)
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count and count \
-                and len({type(m) for m in module}) == 1 and hasattr(module[0], "forward"):
+        if (
+            isinstance(module, torch.nn.ModuleList)
+            and len(module) == count
+            and count
+            and len({type(m) for m in module}) == 1
+            and hasattr(module[0], "forward")
+        ):
             return name, module
     return None
 
@@ -54,8 +59,13 @@ def _settings(module: torch.nn.Module) -> tuple:
     plain = (int, float, bool, str, type(None))
     rows = []
     for name, sub in module.named_modules():
-        values = {k: v for k, v in vars(sub).items() if not k.startswith("_") and k not in ("layer_idx", "layer_id", "layer_number")
-                  and (isinstance(v, plain) or (isinstance(v, (tuple, list)) and all(isinstance(x, plain) for x in v)))}
+        values = {
+            k: v
+            for k, v in vars(sub).items()
+            if not k.startswith("_")
+            and k not in ("layer_idx", "layer_id", "layer_number")
+            and (isinstance(v, plain) or (isinstance(v, (tuple, list)) and all(isinstance(x, plain) for x in v)))
+        }
         rows.append((name, type(sub).__qualname__, tuple(sorted((k, repr(v)) for k, v in values.items()))))
     rows.append(tuple((n, tuple(p.shape), p.dtype) for n, p in module.named_parameters()))
     rows.append(tuple((n, tuple(b.shape), b.dtype) for n, b in module.named_buffers()))
@@ -75,7 +85,7 @@ def layers_to_trace(model, num_layers: int) -> tuple[int, str | None]:
         if _settings(layers[i]) != reference:
             return num_layers, f"layer {i} differs from layer {TRACED - 1} in its modules or settings"
     types = getattr(model.config, "layer_types", None)
-    if isinstance(types, (list, tuple)) and len(set(types[TRACED - 2:])) > 1:
+    if isinstance(types, (list, tuple)) and len(set(types[TRACED - 2 :])) > 1:
         return num_layers, f"layer_types vary ({sorted(set(types))})"
     return TRACED, None
 
@@ -109,8 +119,8 @@ def _layer_of(node, prefix: str) -> int | None:
     if not scopes:
         return None
     for scope in ast.literal_eval(scopes):
-        if scope.startswith(prefix) and scope[len(prefix):].isdigit():
-            return int(scope[len(prefix):])
+        if scope.startswith(prefix) and scope[len(prefix) :].isdigit():
+            return int(scope[len(prefix) :])
     return None
 
 
@@ -124,7 +134,9 @@ def _attributes_equal(a, b) -> bool:
         if attr.type.name in ("GRAPH", "GRAPHS"):
             return False  # subgraphs are not copied
         if attr.type.name in ("TENSOR", "TENSORS"):
-            mine, theirs = ([attr.value], [other.value]) if attr.type.name == "TENSOR" else (list(attr.value), list(other.value))
+            mine, theirs = (
+                ([attr.value], [other.value]) if attr.type.name == "TENSOR" else (list(attr.value), list(other.value))
+            )
             if [_bytes(t) for t in mine] != [_bytes(t) for t in theirs]:
                 return False
         elif attr.value != other.value:
@@ -140,7 +152,7 @@ def _bytes(tensor) -> tuple:
 def _renamed(name: str, frm: int, to: int, prefix: str) -> str | None:
     """The layer-`to` counterpart of a per-layer name of layer `frm` (None if not per-layer)."""
     if name.startswith(f"{prefix}{frm}."):
-        return f"{prefix}{to}." + name[len(f"{prefix}{frm}."):]
+        return f"{prefix}{to}." + name[len(f"{prefix}{frm}.") :]
     m = PER_LAYER_INPUT.match(name)
     if m and int(m.group(2)) == frm:
         return f"{m.group(1)}.{to}.{m.group(3)}"
@@ -153,8 +165,9 @@ def _same_constant(a, b) -> bool:
     return _bytes(a.const_value) == _bytes(b.const_value)
 
 
-def extend_layers(model, prefix: str, total: int, tensors: dict[str, torch.Tensor], input_names: list[str],
-                  output_names: list[str]) -> None:
+def extend_layers(
+    model, prefix: str, total: int, tensors: dict[str, torch.Tensor], input_names: list[str], output_names: list[str]
+) -> None:
     """Rewrite `model` (onnx_ir, unoptimized, traced with TRACED layers whose modules are `prefix`0..)
     into `total` layers, in place: layers TRACED.. copy layer TRACED-1 with their own weights
     (`tensors`, by name) and past; `input_names`, `output_names`: the written graph's, in order.
@@ -174,11 +187,11 @@ class _Stitch:
             raise NotStitchable(f"no node carries a {prefix}N module scope")
         first = next(i for i, k in enumerate(kinds) if k is not None)
         last = max(i for i, k in enumerate(kinds) if k is not None)
-        blocks = [k for i, k in enumerate(kinds[first:last + 1]) if i == 0 or k != kinds[first + i - 1]]
+        blocks = [k for i, k in enumerate(kinds[first : last + 1]) if i == 0 or k != kinds[first + i - 1]]
         if blocks != list(range(TRACED)):
             raise NotStitchable(f"the traced layers are not in order, one block each: {blocks}")
         self.body = {k: [n for n, kind in zip(nodes, kinds) if kind == k] for k in range(TRACED)}
-        self.tail = nodes[last + 1:]
+        self.tail = nodes[last + 1 :]
         self.owner = {}  # id(value) -> the traced layer that computes it, or "prelude" / "tail"
         for i, (n, kind) in enumerate(zip(nodes, kinds)):
             for out in n.outputs:
@@ -193,15 +206,21 @@ class _Stitch:
             raise NotStitchable(f"layer {self.template} has {len(b_nodes)} nodes, layer {self.proof} {len(a_nodes)}")
         for a_node, b_node in zip(a_nodes, b_nodes):
             if not _same_node(a_node, b_node):
-                raise NotStitchable(f"layer {self.template}'s {b_node.op_type} {b_node.name} is not layer {self.proof}'s {a_node.op_type}")
+                raise NotStitchable(
+                    f"layer {self.template}'s {b_node.op_type} {b_node.name} is not layer {self.proof}'s {a_node.op_type}"
+                )
             for a, b in zip(a_node.outputs, b_node.outputs):
                 self.shift[id(a)] = b
             for a, b in zip(a_node.inputs, b_node.inputs):
                 if not self._follows(a, b):
-                    raise NotStitchable(f"{b_node.name}: input {getattr(b, 'name', None)} is not the layer-{self.template} "
-                                        f"counterpart of {getattr(a, 'name', None)}")
+                    raise NotStitchable(
+                        f"{b_node.name}: input {getattr(b, 'name', None)} is not the layer-{self.template} "
+                        f"counterpart of {getattr(a, 'name', None)}"
+                    )
         for value in self.graph.outputs:
-            if self.owner.get(id(value)) == self.proof and self.shift[id(value)].name != self._renamed(value.name, self.template):
+            if self.owner.get(id(value)) == self.proof and self.shift[id(value)].name != self._renamed(
+                value.name, self.template
+            ):
                 raise NotStitchable(f"output {value.name}'s counterpart is not an output of layer {self.template}")
 
     def _renamed(self, name: str | None, to: int, frm: int | None = None) -> str | None:
@@ -260,7 +279,9 @@ class _Stitch:
             for index, value in enumerate(n.inputs):
                 if value is not None and id(value) in previous:
                     n.replace_input_with(index, previous[id(value)])
-        missing = [name for name in input_names if name not in self.inputs] + [name for name in output_names if name not in self.outputs]
+        missing = [name for name in input_names if name not in self.inputs] + [
+            name for name in output_names if name not in self.outputs
+        ]
         if missing:
             raise NotStitchable(f"the written graph lacks {missing[:4]}")
         self.graph.inputs.clear()
@@ -285,8 +306,11 @@ class _Stitch:
             if name not in self.graph.initializers:
                 if name not in self.tensors:
                     raise NotStitchable(f"no tensor {name} for layer {j}")
-                self.graph.register_initializer(ir.Value(name=name, shape=shape, type=value.type,
-                                                         const_value=TorchTensor(self.tensors[name], name=name)))
+                self.graph.register_initializer(
+                    ir.Value(
+                        name=name, shape=shape, type=value.type, const_value=TorchTensor(self.tensors[name], name=name)
+                    )
+                )
             lifted = self.graph.initializers[name]
         else:
             node = value.producer()
@@ -300,9 +324,17 @@ class _Stitch:
         """`node` for layer j, reading `inputs`; its outputs recorded in `values` (layer-j graph outputs named)."""
         import onnx_ir as ir
 
-        copy = ir.Node(node.domain, node.op_type, inputs, list(node.attributes.values()), overload=node.overload,
-                       num_outputs=len(node.outputs), version=node.version, name=f"{node.name}_layer{j}",
-                       metadata_props=dict(node.metadata_props))
+        copy = ir.Node(
+            node.domain,
+            node.op_type,
+            inputs,
+            list(node.attributes.values()),
+            overload=node.overload,
+            num_outputs=len(node.outputs),
+            version=node.version,
+            name=f"{node.name}_layer{j}",
+            metadata_props=dict(node.metadata_props),
+        )
         for old, new in zip(node.outputs, copy.outputs):
             new.name = f"{old.name}_layer{j}"
             new.type = old.type
@@ -316,5 +348,10 @@ class _Stitch:
 
 
 def _same_node(a, b) -> bool:
-    return (a.domain, a.op_type, a.overload, len(a.inputs), len(a.outputs)) == \
-        (b.domain, b.op_type, b.overload, len(b.inputs), len(b.outputs)) and _attributes_equal(a, b)
+    return (a.domain, a.op_type, a.overload, len(a.inputs), len(a.outputs)) == (
+        b.domain,
+        b.op_type,
+        b.overload,
+        len(b.inputs),
+        len(b.outputs),
+    ) and _attributes_equal(a, b)

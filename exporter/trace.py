@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -65,7 +65,7 @@ def sample_inputs(shape: ModelShape, dtype: torch.dtype, batch=2, window=3, past
     )
 
 
-def export_onnx(model, shape: ModelShape, path: Path, opset: int, weights: "TracedWeights | None" = None) -> str:
+def export_onnx(model, shape: ModelShape, path: Path, opset: int, weights: TracedWeights | None = None) -> str:
     """torch.onnx.export (dynamo) of the window graph, then name every dynamic axis per the contract.
     Returns how its layers were made (stitch.py)."""
     from torch.export import Dim
@@ -84,12 +84,23 @@ def export_onnx(model, shape: ModelShape, path: Path, opset: int, weights: "Trac
         layer_shape = ModelShape(**{**asdict(shape), "num_layers": layers})
         return WindowModel(model, layers).eval(), sample_inputs(layer_shape, dtype), dynamic_shapes
 
-    return trace_window_graph(build, model, grouped_attention_for, path, opset, shape.num_layers, spec.PORTABLE,
-                              weights=weights)
+    return trace_window_graph(
+        build, model, grouped_attention_for, path, opset, shape.num_layers, spec.PORTABLE, weights=weights
+    )
 
 
-def trace_window_graph(build, model, attention, path: Path, opset: int, num_layers: int, variant: str,
-                       translation_table: dict | None = None, rewrite=None, weights: TracedWeights | None = None) -> str:
+def trace_window_graph(
+    build,
+    model,
+    attention,
+    path: Path,
+    opset: int,
+    num_layers: int,
+    variant: str,
+    translation_table: dict | None = None,
+    rewrite=None,
+    weights: TracedWeights | None = None,
+) -> str:
     """torch.onnx.export (dynamo) of a window graph with `attention` (a context manager) swapped into
     `model`, saved to `path` with the contract's names for `variant`; `rewrite(onnx_model)`, if given,
     edits the graph in the same load and save.
@@ -102,12 +113,20 @@ def trace_window_graph(build, model, attention, path: Path, opset: int, num_laye
     weights = weights or TracedWeights.own(model)
     traced, why = layers_to_trace(model, num_layers)
     program, rules = None, None
-    with warnings.catch_warnings(), torch.no_grad(), attention(model), fusable_norms(model), static_rope(model), \
-            torchvision_notices_hidden():
+    with (
+        warnings.catch_warnings(),
+        torch.no_grad(),
+        attention(model),
+        fusable_norms(model),
+        static_rope(model),
+        torchvision_notices_hidden(),
+    ):
         warnings.simplefilter("ignore")
         if traced < num_layers:
             try:
-                program, rules = _traced_and_written(build, model, traced, num_layers, opset, variant, translation_table, weights)
+                program, rules = _traced_and_written(
+                    build, model, traced, num_layers, opset, variant, translation_table, weights
+                )
                 how = f"traced {traced} of {num_layers} layers, wrote the other {num_layers - traced}"
             except NotStitchable as exc:
                 why = str(exc)
@@ -132,12 +151,12 @@ class TracedWeights:
     progress: Callable[[], None] | None = None  # ticked per tensor written
 
     @classmethod
-    def of(cls, model, read: lazy_weights.Read, file: WeightFile | None = None, progress=None) -> "TracedWeights":
+    def of(cls, model, read: lazy_weights.Read, file: WeightFile | None = None, progress=None) -> TracedWeights:
         names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
         return cls(read, {WRAPPED + n: n for n in names}, file, progress)
 
     @classmethod
-    def own(cls, model) -> "TracedWeights":
+    def own(cls, model) -> TracedWeights:
         from .skeleton import state_dict_reader
 
         return cls.of(model, state_dict_reader(model))
@@ -164,8 +183,16 @@ def _initializer_bytes(onnx_model) -> int:
     return sum(v.const_value.nbytes for v in onnx_model.graph.initializers.values() if v.const_value is not None)
 
 
-def _onnx_program(wrapper, inputs: tuple, dynamic_shapes: dict, opset: int, num_layers: int, variant: str,
-                  translation_table: dict | None, optimize: bool):
+def _onnx_program(
+    wrapper,
+    inputs: tuple,
+    dynamic_shapes: dict,
+    opset: int,
+    num_layers: int,
+    variant: str,
+    translation_table: dict | None,
+    optimize: bool,
+):
     return torch.onnx.export(
         wrapper,
         inputs,
@@ -180,13 +207,16 @@ def _onnx_program(wrapper, inputs: tuple, dynamic_shapes: dict, opset: int, num_
     )
 
 
-def _traced_and_written(build, model, traced: int, num_layers: int, opset: int, variant: str, translation_table,
-                        weights: TracedWeights):
+def _traced_and_written(
+    build, model, traced: int, num_layers: int, opset: int, variant: str, translation_table, weights: TracedWeights
+):
     """The first `traced` layers traced unoptimized, the rest written into the graph: (program, the
     rewrite rules that fire, found on the traced layers where it is cheap)."""
     with first_layers(model, traced):
         wrapper, inputs, dynamic_shapes = build(traced)
-        program = _onnx_program(wrapper, inputs, dynamic_shapes, opset, traced, variant, translation_table, optimize=False)
+        program = _onnx_program(
+            wrapper, inputs, dynamic_shapes, opset, traced, variant, translation_table, optimize=False
+        )
     wrapped = f"{WRAPPED}{decoder_layers(model)[0]}."
     tensors = {WRAPPED + n: t for n, t in model.named_parameters(remove_duplicate=False)}
     tensors.update({WRAPPED + n: t for n, t in model.named_buffers(remove_duplicate=False)})
@@ -194,8 +224,14 @@ def _traced_and_written(build, model, traced: int, num_layers: int, opset: int, 
     folded = program.model.clone()
     lazy_weights.fold_transposes(folded)
     rules = graph_optimizer.rules_that_fire(folded)
-    extend_layers(program.model, wrapped, num_layers, tensors, spec.input_names(num_layers, variant),
-                  spec.output_names(num_layers, variant))
+    extend_layers(
+        program.model,
+        wrapped,
+        num_layers,
+        tensors,
+        spec.input_names(num_layers, variant),
+        spec.output_names(num_layers, variant),
+    )
     weights.bind(program.model)  # the written layers' own weights
     return program, rules
 

@@ -10,9 +10,9 @@ Tensors of ALIGN_ABOVE bytes or more start at a multiple of ALIGN, so a reader m
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable
 
 import numpy as np
 
@@ -47,7 +47,11 @@ class WeightFile:
 
     def add(self, data: np.ndarray | bytes) -> Stored:
         """Write `data` (little-endian, C order) unless the same bytes are stored already."""
-        raw = data if isinstance(data, (bytes, bytearray, memoryview)) else memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        raw = (
+            data
+            if isinstance(data, (bytes, bytearray, memoryview))
+            else memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        )
         digest = ("sha256", hashlib.sha256(raw).digest())
         if digest in self._stored:
             return self._stored[digest]
@@ -65,7 +69,7 @@ class WeightFile:
         if not self._file.closed:
             self._file.close()
 
-    def __enter__(self) -> "WeightFile":
+    def __enter__(self) -> WeightFile:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -95,5 +99,7 @@ def read_external(folder: Path, proto) -> np.ndarray:
     info = {e.key: e.value for e in proto.external_data}
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(proto.data_type))
     count = int(np.prod(proto.dims, dtype=np.int64))
-    array = np.memmap(Path(folder) / info["location"], dtype=dtype, mode="r", offset=int(info.get("offset", 0)), shape=(count,))
+    array = np.memmap(
+        Path(folder) / info["location"], dtype=dtype, mode="r", offset=int(info.get("offset", 0)), shape=(count,)
+    )
     return array.reshape(tuple(proto.dims))

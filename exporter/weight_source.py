@@ -101,13 +101,16 @@ def _resolve(model, stored: set[str], where: str) -> dict[str, str]:
     for name, (_, twins) in _needed(model).items():
         hit = next((n for n in [name, *twins] if n in stored), None)
         if hit is None:
-            raise ModelSourceError(f"{where}: the model's parameter {name} is not in the weight files; "
-                                   "the files are incomplete or belong to another architecture: download them again")
+            raise ModelSourceError(
+                f"{where}: the model's parameter {name} is not in the weight files; "
+                "the files are incomplete or belong to another architecture: download them again"
+            )
         found[name] = hit
     return found
 
 
 # --- safetensors ---------------------------------------------------------------------------------
+
 
 @dataclass
 class _Stored:
@@ -136,15 +139,21 @@ class SafetensorsSource(WeightSource):
         self._entries: dict[str, _Stored] = {}
         for name, hit in _resolve(model, set(stored) | set(converted), str(folder)).items():
             if hit in converted:
-                raise NotStreamable(f"{folder}: {converted[hit]} becomes {name} through one of transformers' weight "
-                                       "conversions (not a rename), which streaming does not do; export with the in-memory load")
+                raise NotStreamable(
+                    f"{folder}: {converted[hit]} becomes {name} through one of transformers' weight "
+                    "conversions (not a rename), which streaming does not do; export with the in-memory load"
+                )
             entry = stored[hit]
             if entry.dtype not in STREAMED_DTYPES:
-                raise ModelSourceError(f"{entry.file}: tensor {entry.checkpoint_key} is {entry.dtype}; streaming reads "
-                                       f"{', '.join(STREAMED_DTYPES)} only: export a float checkpoint of the model")
+                raise ModelSourceError(
+                    f"{entry.file}: tensor {entry.checkpoint_key} is {entry.dtype}; streaming reads "
+                    f"{', '.join(STREAMED_DTYPES)} only: export a float checkpoint of the model"
+                )
             if entry.shape != needed[name][0]:
-                raise ModelSourceError(f"{entry.file}: tensor {entry.checkpoint_key} has shape {list(entry.shape)}, the model's "
-                                       f"{name} needs {list(needed[name][0])}: config.json and the weights disagree")
+                raise ModelSourceError(
+                    f"{entry.file}: tensor {entry.checkpoint_key} has shape {list(entry.shape)}, the model's "
+                    f"{name} needs {list(needed[name][0])}: config.json and the weights disagree"
+                )
             self._shapes[name], self._entries[name] = entry.shape, entry
         self._handles: dict[Path, object] = {}
 
@@ -156,7 +165,9 @@ class SafetensorsSource(WeightSource):
         buffer = torch.empty(entry.nbytes, dtype=torch.uint8)
         handle.seek(entry.start)
         if handle.readinto(buffer.numpy()) != entry.nbytes:
-            raise ModelSourceError(f"{entry.file}: tensor {entry.checkpoint_key} was cut short (the file changed while exporting)")
+            raise ModelSourceError(
+                f"{entry.file}: tensor {entry.checkpoint_key} was cut short (the file changed while exporting)"
+            )
         dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[entry.dtype]
         return buffer.view(dtype).reshape(entry.shape).to(torch.float32)
 
@@ -186,9 +197,10 @@ def _files(folder: Path) -> dict[Path, set[str] | None]:
     if any(folder.glob("*.bin")):
         raise ModelSourceError(
             f"{folder}: the weights are .bin files; streaming them needs safetensors. Convert once with: python -c "
-            "\"from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; "
+            '"from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; '
             f"M.from_pretrained('{folder}').save_pretrained('OUT'); T.from_pretrained('{folder}').save_pretrained('OUT')\" "
-            "and export OUT")
+            "and export OUT"
+        )
     raise ModelSourceError(f"{folder}: no *.safetensors weight files")
 
 
@@ -211,8 +223,10 @@ def _header(file: Path) -> dict[str, _Stored]:
             continue
         begin, end = info["data_offsets"]
         if base + end > size:
-            raise ModelSourceError(f"{file}: tensor {key} ends past the end of the file ({size} bytes): "
-                                   "the file is truncated, download it again")
+            raise ModelSourceError(
+                f"{file}: tensor {key} ends past the end of the file ({size} bytes): "
+                "the file is truncated, download it again"
+            )
         out[key] = _Stored(file, info["dtype"], tuple(info["shape"]), base + begin, end - begin, key)
     return out
 
@@ -237,12 +251,12 @@ def _renamer(model):
 
 # --- GGUF ----------------------------------------------------------------------------------------
 
+
 class GgufSource(WeightSource):
     def __init__(self, path: Path, model):
         super().__init__()
         from gguf import GGUFReader
-        from transformers.modeling_gguf_pytorch_utils import (
-            TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map)
+        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
         self.path = Path(path)
         reader = GGUFReader(str(self.path))
@@ -267,8 +281,10 @@ class GgufSource(WeightSource):
             rows, transposed = self._layout(tensor)
             shape = _values_shape(tensor)[::-1] if transposed else _values_shape(tensor)
             if shape != needed[name][0]:
-                raise ModelSourceError(f"{self.path}: GGUF tensor {tensor.name} gives shape {list(shape)}, the model's {name} "
-                                       f"needs {list(needed[name][0])}: the GGUF metadata and its tensors disagree")
+                raise ModelSourceError(
+                    f"{self.path}: GGUF tensor {tensor.name} gives shape {list(shape)}, the model's {name} "
+                    f"needs {list(needed[name][0])}: the GGUF metadata and its tensors disagree"
+                )
             self._shapes[name] = shape
             self._entries[name] = (tensor, rows, transposed)
 
@@ -293,7 +309,9 @@ class GgufSource(WeightSource):
     def _process(self, weights: np.ndarray, name: str) -> np.ndarray:
         """transformers' TensorProcessor on one tensor (gpt2's puts lm_head straight into `parsed`)."""
         parsed: dict = {"tensors": {}}
-        result = self._processor.process(weights=weights, name=name, tensor_key_mapping=self._names, parsed_parameters=parsed)
+        result = self._processor.process(
+            weights=weights, name=name, tensor_key_mapping=self._names, parsed_parameters=parsed
+        )
         return result.weights if result.name is not None else next(iter(parsed["tensors"].values())).numpy()
 
     def _layout(self, tensor) -> tuple[np.ndarray, bool]:
@@ -310,7 +328,9 @@ class GgufSource(WeightSource):
             f.seek(int(tensor.data_offset))
             data = np.fromfile(f, dtype=np.uint8, count=int(tensor.n_bytes))
         if data.size != int(tensor.n_bytes):
-            raise ModelSourceError(f"{self.path}: GGUF tensor {tensor.name} was cut short (the file changed while exporting)")
+            raise ModelSourceError(
+                f"{self.path}: GGUF tensor {tensor.name} was cut short (the file changed while exporting)"
+            )
         return data.view(tensor.data.dtype).reshape(tensor.data.shape)
 
 
@@ -339,8 +359,10 @@ def _check_type(path: Path, tensor) -> None:
     try:
         dequantize(np.zeros((1, size), np.uint8), tensor.tensor_type)
     except Exception as exc:  # NotImplementedError for types gguf cannot decode; others for integer types
-        raise ModelSourceError(f"{path}: GGUF tensor {tensor.name} is {tensor.tensor_type.name}, which the gguf package "
-                               f"cannot de-quantize ({exc}); use a GGUF file with another quantization type") from exc
+        raise ModelSourceError(
+            f"{path}: GGUF tensor {tensor.name} is {tensor.tensor_type.name}, which the gguf package "
+            f"cannot de-quantize ({exc}); use a GGUF file with another quantization type"
+        ) from exc
 
 
 @dataclass
@@ -370,9 +392,13 @@ def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True)
         try:
             config = AutoConfig.from_pretrained(source.folder, **kwargs)  # a GGUF's from its metadata
         except Exception as exc:
-            raise ModelSourceError(f"{source.name}: transformers could not read its config ({type(exc).__name__}: {exc})") from exc
+            raise ModelSourceError(
+                f"{source.name}: transformers could not read its config ({type(exc).__name__}: {exc})"
+            ) from exc
         model = build(config, torch_dtype)
-        if not source.gguf_file and (source.folder / "generation_config.json").is_file():  # its EOS ids, as from_pretrained reads them
+        if (
+            not source.gguf_file and (source.folder / "generation_config.json").is_file()
+        ):  # its EOS ids, as from_pretrained reads them
             from transformers import GenerationConfig
 
             model.generation_config = GenerationConfig.from_pretrained(source.folder)
@@ -381,6 +407,8 @@ def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True)
         except NotStreamable:
             weights = None
         if weights is not None:
-            return OpenedModel(model, load_tokenizer(source), lambda name: weights.read(name, torch_dtype).numpy(), True)
+            return OpenedModel(
+                model, load_tokenizer(source), lambda name: weights.read(name, torch_dtype).numpy(), True
+            )
     model, tokenizer = load(source, dtype)
     return OpenedModel(model, tokenizer, state_dict_reader(model), False)

@@ -11,16 +11,22 @@ import shutil
 from pathlib import Path
 
 from .gguf_weights import Candidate, GgufWeights, WeightPlan
-from .options import ExportOptions
 from .graph_weights import data_files
+from .options import ExportOptions
 from .quantize import Planner, WeightReport, float_planner, quantize_graph_file
 from .weight_file import WEIGHTS_FILE, WeightFile
 
 STAGING = ".weights"
 
 
-def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None, options: ExportOptions, step,
-                    max_positions: int | None = None) -> WeightReport:
+def quantize_graphs(
+    folder: Path,
+    graphs: dict[str, str],
+    gguf_path: Path | None,
+    options: ExportOptions,
+    step,
+    max_positions: int | None = None,
+) -> WeightReport:
     """Write folder/.weights/<file> for each graph file and their one folder/.weights/weights.data;
     return what was done (the same for each file). max_positions: the model's, for the rotary tables
     (None: rotary stays as traced)."""
@@ -37,8 +43,14 @@ def quantize_graphs(folder: Path, graphs: dict[str, str], gguf_path: Path | None
     report = WeightReport(kind, options.accuracy_level)
     with WeightFile(staging) as weights:
         for name in dict.fromkeys(graphs.values()):
-            plan = quantize_graph_file(folder / name, staging / name, planner, options.accuracy_level,
-                                       max_positions=max_positions, weights=weights)
+            plan = quantize_graph_file(
+                folder / name,
+                staging / name,
+                planner,
+                options.accuracy_level,
+                max_positions=max_positions,
+                weights=weights,
+            )
             report.tensor_types, report.kept_float = plan.tensor_types(), plan.kept_types()
             report.attention_extra_row |= plan.padded_attention > 0
             report.messages = sorted({why for _, why in plan.kept_float.values()})
@@ -91,4 +103,3 @@ def replace_graphs(folder: Path, graphs: dict[str, str]) -> None:
         (folder / data).unlink(missing_ok=True)
     (staging / WEIGHTS_FILE).replace(folder / WEIGHTS_FILE)
     shutil.rmtree(staging)
-

@@ -7,6 +7,7 @@ those of decoding one token a pass (greedy, or sampled for a seed).
     print(result.text, result.stats.tokens_per_pass)
 """
 
+from .batcher import Batcher
 from .errors import (
     ArtifactError,
     BackendError,
@@ -15,7 +16,6 @@ from .errors import (
     JacobiError,
     MissingDependencyError,
 )
-from .batcher import Batcher
 from .generator import GenerationResult, Generator, Stats, TextStream
 from .params import GenerationParams
 from .sampling import SamplingParams

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .config import CPU_PASS_COSTS, CostConfig, LookaheadConfig
 from .ngram import Candidate
@@ -35,7 +35,9 @@ class PassCosts:
     """
 
     config: CostConfig = field(default_factory=CostConfig)  # the priors and how to learn (runtime.config)
-    seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # moving average of the pass time by (rows, width)
+    seconds: dict[tuple[int, int], float] = field(
+        default_factory=dict
+    )  # moving average of the pass time by (rows, width)
     samples: dict[tuple[int, int], int] = field(default_factory=dict)
     _memo: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False)
 
@@ -58,7 +60,9 @@ class PassCosts:
             return
         key = (rows, width)
         old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else (1 - self.config.smoothing) * old + self.config.smoothing * seconds
+        self.seconds[key] = (
+            seconds if old is None else (1 - self.config.smoothing) * old + self.config.smoothing * seconds
+        )
         self.samples[key] = self.samples.get(key, 0) + 1
         self._memo.pop(key, None)
         if key == (1, 1):
@@ -76,8 +80,10 @@ class PassCosts:
 
 def matched_prefix(tokens: Sequence[int], committed: Sequence[int]) -> int:
     """How many leading tokens of a guess equal the committed tokens."""
-    return next((n for n, (guess, token) in enumerate(zip(tokens, committed)) if guess != token),
-                min(len(tokens), len(committed)))
+    return next(
+        (n for n, (guess, token) in enumerate(zip(tokens, committed)) if guess != token),
+        min(len(tokens), len(committed)),
+    )
 
 
 @dataclass

@@ -14,8 +14,8 @@ at each candidate width to pick the pass's width; a lone row's width is its own 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 Cost = Callable[[int], float]  # a one-row pass of W tokens, in W=1 passes (acceptance.PassCosts)
 
@@ -43,10 +43,15 @@ class Offer:
     fixed: bool = False  # send every guess whole (a window the proposer's own policy chose: plain Jacobi)
     parts: tuple[int, ...] = ()  # a union's offer: each part's most branches; the guesses sent then share one limit
 
-    def cut_to(self, most: int) -> "Offer":
+    def cut_to(self, most: int) -> Offer:
         """This offer with every guess at most `most` tokens (an arm on trial)."""
-        return replace(self, guesses=tuple(replace(g, accept=g.accept[:most], tokens=None if g.tokens is None else g.tokens[:most])
-                                           for g in self.guesses))
+        return replace(
+            self,
+            guesses=tuple(
+                replace(g, accept=g.accept[:most], tokens=None if g.tokens is None else g.tokens[:most])
+                for g in self.guesses
+            ),
+        )
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ a draft's costly first probe is not paid on every call.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .allocator import Allocation, Offer, allocate
 from .config import DEFAULTS, AutoConfig
@@ -81,8 +81,9 @@ class AutoProposer(Composite):
     best committed the most tokens won the call.
     """
 
-    def __init__(self, arms: dict[str, Proposer], config: AutoConfig = DEFAULTS.auto,
-                 history: ArmHistory | None = None) -> None:
+    def __init__(
+        self, arms: dict[str, Proposer], config: AutoConfig = DEFAULTS.auto, history: ArmHistory | None = None
+    ) -> None:
         super().__init__(arms)  # parts: every arm; arms: those admitted to this call (ArmHistory)
         self.history = history
         self.arms = arms
@@ -149,8 +150,10 @@ class AutoProposer(Composite):
         for index, (name, tried) in enumerate(self.tried.items()):
             if tried < self.config.warmup:
                 return name, index > 0  # the first arm runs as it would alone
-        scores = {name: self._allocation(name, offer, limit).value(own_cost(self.arms[name])) * self.calibration(name)
-                  for name, offer in offers.items()}
+        scores = {
+            name: self._allocation(name, offer, limit).value(own_cost(self.arms[name])) * self.calibration(name)
+            for name, offer in offers.items()
+        }
         best = max(self.arms, key=scores.__getitem__)  # ties: the earlier arm
         self.due[best], self.wait[best] = self.passes + self.config.probe_every, self.config.probe_every
         for name, offer in offers.items():

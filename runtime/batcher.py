@@ -28,8 +28,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from .backends.base import Backend, BackendContext, padded
 from .draft import drafts_in
@@ -64,9 +64,16 @@ class BatcherStats:
 class Batcher:
     """S slots over one backend context; `submit()` from any thread, `step()` from one (or `start()` a thread)."""
 
-    def __init__(self, ctx: BackendContext, prefill_chunk: int, budget: PassBudget | None = None,
-                 clock: Callable[[], float] = time.perf_counter, owns_context: bool = False,
-                 cache: PrefixCache | None = None, drafts: DraftSlots | None = None):
+    def __init__(
+        self,
+        ctx: BackendContext,
+        prefill_chunk: int,
+        budget: PassBudget | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        owns_context: bool = False,
+        cache: PrefixCache | None = None,
+        drafts: DraftSlots | None = None,
+    ):
         self.ctx = ctx
         self.drafts = drafts  # the drafting rows' draft slots: one batched draft step a pass (None: each its own)
         self.cache = cache or PrefixCache(enabled=False)  # what finished rows leave in idle slots
@@ -85,22 +92,39 @@ class Batcher:
         self._closed = False
 
     @classmethod
-    def open(cls, backend: Backend, slots: int, capacity: int | None = None, prefill_chunk: int | None = None,
-             budget: PassBudget | None = None, clock: Callable[[], float] = time.perf_counter,
-             cache: PrefixCache | None = None, draft: Backend | None = None) -> "Batcher":
+    def open(
+        cls,
+        backend: Backend,
+        slots: int,
+        capacity: int | None = None,
+        prefill_chunk: int | None = None,
+        budget: PassBudget | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        cache: PrefixCache | None = None,
+        draft: Backend | None = None,
+    ) -> Batcher:
         """A batcher of `slots` rows of `capacity` entries each (default the backend's context) on a context of its own;
         with a `draft` backend of rows of their own, the drafting rows share its slots (runtime.draft_slots)."""
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise InputError(f"the batcher needs at least 1 slot (max batch), not {slots!r}")
         if slots > 1 and not backend.batched:
-            raise BackendError(f"{slots} slots need rows of their own lengths (the in-place graph); the {backend.name} "
-                               "backend's contexts hold one row. Re-export the artifact (it adds model-inplace.onnx) "
-                               "and load it with graph='auto' or 'inplace' ('auto' keeps a level-4 artifact exported "
-                               "before the extra attention row on the portable graph), or run one slot")
+            raise BackendError(
+                f"{slots} slots need rows of their own lengths (the in-place graph); the {backend.name} "
+                "backend's contexts hold one row. Re-export the artifact (it adds model-inplace.onnx) "
+                "and load it with graph='auto' or 'inplace' ('auto' keeps a level-4 artifact exported "
+                "before the extra attention row on the portable graph), or run one slot"
+            )
         limits = backend.limits
         capacity = min(capacity or limits.max_context, limits.max_context)
-        return cls(backend.context(capacity, batch=slots), prefill_chunk or limits.prefill_chunk, budget, clock,
-                   owns_context=True, cache=cache, drafts=DraftSlots.open(draft, slots, capacity))
+        return cls(
+            backend.context(capacity, batch=slots),
+            prefill_chunk or limits.prefill_chunk,
+            budget,
+            clock,
+            owns_context=True,
+            cache=cache,
+            drafts=DraftSlots.open(draft, slots, capacity),
+        )
 
     # -- any thread -------------------------------------------------------------------------------
 
@@ -126,7 +150,7 @@ class Batcher:
     def queued(self) -> int:
         return len(self.waiting)
 
-    def start(self) -> "Batcher":
+    def start(self) -> Batcher:
         """Run passes on a background thread until close()."""
         self._thread = threading.Thread(target=self._loop, name="jacobi-rt-batcher", daemon=True)
         self._thread.start()
@@ -303,8 +327,9 @@ class Batcher:
         for i, (row, plan) in enumerate(zip(rows, planned)):
             n = len(plan.tokens)
             try:
-                keep = row.settle(out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, before[i],
-                                  seconds, ids.shape)
+                keep = row.settle(
+                    out.greedy_ids[i, :n], out.logits[i, :n] if want_logits else None, before[i], seconds, ids.shape
+                )
             except Exception as exc:  # a proposer or sampler failing ends its own row only
                 row.fail(exc)
                 keep = []
@@ -319,8 +344,14 @@ class Batcher:
         return PassRecord(kind, len(rows), ids.shape[1], committed, seconds)
 
 
-def run_alone(ctx: BackendContext, row: Row, prefill_chunk: int, budget: PassBudget | None = None,
-              clock: Callable[[], float] = time.perf_counter, cache: PrefixCache | None = None) -> Iterator[list[int]]:
+def run_alone(
+    ctx: BackendContext,
+    row: Row,
+    prefill_chunk: int,
+    budget: PassBudget | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    cache: PrefixCache | None = None,
+) -> Iterator[list[int]]:
     """Run `row` alone on `ctx` (a one-row batch) in this thread: yield its committed tokens pass by pass
     ([] after each prompt chunk but the last), so the caller can stop between passes. Closing the
     iterator early ends the row (its proposer is closed); `ctx` stays its owner's. cache: what `ctx`'s

@@ -15,9 +15,10 @@ what a pass costs. Each field's metadata["why"] says what it is for; `describe()
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from numbers import Integral, Real
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -59,10 +60,18 @@ class _Checked:
 class JacobiConfig(_Checked):
     """Plain Jacobi's window policy (runtime.windows.AdaptiveWindow)."""
 
-    window: int = _field(8, "plain Jacobi's window when none is given: W=8 passes cost 1.6x W=1 on a CPU, wider ones "
-                            "rarely commit more", 1, 64)
-    probe_every: int = _field(48, "adaptive Jacobi tries the slower arm (greedy or W) this often: pass costs and "
-                                  "acceptance drift as the context grows", 2)
+    window: int = _field(
+        8,
+        "plain Jacobi's window when none is given: W=8 passes cost 1.6x W=1 on a CPU, wider ones rarely commit more",
+        1,
+        64,
+    )
+    probe_every: int = _field(
+        48,
+        "adaptive Jacobi tries the slower arm (greedy or W) this often: pass costs and "
+        "acceptance drift as the context grows",
+        2,
+    )
     smoothing: float = _field(0.5, "weight of the newest pass in adaptive Jacobi's per-arm averages", 0.0, 1.0)
 
 
@@ -71,15 +80,24 @@ class LookaheadConfig(_Checked):
     """Lookahead's branches, and the acceptance model that cuts its guesses (and Jacobi's chain):
     runtime.acceptance.AcceptanceTracker."""
 
-    branches: int = _field(2, "lookahead's candidate branches per pass: a second branch catches the runner-up n-gram, "
-                              "more widen the pass for little", 1, 16)
+    branches: int = _field(
+        2,
+        "lookahead's candidate branches per pass: a second branch catches the runner-up n-gram, "
+        "more widen the pass for little",
+        1,
+        16,
+    )
     prior: float = _field(0.5, "chance a lookahead guess is right before any evidence", 0.0, 1.0)
-    prior_weight: float = _field(2.0, "the prior is worth this many tried tokens: small, so evidence takes over "
-                                      "within a few passes", 0.0)
-    decay: float = _field(0.9, "per scoring, old acceptance evidence fades by this: the rate follows the text", 0.0, 1.0)
+    prior_weight: float = _field(
+        2.0, "the prior is worth this many tried tokens: small, so evidence takes over within a few passes", 0.0
+    )
+    decay: float = _field(
+        0.9, "per scoring, old acceptance evidence fades by this: the rate follows the text", 0.0, 1.0
+    )
     max_match: int = _field(4, "n-gram match lengths above this share one acceptance statistic", 1)
-    margin: float = _field(0.03, "guesses are sent only when they beat a greedy pass by this much: the cost table "
-                                 "is noisy", 0.0)
+    margin: float = _field(
+        0.03, "guesses are sent only when they beat a greedy pass by this much: the cost table is noisy", 0.0
+    )
 
 
 @dataclass(frozen=True)
@@ -87,86 +105,146 @@ class DraftConfig(_Checked):
     """The draft model's length policy (runtime.draft.DraftLength) and its chain."""
 
     max_length: int = _field(8, "most draft tokens per pass: past ~8 a small draft's chain is rarely all right", 1, 64)
-    length: int | None = _field(None, "a fixed number of draft tokens per pass (0..max_length); None: chosen each "
-                                      "pass from measured acceptance and costs", 0, 64)
-    prior_acceptance: float = _field(0.7, "chance a draft token is right before any evidence (drafts of the same "
-                                          "family agree often)", 0.0, 1.0)
+    length: int | None = _field(
+        None,
+        "a fixed number of draft tokens per pass (0..max_length); None: chosen each "
+        "pass from measured acceptance and costs",
+        0,
+        64,
+    )
+    prior_acceptance: float = _field(
+        0.7, "chance a draft token is right before any evidence (drafts of the same family agree often)", 0.0, 1.0
+    )
     prior_weight: float = _field(2.0, "the draft prior is worth this many tried tokens", 0.0)
     prior_cost: float = _field(0.5, "a draft pass in target W=1 passes before either is timed", 0.0)
     decay: float = _field(0.9, "per pass, old draft acceptance evidence fades by this", 0.0, 1.0)
     smoothing: float = _field(0.3, "weight of the newest draft pass time in its average", 0.0, 1.0)
     margin: float = _field(0.03, "the draft is run only when it beats a greedy pass by this much", 0.0)
-    probe_every: int = _field(16, "passes without drafting before the draft is tried again: the text may have "
-                                  "become predictable", 1)
-    jacobi_tail: bool = _field(False, "speculative: the target's predictions past a rejected guess seed the draft's "
-                                      "next window (measured: saves few draft passes, so off)")
+    probe_every: int = _field(
+        16, "passes without drafting before the draft is tried again: the text may have become predictable", 1
+    )
+    jacobi_tail: bool = _field(
+        False,
+        "speculative: the target's predictions past a rejected guess seed the draft's "
+        "next window (measured: saves few draft passes, so off)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.length is not None and self.length > self.max_length:
-            raise InputError(f"draft.length ({self.length}) must be at most draft.max_length ({self.max_length}); "
-                             "raise draft.max_length or lower draft.length")
+            raise InputError(
+                f"draft.length ({self.length}) must be at most draft.max_length ({self.max_length}); "
+                "raise draft.max_length or lower draft.length"
+            )
 
 
 @dataclass(frozen=True)
 class AutoConfig(_Checked):
     """`auto`'s choice among its arms (runtime.auto.AutoProposer, ArmHistory)."""
 
-    warmup: int = _field(2, "passes each of auto's arms gets (measuring it) before each pass goes to the arm whose "
-                            "offer is worth most", 1)
-    probe_every: int = _field(16, "passes an arm of auto may go without being the best before it is probed (the "
-                                  "wait doubles after each probe that leaves it behind)", 1)
-    decay: float = _field(0.95, "per pass, auto's measured and predicted arm totals (the check on each arm's offers) "
-                                "fade by this: slow, so one lucky pass cannot decide", 0.0, 1.0)
+    warmup: int = _field(
+        2,
+        "passes each of auto's arms gets (measuring it) before each pass goes to the arm whose offer is worth most",
+        1,
+    )
+    probe_every: int = _field(
+        16,
+        "passes an arm of auto may go without being the best before it is probed (the "
+        "wait doubles after each probe that leaves it behind)",
+        1,
+    )
+    decay: float = _field(
+        0.95,
+        "per pass, auto's measured and predicted arm totals (the check on each arm's offers) "
+        "fade by this: slow, so one lucky pass cannot decide",
+        0.0,
+        1.0,
+    )
     probe_budget: int = _field(3, "most guesses an arm on trial sends: probing a slow draft stays cheap", 0)
-    max_sit_out: int = _field(32, "most calls an arm that lost in earlier calls sits out (its wait doubles per "
-                                  "loss)", 0, load=True)
+    max_sit_out: int = _field(
+        32, "most calls an arm that lost in earlier calls sits out (its wait doubles per loss)", 0, load=True
+    )
 
 
 @dataclass(frozen=True)
 class CostConfig(_Checked):
     """The pass cost curve every allocation prices guesses with (runtime.acceptance.PassCosts)."""
 
-    pass_costs: Costs = _field(tuple(CPU_PASS_COSTS.items()), "prior cost of a pass of W tokens relative to W=1, as "
-                                                              "(W, cost) pairs; replaced by measured costs")
+    pass_costs: Costs = _field(
+        tuple(CPU_PASS_COSTS.items()),
+        "prior cost of a pass of W tokens relative to W=1, as (W, cost) pairs; replaced by measured costs",
+    )
     learn: bool = _field(True, "learn the cost curve from measured passes (False: keep the tables; tests)")
     smoothing: float = _field(0.2, "weight of the newest pass time in the measured cost curve", 0.0, 1.0)
     min_samples: int = _field(3, "passes of a width (and of W=1) timed before its measured cost replaces the table", 1)
-    batch_pass_costs: Costs = _field(tuple(BATCH_PASS_COSTS.items()), "prior cost of a batched pass (more than one "
-                                                                      "row) by its total tokens (rows x width), as "
-                                                                      "(tokens, cost) pairs; measured costs, keyed by "
-                                                                      "(rows, width), replace it", load=True)
+    batch_pass_costs: Costs = _field(
+        tuple(BATCH_PASS_COSTS.items()),
+        "prior cost of a batched pass (more than one "
+        "row) by its total tokens (rows x width), as "
+        "(tokens, cost) pairs; measured costs, keyed by "
+        "(rows, width), replace it",
+        load=True,
+    )
 
 
 @dataclass(frozen=True)
 class BatchConfig(_Checked):
     """Prefill, alone and in the batcher's batch (runtime.pass_budget.PassBudget)."""
 
-    prefill_chunk: int | None = _field(None, "prompt tokens per prefill pass; None: the backend's (its profile or "
-                                             "graph limit)", 1, load=True)
-    prefill_tokens: int | None = _field(None, "tokens of one batched prefill pass, all rows together, so a burst of "
-                                              "long prompts never stalls decoding rows; None: max(prefill_chunk, 16)",
-                                        1, load=True)
+    prefill_chunk: int | None = _field(
+        None, "prompt tokens per prefill pass; None: the backend's (its profile or graph limit)", 1, load=True
+    )
+    prefill_tokens: int | None = _field(
+        None,
+        "tokens of one batched prefill pass, all rows together, so a burst of "
+        "long prompts never stalls decoding rows; None: max(prefill_chunk, 16)",
+        1,
+        load=True,
+    )
 
 
 @dataclass(frozen=True)
 class PrefixCacheConfig(_Checked):
     """Which finished rows' caches are kept and reused (runtime.prefix_cache)."""
 
-    min_tokens: int = _field(16, "a kept prefix is reused when the prompt shares at least this many tokens with it: "
-                                 "below that, moving a slot costs more than it saves", 1, load=True)
-    guesses: bool = _field(True, "a kept prefix keeps its proposer's state too (lookahead's n-gram pool, a draft's "
-                                 "cache), so the next turn's guesses start warm", load=True)
-    contexts: int = _field(4, "lone calls (no batcher started) keep this many finished contexts for the next turn of "
-                              "a conversation (memory: one request's cache each)", 0, load=True)
+    min_tokens: int = _field(
+        16,
+        "a kept prefix is reused when the prompt shares at least this many tokens with it: "
+        "below that, moving a slot costs more than it saves",
+        1,
+        load=True,
+    )
+    guesses: bool = _field(
+        True,
+        "a kept prefix keeps its proposer's state too (lookahead's n-gram pool, a draft's "
+        "cache), so the next turn's guesses start warm",
+        load=True,
+    )
+    contexts: int = _field(
+        4,
+        "lone calls (no batcher started) keep this many finished contexts for the next turn of "
+        "a conversation (memory: one request's cache each)",
+        0,
+        load=True,
+    )
 
 
 @dataclass(frozen=True)
 class DecodingConfig(_Checked):
-    window: int | None = _field(None, "widest pass (last token + guesses); None: jacobi.window for jacobi (adapting "
-                                      "between 1 and it), guess_window for the others", 1, 64)
-    guess_window: int = _field(16, "lookahead/speculative/auto's widest pass when none is given; the proposers send "
-                                   "only what pays, so this only caps them", 1, 64)
+    window: int | None = _field(
+        None,
+        "widest pass (last token + guesses); None: jacobi.window for jacobi (adapting "
+        "between 1 and it), guess_window for the others",
+        1,
+        64,
+    )
+    guess_window: int = _field(
+        16,
+        "lookahead/speculative/auto's widest pass when none is given; the proposers send "
+        "only what pays, so this only caps them",
+        1,
+        64,
+    )
     jacobi: JacobiConfig = _group(JacobiConfig, "plain Jacobi's window policy")
     lookahead: LookaheadConfig = _group(LookaheadConfig, "lookahead's branches and the acceptance of text guesses")
     draft: DraftConfig = _group(DraftConfig, "the draft model's length policy")
@@ -175,7 +253,9 @@ class DecodingConfig(_Checked):
     batch: BatchConfig = _group(BatchConfig, "prefill alone and in the batcher's batch")
     prefix_cache: PrefixCacheConfig = _group(PrefixCacheConfig, "the prefix cache across requests")
 
-    def with_overrides(self, overrides: Mapping[str, Any] | "DecodingConfig" | None, per_request: bool = False) -> "DecodingConfig":
+    def with_overrides(
+        self, overrides: Mapping[str, Any] | DecodingConfig | None, per_request: bool = False
+    ) -> DecodingConfig:
         """This config with `overrides` applied: a whole config, or a mapping of fields, nested
         ({"draft": {"max_length": 4}}) or dotted ({"draft.max_length": 4}).
 
@@ -185,16 +265,22 @@ class DecodingConfig(_Checked):
         if isinstance(overrides, DecodingConfig):
             overrides = changed_fields(DEFAULTS, overrides)
         if not isinstance(overrides, Mapping):
-            raise InputError(f"the decoding config must be a DecodingConfig or a mapping of its fields, not {overrides!r}")
+            raise InputError(
+                f"the decoding config must be a DecodingConfig or a mapping of its fields, not {overrides!r}"
+            )
         flat = dotted(overrides)
         unknown = sorted(set(flat) - set(FIELDS))
         if unknown:
-            raise InputError(f"unknown decoding config field(s) {', '.join(map(with_hint, unknown))}; the fields are "
-                             f"{', '.join(FIELDS)}")
+            raise InputError(
+                f"unknown decoding config field(s) {', '.join(map(with_hint, unknown))}; the fields are "
+                f"{', '.join(FIELDS)}"
+            )
         fixed = sorted(name for name in flat if name in LOAD_FIELDS) if per_request else []
         if fixed:
-            raise InputError(f"decoding config field(s) {', '.join(fixed)} are set where the generator is loaded "
-                             "(Generator.load(config=...), `jacobi-rt serve --decoding FIELD=VALUE`), not per request")
+            raise InputError(
+                f"decoding config field(s) {', '.join(fixed)} are set where the generator is loaded "
+                "(Generator.load(config=...), `jacobi-rt serve --decoding FIELD=VALUE`), not per request"
+            )
         top = {name: value for name, value in flat.items() if "." not in name}
         for group in {name.split(".")[0] for name in flat if "." in name}:
             leaves = {name.split(".", 1)[1]: value for name, value in flat.items() if name.startswith(group + ".")}
@@ -217,9 +303,15 @@ def _checked(f, value: Any, path: str) -> Any:
         if not isinstance(value, (bool, np.bool_)):
             raise InputError(f"decoding config field {path} must be true or false, not {value!r}")
         return bool(value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, Real)) or (kind is int and not isinstance(value, Integral)):
-        raise InputError(f"decoding config field {path} must be {'an integer' if kind is int else 'a number'}, not {value!r} "
-                         f"({meta['why']})")
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (Integral, Real))
+        or (kind is int and not isinstance(value, Integral))
+    ):
+        raise InputError(
+            f"decoding config field {path} must be {'an integer' if kind is int else 'a number'}, not {value!r} "
+            f"({meta['why']})"
+        )
     value = int(value) if kind is int else float(value)
     low, high = meta["low"], meta["high"]
     if (low is not None and value < low) or (high is not None and value > high):
@@ -233,8 +325,9 @@ def _checked_costs(path: str, value: Any) -> Costs:
     try:
         table = tuple(sorted((int(w), float(c)) for w, c in pairs))
     except (TypeError, ValueError):
-        raise InputError(f"decoding config field {path} must be (width, cost) pairs or a {{width: cost}} mapping, "
-                         f"not {value!r}") from None
+        raise InputError(
+            f"decoding config field {path} must be (width, cost) pairs or a {{width: cost}} mapping, not {value!r}"
+        ) from None
     if not table or any(w < 1 or c <= 0 for w, c in table) or len({w for w, _ in table}) != len(table):
         raise InputError(f"decoding config field {path} needs distinct widths >= 1 with positive costs, not {value!r}")
     return table
@@ -258,7 +351,8 @@ GROUPS: dict[str, type] = {f.name: f.default_factory for f in fields(DecodingCon
 GROUP_NAMES: dict[type, str] = {kind: name for name, kind in GROUPS.items()}
 DEFAULTS = DecodingConfig()
 _LEAVES = [(f.name, f) for f in fields(DecodingConfig) if not f.metadata.get("group")] + [
-    (f"{group}.{f.name}", f) for group, kind in GROUPS.items() for f in fields(kind)]
+    (f"{group}.{f.name}", f) for group, kind in GROUPS.items() for f in fields(kind)
+]
 FIELDS: tuple[str, ...] = tuple(path for path, _ in _LEAVES)  # every field's dotted name
 # Fields a generator's (or its batcher's) config sets once; a request cannot change them.
 LOAD_FIELDS = frozenset(path for path, f in _LEAVES if f.metadata["load"])
@@ -298,8 +392,10 @@ def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     for item in items:
         name, sep, text = item.partition("=")
         if not sep or not name.strip():
-            raise InputError(f"--decoding takes FIELD=VALUE (e.g. lookahead.branches=1), not {item!r}; the fields "
-                             f"are {', '.join(FIELDS)}")
+            raise InputError(
+                f"--decoding takes FIELD=VALUE (e.g. lookahead.branches=1), not {item!r}; the fields "
+                f"are {', '.join(FIELDS)}"
+            )
         try:
             out[name.strip()] = json.loads(text)
         except ValueError:

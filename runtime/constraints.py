@@ -11,8 +11,9 @@ Earley parser over a token trie. An optional dependency: the `structured` extra.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence, get_args
+from typing import Any, Literal, get_args
 
 from .errors import InputError, JacobiError, require
 
@@ -57,27 +58,27 @@ class Constraint:
         object.__setattr__(self, "grammar", _compiled(self.kind, value, self.where))
 
     @classmethod
-    def json_object(cls, where: str = "response_format") -> "Constraint":
+    def json_object(cls, where: str = "response_format") -> Constraint:
         return cls("json_object", None, where)
 
     @classmethod
-    def json_schema(cls, schema: dict | bool, where: str = "json_schema") -> "Constraint":
+    def json_schema(cls, schema: dict | bool, where: str = "json_schema") -> Constraint:
         return cls("json_schema", schema, where)
 
     @classmethod
-    def regex(cls, pattern: str, where: str = "regex") -> "Constraint":
+    def regex(cls, pattern: str, where: str = "regex") -> Constraint:
         return cls("regex", pattern, where)
 
     @classmethod
-    def choice(cls, options: Sequence[str], where: str = "choice") -> "Constraint":
+    def choice(cls, options: Sequence[str], where: str = "choice") -> Constraint:
         return cls("choice", options, where)
 
     @classmethod
-    def lark(cls, grammar: str, where: str = "grammar") -> "Constraint":
+    def lark(cls, grammar: str, where: str = "grammar") -> Constraint:
         return cls("grammar", grammar, where)
 
     @classmethod
-    def from_response_format(cls, value: dict, where: str = "response_format") -> "Constraint | None":
+    def from_response_format(cls, value: dict, where: str = "response_format") -> Constraint | None:
         """OpenAI's response_format: {"type": "text"} (None), {"type": "json_object"}, or {"type": "json_schema",
         "json_schema": {"name": ..., "schema": {...}}} (the server checks its other fields: server/structured.py)."""
         kind = value.get("type") if isinstance(value, dict) else None
@@ -88,7 +89,9 @@ class Constraint:
         if kind == "json_schema":
             spec = value.get("json_schema")
             if not isinstance(spec, dict) or "schema" not in spec:
-                raise InputError(f'{where}.json_schema: expected an object like {{"name": "answer", "schema": {{...}}}}')
+                raise InputError(
+                    f'{where}.json_schema: expected an object like {{"name": "answer", "schema": {{...}}}}'
+                )
             return cls.json_schema(spec["schema"], f"{where}.json_schema.schema")
         raise InputError(f'{where}: expected {{"type": "text" | "json_object" | "json_schema", ...}}, not {value!r}')
 
@@ -119,7 +122,9 @@ def _checked_value(kind: str, value: Any, where: str) -> Any:
                 raise InputError(f"{where}.{i}: each choice must be a non-empty string, not {option!r}")
         return tuple(value)
     if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{where}: the {'regular expression' if kind == 'regex' else 'grammar'} must be a non-empty string")
+        raise InputError(
+            f"{where}: the {'regular expression' if kind == 'regex' else 'grammar'} must be a non-empty string"
+        )
     if len(value) > MAX_TEXT:
         raise InputError(f"{where}: {len(value)} characters; the limit is {MAX_TEXT}")
     return value
@@ -128,8 +133,13 @@ def _checked_value(kind: str, value: Any, where: str) -> Any:
 def _compiled(kind: str, value: Any, where: str) -> str:
     """llguidance's grammar for the constraint, validated (an InputError with llguidance's reason)."""
     llg = require("llguidance", LLGUIDANCE_HINT)
-    what = {"json_object": "schema", "json_schema": "schema", "regex": "regular expression", "choice": "choices",
-            "grammar": "grammar"}[kind]
+    what = {
+        "json_object": "schema",
+        "json_schema": "schema",
+        "regex": "regular expression",
+        "choice": "choices",
+        "grammar": "grammar",
+    }[kind]
     try:
         if kind in ("json_object", "json_schema"):
             schema = {"type": "object"} if kind == "json_object" else value

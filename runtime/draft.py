@@ -17,8 +17,8 @@ out some passes) are fed as one window at the start of the next proposal.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -34,7 +34,9 @@ from .proposers import Composite, Proposer, close_state
 from .tree import Tree
 
 
-def check_draft(target: Manifest, draft: Manifest, target_name: str | None = None, draft_name: str | None = None) -> None:
+def check_draft(
+    target: Manifest, draft: Manifest, target_name: str | None = None, draft_name: str | None = None
+) -> None:
     """Refuse a draft whose token ids do not mean the target's: another tokenizer or vocabulary size.
 
     target_name/draft_name (e.g. the artifact folders) name the two in the message; default the
@@ -43,20 +45,28 @@ def check_draft(target: Manifest, draft: Manifest, target_name: str | None = Non
     t_name = target_name or target.source.get("name", "the target")
     d_name = draft_name or draft.source.get("name", "the draft")
     if target.role == "draft":
-        raise InputError(f"{t_name} was exported as a draft (--role draft); load a target artifact as the target "
-                         f"and pass {t_name} as its draft")
+        raise InputError(
+            f"{t_name} was exported as a draft (--role draft); load a target artifact as the target "
+            f"and pass {t_name} as its draft"
+        )
     t_sha, d_sha = target.tokenizer.get("vocab_sha256"), draft.tokenizer.get("vocab_sha256")
     if not t_sha or not d_sha:
         missing = t_name if not t_sha else d_name
-        raise ArtifactError(f"{missing} records no tokenizer vocab_sha256 in its manifest, so its vocabulary cannot be "
-                            "checked against the other model's; re-export it with this version of jacobi-rt")
+        raise ArtifactError(
+            f"{missing} records no tokenizer vocab_sha256 in its manifest, so its vocabulary cannot be "
+            "checked against the other model's; re-export it with this version of jacobi-rt"
+        )
     if t_sha != d_sha:
-        raise InputError(f"draft {d_name} has a different vocabulary from target {t_name}; export the draft from a model "
-                         "with the same tokenizer (e.g. `jacobi-rt export TARGET --role draft --keep-layers N`)")
+        raise InputError(
+            f"draft {d_name} has a different vocabulary from target {t_name}; export the draft from a model "
+            "with the same tokenizer (e.g. `jacobi-rt export TARGET --role draft --keep-layers N`)"
+        )
     t_vocab, d_vocab = target.architecture.vocab_size, draft.architecture.vocab_size
     if t_vocab != d_vocab:
-        raise InputError(f"draft {d_name} has {d_vocab} output ids but target {t_name} has {t_vocab} (same tokenizer, "
-                         "different embedding size); export the draft from a model with the target's vocabulary size")
+        raise InputError(
+            f"draft {d_name} has {d_vocab} output ids but target {t_name} has {t_vocab} (same tokenizer, "
+            "different embedding size); export the draft from a model with the target's vocabulary size"
+        )
 
 
 @dataclass
@@ -287,8 +297,14 @@ class DraftProposer(Proposer):
         """What precedes the next window (a prefix of `sequence`), when the draft samples it; None: greedy."""
         return list(sequence[: self.row.length]) if self.sampler is not None and first is not None else None
 
-    def picks(self, window: list[int], greedy: np.ndarray, logits: np.ndarray | None, first: int | None,
-              before: list[int] | None) -> list[int]:
+    def picks(
+        self,
+        window: list[int],
+        greedy: np.ndarray,
+        logits: np.ndarray | None,
+        first: int | None,
+        before: list[int] | None,
+    ) -> list[int]:
         """The draft's greedy ids after each window row, or with a sampler, from row `first` on, the token
         sampled from its logits (`before`: what precedes the window)."""
         ids = greedy[: len(window)].tolist()

@@ -22,6 +22,7 @@ rows' outputs stay the target's. A finished row's draft cache goes to the prefix
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
 from .backends.base import Backend, lower_triangular, padded
@@ -45,14 +46,14 @@ class DraftSlots:
         self.passes = 0  # draft passes run (for tests and tools)
 
     @classmethod
-    def open(cls, backend: Backend | None, slots: int, capacity: int) -> "DraftSlots | None":
+    def open(cls, backend: Backend | None, slots: int, capacity: int) -> DraftSlots | None:
         """Slots for a batcher of `slots` rows when its draft's contexts hold rows of their own (the in-place graph)."""
         if backend is None or slots < 2 or not backend.batched:
             return None
         return cls(backend, slots, min(capacity, backend.limits.max_context))
 
     @classmethod
-    def row_of_its_own(cls, backend: Backend, capacity: int) -> "DraftRow":
+    def row_of_its_own(cls, backend: Backend, capacity: int) -> DraftRow:
         """The row of one-row slots (a lone draft's, or a kept draft cache)."""
         return DraftRow(cls(backend, 1, capacity), 0)
 
@@ -92,7 +93,9 @@ class DraftSlots:
         self._charge([draft for draft, *_ in firsts], seconds, narrow=max(map(len, windows.values())) <= 2)
         while active := [draft for draft, k in wanted if len(draft.chain) < k]:
             befores = [draft.before([*draft.known, *draft.chain], 0) for draft in active]
-            out, lo, seconds = self._pass({d.row.row: [d.chain[-1]] for d in active}, any(b is not None for b in befores))
+            out, lo, seconds = self._pass(
+                {d.row.row: [d.chain[-1]] for d in active}, any(b is not None for b in befores)
+            )
             keeps = [[] for _ in range(out.greedy_ids.shape[0])]
             for draft, before in zip(active, befores):
                 i = draft.row.row - lo
@@ -125,7 +128,9 @@ class DraftSlots:
         lo, hi = min(windows), max(windows) + 1
         lengths = self.ctx.lengths[lo:hi].tolist()
         rows = [windows.get(lo + i, [0]) for i in range(hi - lo)]  # a row in range that wants nothing runs a pad
-        ids, positions, mask = padded([(w, n + np.arange(len(w)), lower_triangular(len(w))) for w, n in zip(rows, lengths)])
+        ids, positions, mask = padded(
+            [(w, n + np.arange(len(w)), lower_triangular(len(w))) for w, n in zip(rows, lengths)]
+        )
         self.ctx.select(lo, hi)
         started = time.perf_counter()
         out = self.ctx.forward(ids, positions, mask, want_logits=want_logits)
@@ -169,10 +174,10 @@ class DraftRow:
     def trim(self, length: int) -> None:
         self.slots.ctx.trim_row(self.row, length)
 
-    def load_prefix(self, source: "DraftRow", length: int) -> bool:
+    def load_prefix(self, source: DraftRow, length: int) -> bool:
         return self.slots.ctx.load_prefix(source.slots.ctx, length, row=self.row, source_row=source.row)
 
-    def detach(self) -> "DraftRow":
+    def detach(self) -> DraftRow:
         """This row's cache on one-row slots (what the prefix cache keeps): itself when the slots are its own
         (no copy), else a copy, and the slot goes back to the batcher."""
         if self.slots.lone:

@@ -73,4 +73,7 @@ def file_records(folder: Path) -> tuple[dict[str, str], dict[str, dict]]:
 def matches_sample(path: Path, record: dict) -> bool:
     """Size and sampled digest equal to the record (read with the record's own block count and size)."""
     size = path.stat().st_size
-    return size == record["size"] and sampled_sha256(path, size, record["blocks"], record["block_size"]) == record["sampled_sha256"]
+    return (
+        size == record["size"]
+        and sampled_sha256(path, size, record["blocks"], record["block_size"]) == record["sampled_sha256"]
+    )

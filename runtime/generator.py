@@ -11,21 +11,22 @@ import logging
 import os
 import queue
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
+from .auto import ArmHistory
 from .backends.base import PREFILL_CHUNK, Backend, BackendLimits
 from .batcher import Batcher, run_alone
 from .config import DEFAULTS, DecodingConfig
-from .grammar import GrammarTokenizer, grammar_tokenizer
 from .errors import InputError
+from .grammar import GrammarTokenizer, grammar_tokenizer
 from .manifest import Manifest, load_manifest, verify_mode
 from .output import Committed, GenerationResult, Stats, StopText, TextStream, drain, pieces, result
 from .params import GenerationParams
 from .pass_budget import PassBudget
 from .prefix_cache import KeptContexts, PrefixCache
-from .auto import ArmHistory
 from .proposers import Proposer
 from .request import MAX_WINDOW, ModelFacts, Request, prompt_ids, resolve
 from .row import END, Row
@@ -45,12 +46,21 @@ class Generator:
     """A loaded artifact: `generate()` and `stream()` may be called from several threads at once;
     each call opens its own backend context (KV buffers and bindings)."""
 
-    def __init__(self, backend: Backend, tokenizer: Tokenizer, prefill_chunk: int | None = None, draft: Backend | None = None,
-                 config: DecodingConfig | Mapping[str, Any] | None = None, prefix_cache: bool = True):
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        prefill_chunk: int | None = None,
+        draft: Backend | None = None,
+        config: DecodingConfig | Mapping[str, Any] | None = None,
+        prefix_cache: bool = True,
+    ):
         self.backend = backend
         self.manifest: Manifest = backend.manifest
         self.tokenizer = tokenizer
-        overrides = {} if prefill_chunk is None else {"batch.prefill_chunk": prefill_chunk}  # the argument maps onto the config
+        overrides = (
+            {} if prefill_chunk is None else {"batch.prefill_chunk": prefill_chunk}
+        )  # the argument maps onto the config
         self.config = DEFAULTS.with_overrides(config).with_overrides(overrides)
         self.prefill_chunk = self.config.batch.prefill_chunk or PREFILL_CHUNK
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)
@@ -61,7 +71,9 @@ class Generator:
         self.prefix_cache = prefix_cache
         self.kept = KeptContexts(self.config.prefix_cache if prefix_cache else None)
         if not backend.rows.exact_windows:
-            logging.getLogger("jacobi_rt").warning("%s (%s)", backend.rows.line(), self.manifest.source.get("name", "artifact"))
+            logging.getLogger("jacobi_rt").warning(
+                "%s (%s)", backend.rows.line(), self.manifest.source.get("name", "artifact")
+            )
 
     @property
     def limits(self) -> BackendLimits:
@@ -83,7 +95,7 @@ class Generator:
         graph: str = "auto",
         config: DecodingConfig | Mapping[str, Any] | None = None,
         prefix_cache: bool = True,
-    ) -> "Generator":
+    ) -> Generator:
         """Validate the artifact at `path` (its manifest and files) and load it.
 
         verify: how its files are checked against the manifest (runtime/file_digest.py): "sampled" (the
@@ -136,9 +148,16 @@ class Generator:
         """The chat template rendered for `messages`, ending with the assistant's turn."""
         return self.tokenizer.render_chat(messages, add_generation_prompt=True)
 
-    def generate(self, prompt: str | Sequence[int] | None = None, max_new_tokens: int | None = None, *,
-                 params: GenerationParams | None = None, messages: list[dict] | None = None, chat: bool = False,
-                 **options) -> GenerationResult:
+    def generate(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        params: GenerationParams | None = None,
+        messages: list[dict] | None = None,
+        chat: bool = False,
+        **options,
+    ) -> GenerationResult:
         """Generate up to max_new_tokens after `prompt` (text or token ids), or after chat `messages`.
 
         params: the request (runtime.params.GenerationParams); `max_new_tokens` and `options` change its
@@ -158,34 +177,66 @@ class Generator:
         strategy="greedy" (one token a pass) with the same sampling, whatever the strategy and options;
         temperature > 0 samples (seed drawn when left out: Stats.seed).
         """
-        return drain(self._run(self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))))
+        return drain(
+            self._run(
+                self._request(
+                    prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options)
+                )
+            )
+        )
 
-    def stream(self, prompt: str | Sequence[int] | None = None, max_new_tokens: int | None = None, *,
-               params: GenerationParams | None = None, messages: list[dict] | None = None, chat: bool = False,
-               **options) -> Iterator[str]:
+    def stream(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        params: GenerationParams | None = None,
+        messages: list[dict] | None = None,
+        chat: bool = False,
+        **options,
+    ) -> Iterator[str]:
         """Like generate(), yielding text pieces as tokens are committed; they join to generate()'s text."""
-        request = self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))
+        request = self._request(
+            prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options)
+        )
         return (piece for piece in self._run(request) if piece)
 
-    def start(self, prompt: str | Sequence[int] | None = None, max_new_tokens: int | None = None, *,
-              params: GenerationParams | None = None, messages: list[dict] | None = None, chat: bool = False,
-              **options) -> "TextStream":
+    def start(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        params: GenerationParams | None = None,
+        messages: list[dict] | None = None,
+        chat: bool = False,
+        **options,
+    ) -> TextStream:
         """Like stream(), but the returned TextStream also holds the GenerationResult (`.result`) once
         exhausted, and `close()` ends the generation early, freeing its slot. The request is checked (and
         the prompt tokenized) now; nothing runs until the first piece is asked for."""
-        request = self._request(prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options))
+        request = self._request(
+            prompt, messages, chat, GenerationParams.of(params, max_new_tokens=max_new_tokens, **options)
+        )
         committed = Committed()
         return TextStream(self._run(request, committed), len(request.prompt_ids), committed)
 
-    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int | None = None, *,
-                       params: GenerationParams | None = None, chat: bool = False,
-                       **options) -> list[GenerationResult | InputError]:
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int | None = None,
+        *,
+        params: GenerationParams | None = None,
+        chat: bool = False,
+        **options,
+    ) -> list[GenerationResult | InputError]:
         """generate() for many prompts at once, sharing every pass (on the batcher of start_batching(), else on
         one opened for this call with a slot per prompt, at most 16; one slot where the backend's contexts
         hold one row). Each prompt is checked alone: one that is invalid (e.g. over the context) gets its
         InputError in its place; the others complete."""
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-            raise InputError("generate_batch() takes a list of prompts (texts or token id lists); use generate() for one")
+            raise InputError(
+                "generate_batch() takes a list of prompts (texts or token id lists); use generate() for one"
+            )
         params = GenerationParams.of(params, max_new_tokens=max_new_tokens, **options)
         requests: list[Request | InputError] = []
         for prompt in prompts:
@@ -207,7 +258,9 @@ class Generator:
                 batcher.close()
         return [next(results) if isinstance(r, Request) else r for r in requests]
 
-    def start_batching(self, slots: int | None = None, capacity: int | None = None, batched_draft: bool = True) -> Batcher:
+    def start_batching(
+        self, slots: int | None = None, capacity: int | None = None, batched_draft: bool = True
+    ) -> Batcher:
         """From now on, run every generation on one batcher of `slots` rows (continuous batching: a background
         thread runs passes shared by all running generations). slots: default `default_slots()`; more than
         one needs the in-place graph (rows of their own lengths).
@@ -235,15 +288,29 @@ class Generator:
             return 1
         arch = self.manifest.architecture
         capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT)
-        row_bytes = 2 * arch.num_layers * arch.kv_heads * arch.head_dim * capacity * (4 if self.manifest.dtype == "float32" else 2)
+        row_bytes = (
+            2
+            * arch.num_layers
+            * arch.kv_heads
+            * arch.head_dim
+            * capacity
+            * (4 if self.manifest.dtype == "float32" else 2)
+        )
         return max(1, min(DEFAULT_SLOTS, int(available_memory() * memory_share // row_bytes)))
 
     def _batcher(self, slots: int, capacity: int | None = None, batched_draft: bool = True) -> Batcher:
         """A batcher of `slots` rows on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
         chunk = self.limits.prefill_chunk
         cache = PrefixCache(self.prefix_cache, self.config.prefix_cache)
-        return Batcher.open(self.backend, slots, capacity, prefill_chunk=chunk, budget=PassBudget.of(self.config, chunk),
-                           cache=cache, draft=self.draft if batched_draft else None)
+        return Batcher.open(
+            self.backend,
+            slots,
+            capacity,
+            prefill_chunk=chunk,
+            budget=PassBudget.of(self.config, chunk),
+            cache=cache,
+            draft=self.draft if batched_draft else None,
+        )
 
     def stop_batching(self) -> None:
         batcher, self.batcher = self.batcher, None
@@ -261,14 +328,26 @@ class Generator:
     def _request(self, prompt, messages, chat: bool, params: GenerationParams) -> Request:
         """The request resolved against this generator: the prompt's ids, the window, the config."""
         model = self.model_facts()
-        return resolve(params, model, lambda: prompt_ids(self.tokenizer, prompt, messages, chat, model),
-                       lambda constraint: self.grammars().matcher(constraint))
+        return resolve(
+            params,
+            model,
+            lambda: prompt_ids(self.tokenizer, prompt, messages, chat, model),
+            lambda constraint: self.grammars().matcher(constraint),
+        )
 
     def model_facts(self) -> ModelFacts:
         """What a request is resolved against now (a running batcher caps the context)."""
         rows = self.backend.rows
-        return ModelFacts(self.limits, self.manifest.architecture.vocab_size, self.manifest.max_context,
-                          self.backend.name, self.draft is not None, rows.mode, rows.exact_windows, self.config)
+        return ModelFacts(
+            self.limits,
+            self.manifest.architecture.vocab_size,
+            self.manifest.max_context,
+            self.backend.name,
+            self.draft is not None,
+            rows.mode,
+            rows.exact_windows,
+            self.config,
+        )
 
     @property
     def exactness(self) -> str:
@@ -301,7 +380,9 @@ class Generator:
         finally:
             self.kept.put(ctx, cache)  # kept for the next turn, or closed
 
-    def _on_batcher(self, batcher: Batcher, request: Request, committed: Committed | None = None) -> tuple[Row, Iterator[str]]:
+    def _on_batcher(
+        self, batcher: Batcher, request: Request, committed: Committed | None = None
+    ) -> tuple[Row, Iterator[str]]:
         """Queue `request` on the batcher now; the pieces come from the returned generator ("" every 50 ms
         while it waits, so a caller can stop it); closing that generator cancels the row."""
         started = time.perf_counter()
@@ -330,12 +411,28 @@ class Generator:
     def _row(self, request: Request, capacity: int, max_context: int) -> Row:
         sampler = Sampler(request.sampling, len(request.prompt_ids))
         # each pass's window: adaptive between 1 and the window for plain Jacobi without a window, else fixed
-        policy = AdaptiveWindow(request.window, request.config.jacobi) if request.adaptive else FixedWindow(request.window)
-        return Row(request.prompt_ids, request.max_new_tokens, self._proposer(request, capacity), sampler,
-                   policy, set(self.manifest.tokens.eos_ids), max_context, request.matcher)
+        policy = (
+            AdaptiveWindow(request.window, request.config.jacobi) if request.adaptive else FixedWindow(request.window)
+        )
+        return Row(
+            request.prompt_ids,
+            request.max_new_tokens,
+            self._proposer(request, capacity),
+            sampler,
+            policy,
+            set(self.manifest.tokens.eos_ids),
+            max_context,
+            request.matcher,
+        )
 
-    def _pieces(self, row: Row, request: Request, batches: Iterator[list[int]], started: float,
-                committed: Committed | None = None) -> Iterator[str]:
+    def _pieces(
+        self,
+        row: Row,
+        request: Request,
+        batches: Iterator[list[int]],
+        started: float,
+        committed: Committed | None = None,
+    ) -> Iterator[str]:
         """The row's text pieces (runtime.output); returns the GenerationResult. `committed` follows the tokens."""
         committed = committed or Committed()
         committed.logprobs = row.sampler.logprobs if request.sampling.logprobs is not None else None
@@ -346,8 +443,9 @@ class Generator:
 
     def _proposer(self, request: Request, capacity: int) -> Proposer:
         """The strategy's proposer (runtime.strategies), tuned by the request's config."""
-        inputs = ProposerInputs(request.config, capacity, self.limits.branches, self.draft, self.prefill_chunk,
-                                self.arm_history)
+        inputs = ProposerInputs(
+            request.config, capacity, self.limits.branches, self.draft, self.prefill_chunk, self.arm_history
+        )
         return build_proposer(request.strategy, inputs)
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
@@ -22,8 +22,8 @@ from .allocator import Allocation, Guess, Offer
 from .constraints import LLGUIDANCE_HINT, Constraint, ConstraintError, first_line
 from .errors import InputError, require
 
-
 # -- the tokenizer bridge --------------------------------------------------------------------------
+
 
 class GrammarTokenizer:
     """llguidance's view of a vocabulary (its token trie): built once per tokenizer, shared by threads.
@@ -35,14 +35,16 @@ class GrammarTokenizer:
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: Sequence[int]):
         llg = require("llguidance", LLGUIDANCE_HINT)
         if not eos_ids:
-            raise InputError("constrained decoding needs the artifact's end-of-sequence token (manifest tokens.eos_ids)")
+            raise InputError(
+                "constrained decoding needs the artifact's end-of-sequence token (manifest tokens.eos_ids)"
+            )
         self.vocab_size = int(vocab_size)
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.words = (self.vocab_size + 31) // 32  # int32 words of one bitmask row
         self._llg = llg
         self._tok = llg.LLTokenizer(tokenizer_json, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids))
 
-    def matcher(self, constraint: Constraint) -> "Matcher":
+    def matcher(self, constraint: Constraint) -> Matcher:
         """A fresh matcher at the start of the constrained output (about 0.5-1 ms for a JSON schema)."""
         inner = self._llg.LLMatcher(self._tok, constraint.grammar, log_level=0)
         if inner.is_error():
@@ -53,7 +55,7 @@ class GrammarTokenizer:
         return self._tok.decode_str(list(tokens))
 
 
-_BRIDGES: "weakref.WeakKeyDictionary[object, GrammarTokenizer]" = weakref.WeakKeyDictionary()
+_BRIDGES: weakref.WeakKeyDictionary[object, GrammarTokenizer] = weakref.WeakKeyDictionary()
 _BRIDGES_LOCK = threading.Lock()
 
 
@@ -68,6 +70,7 @@ def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> Gra
 
 
 # -- one generation's grammar state ---------------------------------------------------------------
+
 
 @dataclass
 class Masks:
@@ -176,7 +179,7 @@ class Matcher:
         self._rollback(stop)
         return stop + 1 if complete else stop
 
-    def constrain(self, offer: Offer, forced: Sequence[int] = ()) -> "ConstrainedOffer":
+    def constrain(self, offer: Offer, forced: Sequence[int] = ()) -> ConstrainedOffer:
         """A proposer's offer as a constrained row may send it (runtime/allocator.py decides how much).
 
         `forced`: the run the grammar forces next (`forced()`), and `offer` the proposer's guesses past it

@@ -56,7 +56,7 @@ class EngineRecord:
     check: dict = field(default_factory=dict)  # `--check`: the engine vs onnxruntime figures
 
     @classmethod
-    def from_dict(cls, data: dict) -> "EngineRecord":
+    def from_dict(cls, data: dict) -> EngineRecord:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})  # newer fields are ignored
 
@@ -71,14 +71,18 @@ class Manifest:
     dtype: str  # "float32" or "float16": the KV cache dtype
     opset: int
     max_context: int
-    quantization: str | None  # None, "int8", "int4" (--quantize) or "gguf" (a GGUF's own blocks); details in check["weights"]
+    quantization: (
+        str | None
+    )  # None, "int8", "int4" (--quantize) or "gguf" (a GGUF's own blocks); details in check["weights"]
     graphs: dict[str, str]  # variant -> file: "portable" (TensorRT, any EP), "onnxruntime" (ORT-optimized)
     tokenizer: dict  # {"vocab_sha256": ..., "files": [...], "chat_template": bool}
     files: dict[str, str]  # relative path -> sha256
     check: dict = field(default_factory=dict)  # export check figures
     engines: list[EngineRecord] = field(default_factory=list)  # TensorRT engines, added by `jacobi-rt build`
     created: dict = field(default_factory=dict)  # tool version, date, export seconds
-    samples: dict[str, dict] = field(default_factory=dict)  # file -> {size, sampled_sha256, blocks, block_size}; absent before
+    samples: dict[str, dict] = field(
+        default_factory=dict
+    )  # file -> {size, sampled_sha256, blocks, block_size}; absent before
 
     # What the runtime reads of the export's check report, typed and in one place:
 
@@ -123,7 +127,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Manifest":
+    def from_dict(cls, data: dict) -> Manifest:
         data = dict(data)
         data["architecture"] = Architecture(**data["architecture"])
         data["tokens"] = Tokens(**data["tokens"])
@@ -135,12 +139,18 @@ def read_manifest(folder: str | Path) -> Manifest:
     """Read and structurally validate `jacobi.json`; files are not hashed here (see verify_files)."""
     folder = Path(folder)
     if not folder.exists():
-        raise ArtifactError(f"artifact folder {folder} does not exist; create it with `jacobi-rt export MODEL --out {folder}`")
+        raise ArtifactError(
+            f"artifact folder {folder} does not exist; create it with `jacobi-rt export MODEL --out {folder}`"
+        )
     if not folder.is_dir():
-        raise ArtifactError(f"{folder} is a file, not an artifact folder; pass the folder that `jacobi-rt export` wrote")
+        raise ArtifactError(
+            f"{folder} is a file, not an artifact folder; pass the folder that `jacobi-rt export` wrote"
+        )
     path = folder / MANIFEST_NAME
     if not path.is_file():
-        raise ArtifactError(f"{folder} has no {MANIFEST_NAME}: it is not a jacobi-rt artifact (or its export did not finish); re-export it with `jacobi-rt export`")
+        raise ArtifactError(
+            f"{folder} has no {MANIFEST_NAME}: it is not a jacobi-rt artifact (or its export did not finish); re-export it with `jacobi-rt export`"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -161,7 +171,7 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 
 def verify_mode(verify: bool | str) -> str:
-    """"sampled" (size and sampled digest), "full" (every byte's sha256) or "none"; True means "sampled", False "none"."""
+    """ "sampled" (size and sampled digest), "full" (every byte's sha256) or "none"; True means "sampled", False "none"."""
     if verify is True or verify is False:
         return "sampled" if verify else "none"
     if verify not in MODES:
@@ -178,7 +188,9 @@ def verify_files(folder: str | Path, manifest: Manifest, names: list[str] | None
             continue
         path = check_inside(folder, name)
         if not path.is_file():
-            raise ArtifactError(f"{path} is missing from the artifact; re-export it with `jacobi-rt export --overwrite`")
+            raise ArtifactError(
+                f"{path} is missing from the artifact; re-export it with `jacobi-rt export --overwrite`"
+            )
         sample = manifest.samples.get(name) if mode == "sampled" else None
         if sample is not None:
             if not matches_sample(path, sample):

@@ -10,8 +10,8 @@ proposing costs microseconds, not milliseconds, at a few thousand tokens of cont
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass
@@ -39,7 +39,9 @@ class PromptLookup:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
         self.n_min, self.n_max, self.occurrences = n_min, n_max, occurrences
         self.tokens: list[int] = []
-        self.index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> start positions of its continuations, oldest first
+        self.index: dict[
+            tuple[int, ...], list[int]
+        ] = {}  # n-gram -> start positions of its continuations, oldest first
         self.work = 0  # n-gram insertions done so far: lets tests check the indexing is incremental
 
     def reset(self) -> None:

@@ -8,8 +8,8 @@ from the request and the finished row's outcome record (runtime.row.RowOutcome).
 from __future__ import annotations
 
 import typing
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Iterator
 
 from .request import Request
 from .row import RowOutcome
@@ -35,9 +35,13 @@ class Stats:
     decode_tokens_per_second: float  # new tokens / (wall - prefill)
     proposer: dict  # the proposer's counters: guesses proposed and accepted (by source), draft passes and time
     seed: int | None = None  # the sampling seed (drawn when none was given); None when decoding greedily
-    exactness: str = ""  # how this CPU keeps windows exact (runtime/backends/exact_rows.py): native, padded, greedy, ...
+    exactness: str = (
+        ""  # how this CPU keeps windows exact (runtime/backends/exact_rows.py): native, padded, greedy, ...
+    )
     cached_tokens: int = 0  # prompt tokens whose KV the prefix cache held (not prefilled)
-    constraint: dict | None = None  # a constrained output's kind, mask seconds and rows, forced tokens sent and committed
+    constraint: dict | None = (
+        None  # a constrained output's kind, mask seconds and rows, forced tokens sent and committed
+    )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,14 +78,15 @@ class TextStream:
     `result` stays None. Iterating skips empty pieces; steps() does not, so a caller that must
     stop early (a cancelled request, a deadline) gets control after every decoding pass."""
 
-    def __init__(self, run: typing.Generator[str, None, GenerationResult], prompt_tokens: int,
-                 committed: Committed | None = None):
+    def __init__(
+        self, run: typing.Generator[str, None, GenerationResult], prompt_tokens: int, committed: Committed | None = None
+    ):
         self._run = run
         self.prompt_tokens = prompt_tokens
         self.committed = committed or Committed()  # after each piece: the tokens committed up to it
         self.result: GenerationResult | None = None
 
-    def __iter__(self) -> "TextStream":
+    def __iter__(self) -> TextStream:
         return self
 
     def __next__(self) -> str:
@@ -137,8 +142,9 @@ class StopText:
         return piece
 
 
-def pieces(batches: Iterator[list[int]], detok: Detokenizer, eos: set[int], text: StopText,
-           ids: list[int]) -> Iterator[str]:
+def pieces(
+    batches: Iterator[list[int]], detok: Detokenizer, eos: set[int], text: StopText, ids: list[int]
+) -> Iterator[str]:
     """Each pass's committed tokens (appended to `ids`) as text pieces ("" for a pass without text, so a
     caller can stop between passes); ends at EOS, the tokens' end or a stop string. Closes `batches`."""
     try:

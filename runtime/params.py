@@ -13,8 +13,9 @@ fields). Keywords build it too:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -52,15 +53,17 @@ class GenerationParams:
         if self.config is not None and not isinstance(self.config, (DecodingConfig, Mapping)):
             raise InputError(f"config must be a DecodingConfig or a mapping of its fields, not {self.config!r}")
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
-            raise InputError(f"constraint must be a runtime.constraints.Constraint (or pass response_format=), "
-                             f"not {self.constraint!r}")
+            raise InputError(
+                f"constraint must be a runtime.constraints.Constraint (or pass response_format=), "
+                f"not {self.constraint!r}"
+            )
         if not isinstance(self.sampling, SamplingParams):
             raise InputError(f"sampling must be a SamplingParams, not {self.sampling!r}")
         object.__setattr__(self, "max_new_tokens", int(n))
         object.__setattr__(self, "stop", _stop_strings(self.stop))
 
     @classmethod
-    def of(cls, params: "GenerationParams | None" = None, **options) -> "GenerationParams":
+    def of(cls, params: GenerationParams | None = None, **options) -> GenerationParams:
         """`params` (default: all defaults) with `options` changed: this record's fields and SamplingParams'
         (temperature, top_k, top_p, min_p, seed, penalties, logprobs ...); None leaves a field as it is.
         response_format: OpenAI's dict ({"type": "json_object"}, {"type": "json_schema", "json_schema":
@@ -77,8 +80,10 @@ class GenerationParams:
         sampling_fields = [f.name for f in fields(SamplingParams)]
         unknown = sorted(set(options) - set(own) - set(sampling_fields))
         if unknown:
-            raise InputError(f"unknown argument(s) {', '.join(unknown)}; the sampling arguments are "
-                             f"{', '.join(sampling_fields)}, the request's {', '.join(own)}")
+            raise InputError(
+                f"unknown argument(s) {', '.join(unknown)}; the sampling arguments are "
+                f"{', '.join(sampling_fields)}, the request's {', '.join(own)}"
+            )
         sampling = {k: v for k, v in options.items() if k in sampling_fields}
         changed = {k: v for k, v in options.items() if k in own and v is not None}
         if sampling:

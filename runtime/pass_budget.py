@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from .acceptance import PassCosts
 from .allocator import Cost, Offer, allocate
-from .config import BATCH_PASS_COSTS, DecodingConfig  # BATCH_PASS_COSTS: the prior, re-exported
+from .config import DecodingConfig  # BATCH_PASS_COSTS: the prior, re-exported
 
 
 @dataclass
@@ -58,7 +58,7 @@ class PassBudget:
     costs: PassCosts = field(default_factory=PassCosts)
 
     @classmethod
-    def of(cls, config: DecodingConfig, prefill_chunk: int) -> "PassBudget":
+    def of(cls, config: DecodingConfig, prefill_chunk: int) -> PassBudget:
         """The budget `config` sets (batch.prefill_tokens, the cost curve) for a backend's prefill chunk."""
         return cls(config.batch.prefill_tokens or max(prefill_chunk, 16), PassCosts(config.costs))
 

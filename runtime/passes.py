@@ -27,8 +27,9 @@ class PassResult:
         return self.verdict.committed
 
 
-def pass_result(tree: Tree, predictions: list[int], verdict: Verdict, seconds: float, rows: int = 1,
-                width: int | None = None) -> PassResult:
+def pass_result(
+    tree: Tree, predictions: list[int], verdict: Verdict, seconds: float, rows: int = 1, width: int | None = None
+) -> PassResult:
     """A PassResult for `tree`; by default a pass of this row alone (`width`: its window)."""
     window = len(tree.tokens)
     return PassResult(tree, predictions, verdict, window, seconds, rows, window if width is None else width)

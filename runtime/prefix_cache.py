@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from .acceptance import matched_prefix
 from .config import PrefixCacheConfig

@@ -15,8 +15,8 @@ asks `offer(limit, after=forced)`, and the proposer guesses past them as if they
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from .acceptance import AcceptanceTracker, PassCosts
 from .allocator import Allocation, Guess, Offer
@@ -83,7 +83,7 @@ class Proposer(ABC):
     def close(self) -> None:
         """Release what the proposer holds (a draft model's KV cache)."""
 
-    def __enter__(self) -> "Proposer":
+    def __enter__(self) -> Proposer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -246,7 +246,7 @@ class LookaheadProposer(Proposer):
 def _past(tokens: Sequence[int], run: Sequence[int]) -> list[int]:
     """`tokens` past `run` when they start with it (a forced run the pass committed), else []."""
     run = list(run)
-    return list(tokens[len(run):]) if list(tokens[: len(run)]) == run else []
+    return list(tokens[len(run) :]) if list(tokens[: len(run)]) == run else []
 
 
 class Composite(Proposer):
@@ -309,8 +309,12 @@ class UnionProposer(Composite):
         for index, part in enumerate(self.parts.values()):
             offer = part.offer(limit, after)
             start = len(guesses)
-            guesses += [replace(g, margin=offer.margin if g.margin is None else g.margin, fixed=g.fixed or offer.fixed,
-                                part=index) for g in offer.guesses]
+            guesses += [
+                replace(
+                    g, margin=offer.margin if g.margin is None else g.margin, fixed=g.fixed or offer.fixed, part=index
+                )
+                for g in offer.guesses
+            ]
             self.spans.append(range(start, len(guesses)))
             branches.append(len(offer.guesses) if offer.fixed else offer.branches)
         return Offer(tuple(guesses), sum(branches), parts=tuple(branches))

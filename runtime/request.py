@@ -8,16 +8,17 @@ window, jacobi_tail, the prompt, the constraint.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .backends.base import BackendLimits
 from .config import DEFAULTS, DecodingConfig, changed_fields, dotted
 from .constraints import Constraint
-from .grammar import Matcher
 from .errors import ContextLimitError, InputError
+from .grammar import Matcher
 from .params import GenerationParams, Overrides
 from .sampling import SamplingParams, draw_seed
 
@@ -57,8 +58,12 @@ class Request:
         return self.config.window
 
 
-def resolve(params: GenerationParams, model: ModelFacts, prompt_ids: Callable[[], list[int]],
-            matcher: Callable[[Constraint], Matcher]) -> Request:
+def resolve(
+    params: GenerationParams,
+    model: ModelFacts,
+    prompt_ids: Callable[[], list[int]],
+    matcher: Callable[[Constraint], Matcher],
+) -> Request:
     """The request `params` asks of `model`; `prompt_ids` tokenizes the prompt, `matcher` compiles a
     constraint (each called once the checks before it passed)."""
     overrides = _overrides(params.config, model.config)
@@ -86,8 +91,9 @@ def resolve(params: GenerationParams, model: ModelFacts, prompt_ids: Callable[[]
     )
 
 
-def requested_window(params: GenerationParams, overrides: dict[str, Any],
-                     decoding: DecodingConfig) -> tuple[int | None, bool | None]:
+def requested_window(
+    params: GenerationParams, overrides: dict[str, Any], decoding: DecodingConfig
+) -> tuple[int | None, bool | None]:
     """The window and jacobi_tail the request chose itself (None: it left them to the config and the
     strategy): the argument, else the request's own config field. The one place the two are reconciled."""
     window, jacobi_tail = params.window, params.jacobi_tail
@@ -111,16 +117,22 @@ def _window(strategy: str, window, decoding: DecodingConfig, model: ModelFacts) 
     """The request's window (checked), else the config's, else the strategy's default from the config."""
     if strategy == "greedy":
         if window not in (None, 1):
-            raise InputError(f"greedy decoding uses a window of 1, not {window}; use strategy='jacobi' for a larger window")
+            raise InputError(
+                f"greedy decoding uses a window of 1, not {window}; use strategy='jacobi' for a larger window"
+            )
         return 1
     if strategy == "speculative" and not model.has_draft:
-        raise InputError("strategy 'speculative' needs a draft model: Generator.load(target, draft=DRAFT_DIR) "
-                         "(export one with `jacobi-rt export MODEL --role draft`)")
+        raise InputError(
+            "strategy 'speculative' needs a draft model: Generator.load(target, draft=DRAFT_DIR) "
+            "(export one with `jacobi-rt export MODEL --role draft`)"
+        )
     widest = min(MAX_WINDOW, model.limits.max_window)
     default = decoding.window or (decoding.jacobi.window if strategy == "jacobi" else decoding.guess_window)
     window = min(default, widest) if window is None else int(window)
     if not 1 <= window <= widest:
-        raise InputError(f"window must be between 1 and {widest} tokens on this backend ({model.backend_name}), not {window}")
+        raise InputError(
+            f"window must be between 1 and {widest} tokens on this backend ({model.backend_name}), not {window}"
+        )
     return window
 
 
@@ -129,13 +141,16 @@ def _jacobi_tail(strategy: str, jacobi_tail, decoding: DecodingConfig, model: Mo
     if jacobi_tail is None:
         return decoding.draft.jacobi_tail
     if strategy not in ("speculative", "auto") or not model.has_draft:
-        raise InputError("jacobi_tail is an option of the draft model's chain: use strategy 'speculative' "
-                         "(or 'auto') with a draft model, or leave jacobi_tail out")
+        raise InputError(
+            "jacobi_tail is an option of the draft model's chain: use strategy 'speculative' "
+            "(or 'auto') with a draft model, or leave jacobi_tail out"
+        )
     return bool(jacobi_tail)
 
 
-def prompt_ids(tokenizer, prompt: str | Sequence[int] | None, messages: list[dict] | None, chat: bool,
-               model: ModelFacts) -> list[int]:
+def prompt_ids(
+    tokenizer, prompt: str | Sequence[int] | None, messages: list[dict] | None, chat: bool, model: ModelFacts
+) -> list[int]:
     """The prompt's token ids (text, ids, or chat messages rendered by the chat template), checked
     against the vocabulary and the context."""
     if messages is not None:
@@ -158,7 +173,11 @@ def prompt_ids(tokenizer, prompt: str | Sequence[int] | None, messages: list[dic
         raise InputError("the prompt encodes to no tokens; pass some text or token ids")
     limit = model.limits.max_context
     if len(ids) >= limit:
-        where = "this artifact's context" if limit == model.artifact_context else f"the {model.backend_name} engine's context"
+        where = (
+            "this artifact's context"
+            if limit == model.artifact_context
+            else f"the {model.backend_name} engine's context"
+        )
         raise ContextLimitError(
             f"the prompt has {len(ids)} tokens, but {where} holds {limit} (prompt + output); shorten the prompt, "
             "or re-export (or rebuild the engine) with a larger max_context if the model allows it"
@@ -175,9 +194,13 @@ def _check_ids(prompt, vocab: int) -> list[int]:
         raise InputError("the prompt is empty; pass some text or token ids")
     ints = array.ndim == 1 and all(type(t) is int for t in array.tolist())  # tolist: numpy ints become int, bools bool
     if not ints:
-        raise InputError(f"token ids must be a flat list of integers, got an array of {array.dtype} with shape {list(array.shape)}")
+        raise InputError(
+            f"token ids must be a flat list of integers, got an array of {array.dtype} with shape {list(array.shape)}"
+        )
     bad = [t for t in array.tolist() if not 0 <= t < vocab]  # Python ints: 2**70 too (numpy holds it as an object)
     if bad:
-        raise InputError(f"token id {bad[0]} is outside this model's vocabulary (0..{vocab - 1}); "
-                         "encode the text with this artifact's tokenizer")
+        raise InputError(
+            f"token id {bad[0]} is outside this model's vocabulary (0..{vocab - 1}); "
+            "encode the text with this artifact's tokenizer"
+        )
     return array.tolist()

@@ -49,7 +49,9 @@ class Progress:
     prefill_seconds: float = 0.0  # from admission to the first token
     target_passes: int = 0  # decoding passes, prefill not included
     accepted: int = 0  # tokens committed by decoding passes (the prefill's token not included)
-    finish_reason: str = ""  # "eos", "length" (max_new_tokens), "context" (max_context), "cancelled"; "stop" is the caller's
+    finish_reason: str = (
+        ""  # "eos", "length" (max_new_tokens), "context" (max_context), "cancelled"; "stop" is the caller's
+    )
 
 
 @dataclass
@@ -69,9 +71,17 @@ class Row:
     of each pass's committed tokens, [] for a prompt chunk, then END). `matcher`: the grammar the output
     must follow (runtime.constraints; None: free text)."""
 
-    def __init__(self, prompt: list[int], max_new_tokens: int, proposer: Proposer, sampler: Sampler | None,
-                 window: int | FixedWindow | AdaptiveWindow, eos_ids: set[int], max_context: int,
-                 matcher: Matcher | None = None):
+    def __init__(
+        self,
+        prompt: list[int],
+        max_new_tokens: int,
+        proposer: Proposer,
+        sampler: Sampler | None,
+        window: int | FixedWindow | AdaptiveWindow,
+        eos_ids: set[int],
+        max_context: int,
+        matcher: Matcher | None = None,
+    ):
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.proposer = proposer
@@ -136,8 +146,12 @@ class Row:
         if self.prefilling:
             piece = self.prompt[self.fed : self.fed + width]
             last_chunk = self.fed + len(piece) >= len(self.prompt)
-            planned = Planned(piece, length + np.arange(len(piece), dtype=np.int64), lower_triangular(len(piece)),
-                              last_chunk and self.wants_logits)
+            planned = Planned(
+                piece,
+                length + np.arange(len(piece), dtype=np.int64),
+                lower_triangular(len(piece)),
+                last_chunk and self.wants_logits,
+            )
         else:
             w = min(self._bid.want, width)
             forced, guesses = self._guesses
@@ -150,15 +164,22 @@ class Row:
                 self.matcher.cost.forced_sent += self._forced_nodes
                 if forced:
                     self.matcher.cost.past_forced_sent += len(tree.tokens) - 1 - self._forced_nodes
-            planned = Planned(tree.tokens, length + np.asarray(tree.positions, dtype=np.int64), tree.window_mask,
-                              self.wants_logits, tree, masks)
+            planned = Planned(
+                tree.tokens,
+                length + np.asarray(tree.positions, dtype=np.int64),
+                tree.window_mask,
+                self.wants_logits,
+                tree,
+                masks,
+            )
         self._planned = planned
         return planned
 
     # -- after the pass ---------------------------------------------------------------------------
 
-    def settle(self, greedy: np.ndarray, logits: np.ndarray | None, length: int, seconds: float,
-               shape: tuple[int, int]) -> list[int]:
+    def settle(
+        self, greedy: np.ndarray, logits: np.ndarray | None, length: int, seconds: float, shape: tuple[int, int]
+    ) -> list[int]:
         """Accept and commit this row's part of the pass; return the window entries whose KV to keep.
         `length`: the row's cached entries before the pass; `seconds`: the forward; `shape`: its (rows, width)."""
         planned, self._planned = self._planned, None
@@ -203,8 +224,9 @@ class Row:
         self._emit(new, len(self.prompt))
         return list(range(n))
 
-    def _picks(self, greedy: np.ndarray, logits: np.ndarray | None, tokens: list[int], parents: list[int],
-               masks: Masks | None) -> list[int]:
+    def _picks(
+        self, greedy: np.ndarray, logits: np.ndarray | None, tokens: list[int], parents: list[int], masks: Masks | None
+    ) -> list[int]:
         """The target's pick at each window node: the in-graph greedy id, or the sampler's, node i's prefix being the
         history and its ancestors' tokens below the root plus its own, at position len(history) + depth (the root is
         history[-1]); under a constraint, among the tokens each live node's mask allows (constrained greedy reads
@@ -212,8 +234,10 @@ class Row:
         if not self.sampling and masks is None:
             return greedy.tolist()
         if not self.sampling:
-            return [g if not masks.live[i] or masks.allows(i, g) else masked_greedy(logits[i], g, masks.allowed(i))
-                    for i, g in enumerate(greedy.tolist())]
+            return [
+                g if not masks.live[i] or masks.allows(i, g) else masked_greedy(logits[i], g, masks.allowed(i))
+                for i, g in enumerate(greedy.tolist())
+            ]
         paths: list[list[int]] = []
         picks = []
         for node, parent in enumerate(parents):
@@ -232,8 +256,13 @@ class Row:
         self.matcher.commit(new)
         self.matcher.cost.forced_committed += sum(1 for node in path if node <= self._forced_nodes)
         m = self.matcher
-        if (m.finished and not m.ended and len(self.eos_ids) == 1 and self.produced + len(new) < self.max_new_tokens
-                and self.sampler.params.logprobs is None):
+        if (
+            m.finished
+            and not m.ended
+            and len(self.eos_ids) == 1
+            and self.produced + len(new) < self.max_new_tokens
+            and self.sampler.params.logprobs is None
+        ):
             eos = next(iter(self.eos_ids))
             m.commit([eos])
             new = [*new, eos]
@@ -265,9 +294,15 @@ class Row:
 
     def outcome(self) -> RowOutcome:
         sampling = self.sampler.params
-        return RowOutcome(self.progress, self.session_seconds, dict(self.proposer.stats), self.cached,
-                          self.sampler.logprobs, sampling.seed if sampling.sampled else None,
-                          None if self.matcher is None else constraint_stats(self.matcher))
+        return RowOutcome(
+            self.progress,
+            self.session_seconds,
+            dict(self.proposer.stats),
+            self.cached,
+            self.sampler.logprobs,
+            sampling.seed if sampling.sampled else None,
+            None if self.matcher is None else constraint_stats(self.matcher),
+        )
 
 
 @dataclass
@@ -285,5 +320,11 @@ class RowOutcome:
 
 def constraint_stats(matcher: Matcher) -> dict:
     cost = matcher.cost
-    return {"mask_seconds": round(cost.seconds, 6), "mask_rows": cost.rows, "forced_sent": cost.forced_sent,
-            "forced_committed": cost.forced_committed, "past_forced_sent": cost.past_forced_sent, "complete": matcher.can_stop}
+    return {
+        "mask_seconds": round(cost.seconds, 6),
+        "mask_rows": cost.rows,
+        "forced_sent": cost.forced_sent,
+        "forced_committed": cost.forced_committed,
+        "past_forced_sent": cost.past_forced_sent,
+        "complete": matcher.can_stop,
+    }

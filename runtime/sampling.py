@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 import numbers
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -53,15 +53,23 @@ class SamplingParams:
     coupled_draft: bool = True  # a draft model samples its guesses with the target's noise (speed only)
 
     def __post_init__(self) -> None:
-        _number("temperature", self.temperature, lambda v: v == 0 or v >= MIN_TEMPERATURE,
-                f"0 (greedy) or a number >= {MIN_TEMPERATURE:g} (smaller ones can overflow logits / temperature; "
-                "vLLM treats them as greedy: send 0)")
+        _number(
+            "temperature",
+            self.temperature,
+            lambda v: v == 0 or v >= MIN_TEMPERATURE,
+            f"0 (greedy) or a number >= {MIN_TEMPERATURE:g} (smaller ones can overflow logits / temperature; "
+            "vLLM treats them as greedy: send 0)",
+        )
         _integer("top_k", self.top_k, lambda v: v >= 0, "an integer >= 0 (0 keeps every token)")
         _number("top_p", self.top_p, lambda v: 0 < v <= 1, "a number in (0, 1] (1 keeps every token)")
         _number("min_p", self.min_p, lambda v: 0 <= v <= 1, "a number in [0, 1] (0 keeps every token)")
-        _number("repetition_penalty", self.repetition_penalty, lambda v: REPETITION_RANGE[0] <= v <= REPETITION_RANGE[1],
-                f"a number from {REPETITION_RANGE[0]:g} to {REPETITION_RANGE[1]:g} (1 means none; past those, logits / p "
-                "overflow to infinity)")
+        _number(
+            "repetition_penalty",
+            self.repetition_penalty,
+            lambda v: REPETITION_RANGE[0] <= v <= REPETITION_RANGE[1],
+            f"a number from {REPETITION_RANGE[0]:g} to {REPETITION_RANGE[1]:g} (1 means none; past those, logits / p "
+            "overflow to infinity)",
+        )
         _number("frequency_penalty", self.frequency_penalty, lambda v: -2 <= v <= 2, "a number in [-2, 2]")
         _number("presence_penalty", self.presence_penalty, lambda v: -2 <= v <= 2, "a number in [-2, 2]")
         if self.seed is not None:
@@ -69,7 +77,9 @@ class SamplingParams:
         if not isinstance(self.coupled_draft, bool):
             raise InputError(f"coupled_draft must be true or false, not {self.coupled_draft!r}")
         if self.logprobs is not None:
-            _integer("logprobs", self.logprobs, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer from 0 to {MAX_LOGPROBS}")
+            _integer(
+                "logprobs", self.logprobs, lambda v: 0 <= v <= MAX_LOGPROBS, f"an integer from 0 to {MAX_LOGPROBS}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -85,7 +95,7 @@ class SamplingParams:
     def penalised(self) -> bool:
         return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0
 
-    def with_seed(self, seed: int) -> "SamplingParams":
+    def with_seed(self, seed: int) -> SamplingParams:
         return SamplingParams(**{**self.__dict__, "seed": seed})
 
 
@@ -127,16 +137,23 @@ def philox_raw(seed: int, position: int, ids: np.ndarray | None, vocab: int = 0)
     if len(ids) <= _FEW:  # a generator per token: cheaper than ten vectorised rounds for one or two
         return np.array([_stream(seed, position, int(i) // 4).random_raw(4)[int(i) % 4] for i in ids], dtype=np.uint64)
     zero = np.zeros(len(ids), dtype=np.uint64)
-    words = _philox4x64((ids >> np.uint64(2)) + np.uint64(1), zero + np.uint64(position), zero, zero,
-                        np.uint64(seed % 2**64), np.uint64(0))
+    words = _philox4x64(
+        (ids >> np.uint64(2)) + np.uint64(1),
+        zero + np.uint64(position),
+        zero,
+        zero,
+        np.uint64(seed % 2**64),
+        np.uint64(0),
+    )
     return np.stack(words)[(ids & np.uint64(3)).astype(np.intp), np.arange(len(ids))]
 
 
 def _stream(seed: int, position: int, block: int) -> np.random.Philox:
     """numpy's Philox positioned so that its next four words are block `block` of `position`
     (numpy increments the counter before each block, hence counter word 0 = block)."""
-    return np.random.Philox(key=np.array([seed % 2**64, 0], dtype=np.uint64),
-                            counter=np.array([block, position, 0, 0], dtype=np.uint64))
+    return np.random.Philox(
+        key=np.array([seed % 2**64, 0], dtype=np.uint64), counter=np.array([block, position, 0, 0], dtype=np.uint64)
+    )
 
 
 def gumbel(seed: int, position: int, ids: np.ndarray | None, vocab: int = 0) -> np.ndarray:
@@ -175,6 +192,7 @@ def _mulhilo(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 # -- the sampler -------------------------------------------------------------------------------
 
+
 @dataclass
 class TokenLogprob:
     """The chosen token's log-probability under the model (log-softmax of the raw logits) and the top N."""
@@ -194,13 +212,15 @@ class Sampler:
         self.prompt_len = prompt_len
         self.logprobs: list[TokenLogprob] = []  # one per committed token, when params.logprobs is set
 
-    def independent(self) -> "Sampler":
+    def independent(self) -> Sampler:
         """The same sampling with noise of its own (another seed): for an uncoupled draft."""
         if not self.params.sampled:
             return self  # nothing is drawn: there is no noise to make independent
         return Sampler(self.params.with_seed((self.params.seed ^ 0x5DEECE66D) % 2**64), self.prompt_len)
 
-    def sample(self, logits: np.ndarray, prefix: Sequence[int], position: int, allowed: np.ndarray | None = None) -> int:
+    def sample(
+        self, logits: np.ndarray, prefix: Sequence[int], position: int, allowed: np.ndarray | None = None
+    ) -> int:
         """The token at absolute `position` after `prefix` (all tokens before it, prompt included).
 
         allowed: bool [vocab], the tokens a constraint allows there (runtime/grammar.Masks.allowed);

@@ -29,8 +29,11 @@ class Tensor:
 
 def _kv(prefix: str, num_layers: int, length: str) -> list[Tensor]:
     """Layer by layer, the key then the value: `{prefix}.{i}.key` and `.value`, [batch, kv_heads, length, head_dim]."""
-    return [Tensor(f"{prefix}.{i}.{kind}", "model", (BATCH, "kv_heads", length, "head_dim"))
-            for i in range(num_layers) for kind in ("key", "value")]
+    return [
+        Tensor(f"{prefix}.{i}.{kind}", "model", (BATCH, "kv_heads", length, "head_dim"))
+        for i in range(num_layers)
+        for kind in ("key", "value")
+    ]
 
 
 def kv_inputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
@@ -38,7 +41,9 @@ def kv_inputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
 
 
 def kv_outputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:
-    return _kv("present", num_layers, CAPACITY if variant == INPLACE else TOTAL)  # in place: the same buffer as the past
+    return _kv(
+        "present", num_layers, CAPACITY if variant == INPLACE else TOTAL
+    )  # in place: the same buffer as the past
 
 
 def graph_inputs(num_layers: int, variant: str = PORTABLE) -> list[Tensor]:

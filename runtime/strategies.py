@@ -8,13 +8,13 @@ one chain a pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .acceptance import AcceptanceTracker, PassCosts
+from .auto import ArmHistory, AutoProposer
 from .backends.base import Backend
 from .config import DecodingConfig
-from .auto import ArmHistory, AutoProposer
 from .proposers import JacobiProposer, LookaheadProposer, NoProposer, Proposer, UnionProposer
 
 
@@ -40,8 +40,14 @@ def _draft(inputs: ProposerInputs, costs: PassCosts) -> Proposer:
 
     draft, config = inputs.draft, inputs.config.draft
     chunk = min(inputs.prefill_chunk, draft.limits.prefill_chunk)
-    return DraftProposer(draft, inputs.capacity, config, prefill_chunk=chunk, length=DraftLength(costs, config),
-                         max_window=draft.limits.max_window)
+    return DraftProposer(
+        draft,
+        inputs.capacity,
+        config,
+        prefill_chunk=chunk,
+        length=DraftLength(costs, config),
+        max_window=draft.limits.max_window,
+    )
 
 
 def _greedy(inputs: ProposerInputs, costs: PassCosts) -> Proposer:

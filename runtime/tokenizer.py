@@ -47,7 +47,9 @@ class Tokenizer:
         {"name", "arguments"} object between <tool_call> and </tool_call> (Qwen2.5's, Hermes')."""
         return TOOL_CALL_TAGS if self.takes_tools and TOOL_CALL_TAGS[0] in self.chat_template else None
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+    def render_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
         """The chat template applied to `messages` (and `tools`, OpenAI's function list, for a template that
         takes them), as Hugging Face's apply_chat_template renders it."""
         if not self.chat_template:
@@ -60,13 +62,20 @@ class Tokenizer:
         template = _compile(self.chat_template)
         extra = {"tools": tools} if tools else {}
         try:
-            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
+            return template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                **extra,
+            )
         except InputError:
             raise
         except Exception as exc:  # jinja2's errors, or a TypeError from the template's own expressions
-            raise InputError(f"the chat template failed on these messages ({type(exc).__name__}: {exc}); "
-                             "check the roles and contents this model's template expects") from exc
+            raise InputError(
+                f"the chat template failed on these messages ({type(exc).__name__}: {exc}); "
+                "check the roles and contents this model's template expects"
+            ) from exc
 
 
 TOOL_CALL_TAGS = ("<tool_call>", "</tool_call>")

@@ -8,10 +8,11 @@ exactly greedy decoding's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
+
 
 @dataclass
 class Verdict:

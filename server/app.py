@@ -30,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -51,9 +52,9 @@ from .history import for_template
 from .hosts import HostCheck
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics, MetricsMiddleware
+from .openapi import Served, install
 from .pool import GenerationTimeout, Job, PoolClosed, QueueFull, Ticket, WorkerPool
 from .replies import DONE, Reply, sse
-from .openapi import Served, install
 from .responses import ResponseEvents, ResponseStore, Turn, parse_response, renamed
 from .schemas import GenerationCall, parse_chat, parse_completion
 from .settings import ServerSettings
@@ -96,26 +97,42 @@ class Server:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.model_id:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.settings.model_id!r} "
-                                "(see GET /v1/models)", "model", "model_not_found")
+            raise APIError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.settings.model_id!r} "
+                "(see GET /v1/models)",
+                "model",
+                "model_not_found",
+            )
 
     def start(self, call: GenerationCall) -> Choices:
         """Check the request against the model (tokenizing the prompt) and prepare its generation (n choices)."""
-        context = self.generator.limits.max_context  # a TensorRT engine or the batcher's slots may hold less than the manifest
+        context = (
+            self.generator.limits.max_context
+        )  # a TensorRT engine or the batcher's slots may hold less than the manifest
         default = context if call.messages is not None else self.settings.completion_max_tokens
         try:
-            params = GenerationParams.of(call.params, max_new_tokens=call.max_tokens or default,
-                                         strategy=call.strategy or self.settings.default_strategy)
+            params = GenerationParams.of(
+                call.params,
+                max_new_tokens=call.max_tokens or default,
+                strategy=call.strategy or self.settings.default_strategy,
+            )
             prompt, messages = self._with_tools(call)
-            stream = Choices([self.generator.start(prompt, messages=messages, params=params, seed=seed)
-                              for seed in call.seeds])
+            stream = Choices(
+                [self.generator.start(prompt, messages=messages, params=params, seed=seed) for seed in call.seeds]
+            )
         except InputError as exc:
             raise from_input_error(exc, call.prompt_param) from None
         if call.max_tokens and stream.prompt_tokens + call.max_tokens > context:
             stream.close()
-            raise APIError(400, f"this model's context holds {context} tokens (prompt + output); the prompt has "
-                                f"{stream.prompt_tokens} tokens, so max_tokens can be at most {context - stream.prompt_tokens}, "
-                                f"not {call.max_tokens}", "max_tokens", "context_length_exceeded")
+            raise APIError(
+                400,
+                f"this model's context holds {context} tokens (prompt + output); the prompt has "
+                f"{stream.prompt_tokens} tokens, so max_tokens can be at most {context - stream.prompt_tokens}, "
+                f"not {call.max_tokens}",
+                "max_tokens",
+                "context_length_exceeded",
+            )
         return stream
 
     def _with_tools(self, call: GenerationCall) -> tuple[str | list[int] | None, list[dict] | None]:
@@ -146,8 +163,13 @@ class Server:
 
     def _busy(self) -> APIError:
         seconds = self.settings.retry_after_seconds
-        return APIError(429, f"the server is busy ({self.pool.workers} running, {self.pool.queue_size} queued); "
-                             f"retry in {seconds} s", None, "queue_full", {"Retry-After": str(seconds)})
+        return APIError(
+            429,
+            f"the server is busy ({self.pool.workers} running, {self.pool.queue_size} queued); retry in {seconds} s",
+            None,
+            "queue_full",
+            {"Retry-After": str(seconds)},
+        )
 
     def submit(self, stream: Choices, ticket: Ticket, deadline: float) -> Job:
         job = Job(stream, asyncio.get_running_loop(), deadline)
@@ -212,8 +234,15 @@ def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
     load = Load(pool, batcher)
     metrics = Metrics(settings.model_id, load.running, load.waiting, pool.workers, pool.queue_size)
     batcher.stats.observers.append(metrics.observe_pass)
-    server = Server(generator, settings, pool, load, metrics, int(time.time()),
-                    ThreadPoolExecutor(min(batcher.slots, 4), thread_name_prefix="jacobi-rt-prepare"))
+    server = Server(
+        generator,
+        settings,
+        pool,
+        load,
+        metrics,
+        int(time.time()),
+        ThreadPoolExecutor(min(batcher.slots, 4), thread_name_prefix="jacobi-rt-prepare"),
+    )
 
     @asynccontextmanager
     async def lifespan(app):
@@ -223,11 +252,23 @@ def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
         if generator.batcher is batcher:
             await asyncio.to_thread(generator.stop_batching)
 
-    docs = dict(docs_url="/docs", redoc_url=None) if settings.docs else dict(docs_url=None, redoc_url=None, openapi_url=None)
+    docs = (
+        dict(docs_url="/docs", redoc_url=None)
+        if settings.docs
+        else dict(docs_url=None, redoc_url=None, openapi_url=None)
+    )
     app = FastAPI(title="jacobi-rt", summary="OpenAI-compatible server for Jacobi decoding", lifespan=lifespan, **docs)
     app.state.server = server
-    install(app, Served(settings.model_id, generator.limits.max_context, generator.manifest.architecture.vocab_size,
-                        settings.api_key is not None, generator.draft is not None))
+    install(
+        app,
+        Served(
+            settings.model_id,
+            generator.limits.max_context,
+            generator.manifest.architecture.vocab_size,
+            settings.api_key is not None,
+            generator.draft is not None,
+        ),
+    )
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     app.add_middleware(MetricsMiddleware, metrics=server.metrics)  # outermost: refused hosts are counted too
     _add_error_handlers(app)
@@ -237,6 +278,7 @@ def create_app(generator: Generator, settings: ServerSettings) -> FastAPI:
 
 
 # -- routes -------------------------------------------------------------------------------------
+
 
 def _api_routes(server: Server) -> APIRouter:
     router = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(server.settings.api_key))])
@@ -281,8 +323,13 @@ def _api_routes(server: Server) -> APIRouter:
 
 
 def _response_not_found(response_id: str, store: ResponseStore) -> APIError:
-    return APIError(404, f"no stored response has the id {response_id[:80]!r} (this server keeps the last "
-                         f"{store.max_responses} responses made with store: true, in memory)", "response_id", "not_found")
+    return APIError(
+        404,
+        f"no stored response has the id {response_id[:80]!r} (this server keeps the last "
+        f"{store.max_responses} responses made with store: true, in memory)",
+        "response_id",
+        "not_found",
+    )
 
 
 def _service_routes(server: Server) -> APIRouter:
@@ -303,12 +350,23 @@ def _service_routes(server: Server) -> APIRouter:
 
 def _model_card(server: Server) -> dict:
     manifest, limits = server.generator.manifest, server.generator.limits
-    return {"id": server.settings.model_id, "object": "model", "created": server.created, "owned_by": "jacobi-rt",
-            "jacobi": {"family": manifest.architecture.family, "max_context": limits.max_context, "max_window": limits.max_window,
-                       "dtype": manifest.dtype, "quantization": manifest.quantization,
-                       "draft": server.generator.draft is not None, "default_strategy": server.settings.default_strategy,
-                       "exactness": server.generator.exactness,
-                       "tools": protocol(server.generator.tokenizer)}}  # tool_choice "auto": "template" or "generic"
+    return {
+        "id": server.settings.model_id,
+        "object": "model",
+        "created": server.created,
+        "owned_by": "jacobi-rt",
+        "jacobi": {
+            "family": manifest.architecture.family,
+            "max_context": limits.max_context,
+            "max_window": limits.max_window,
+            "dtype": manifest.dtype,
+            "quantization": manifest.quantization,
+            "draft": server.generator.draft is not None,
+            "default_strategy": server.settings.default_strategy,
+            "exactness": server.generator.exactness,
+            "tools": protocol(server.generator.tokenizer),
+        },
+    }  # tool_choice "auto": "template" or "generic"
 
 
 def _api_key_check(key: str | None) -> Callable:
@@ -317,14 +375,20 @@ def _api_key_check(key: str | None) -> Callable:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise APIError(401, "a valid API key is required: send 'Authorization: Bearer KEY' "
-                                "(the openai client: OpenAI(api_key=KEY))", None, "invalid_api_key",
-                           {"WWW-Authenticate": "Bearer"})
+            raise APIError(
+                401,
+                "a valid API key is required: send 'Authorization: Bearer KEY' "
+                "(the openai client: OpenAI(api_key=KEY))",
+                None,
+                "invalid_api_key",
+                {"WWW-Authenticate": "Bearer"},
+            )
 
     return check
 
 
 # -- one generation -----------------------------------------------------------------------------
+
 
 async def _generate(server: Server, request: Request, parse: Callable[[Any], GenerationCall], chat: bool):
     begun = await _begin(server, request, parse, lambda call: call)
@@ -333,8 +397,11 @@ async def _generate(server: Server, request: Request, parse: Callable[[Any], Gen
     call, run = begun
     reply = _reply(server, call, chat)
     if call.stream:
-        return StreamingResponse(_sse_events(run, reply, call.include_usage, len(call.seeds)), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(
+            _sse_events(run, reply, call.include_usage, len(call.seeds)),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
     try:
         return JSONResponse(await _whole(run, reply, request))
     except ClientGone:
@@ -343,22 +410,30 @@ async def _generate(server: Server, request: Request, parse: Callable[[Any], Gen
 
 async def _respond(server: Server, request: Request, parse: Callable[[Any], Turn]):
     """POST /v1/responses: the chat generation of the translated request, answered as a Response (responses.py)."""
-    begun = await _begin(server, request, parse, lambda turn: turn.call, renamed)  # Server.start's checks name chat's fields
+    begun = await _begin(
+        server, request, parse, lambda turn: turn.call, renamed
+    )  # Server.start's checks name chat's fields
     if isinstance(begun, Response):
         return begun
     turn, run = begun
     reply = _reply(server, turn.call, chat=True)
     if turn.call.stream:
-        return StreamingResponse(_response_events(run, reply, ResponseEvents(turn)), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(
+            _response_events(run, reply, ResponseEvents(turn)), media_type="text/event-stream", headers=SSE_HEADERS
+        )
     try:
         return JSONResponse(turn.response(await _whole(run, reply, request)))
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
-async def _begin(server: Server, request: Request, parse: Callable[[Any], P], call_of: Callable[[P], GenerationCall],
-                 rename: Callable[[APIError], APIError] = lambda error: error) -> tuple[P, Run] | Response:
+async def _begin(
+    server: Server,
+    request: Request,
+    parse: Callable[[Any], P],
+    call_of: Callable[[P], GenerationCall],
+    rename: Callable[[APIError], APIError] = lambda error: error,
+) -> tuple[P, Run] | Response:
     """The parsed request and its admitted, submitted generation (or the 499 of a client that left mid-body);
     `rename`: an error of Server.start's checks about the fields the client sent."""
     arrived = time.monotonic()
@@ -387,8 +462,12 @@ async def _begin(server: Server, request: Request, parse: Callable[[Any], P], ca
 
 
 def _reply(server: Server, call: GenerationCall, chat: bool) -> Reply:
-    return Reply(server.settings.model_id, chat, token_text=lambda token: server.generator.tokenizer.decode([token]),
-                 tools=call.tools)
+    return Reply(
+        server.settings.model_id,
+        chat,
+        token_text=lambda token: server.generator.tokenizer.decode([token]),
+        tools=call.tools,
+    )
 
 
 def _peer(request: Request) -> str:
@@ -498,11 +577,16 @@ async def _disconnect(request: Request) -> None:
 
 # -- errors -------------------------------------------------------------------------------------
 
+
 def _methods(request: Request) -> set[str]:
     """Every method some route serves at this path (GET and DELETE /v1/responses/{id} are two routes)."""
     path = request.scope["path"]
-    return {method for route in request.app.routes if getattr(route, "path_regex", None) and route.path_regex.match(path)
-            for method in getattr(route, "methods", None) or ()}
+    return {
+        method
+        for route in request.app.routes
+        if getattr(route, "path_regex", None) and route.path_regex.match(path)
+        for method in getattr(route, "methods", None) or ()
+    }
 
 
 def _add_error_handlers(app: FastAPI) -> None:

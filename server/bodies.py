@@ -53,16 +53,22 @@ def parse_json(body: bytes) -> Any:
 
 def _int(digits: str) -> int:
     if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise _invalid(f"the JSON holds an integer of {len(digits.lstrip('-'))} digits; no field takes one of more than "
-                       f"{MAX_INT_DIGITS} (a seed is a 64-bit integer)")
+        raise _invalid(
+            f"the JSON holds an integer of {len(digits.lstrip('-'))} digits; no field takes one of more than "
+            f"{MAX_INT_DIGITS} (a seed is a 64-bit integer)"
+        )
     return int(digits)
 
 
 def _check_content_type(header: str) -> None:
     kind = header.split(";", 1)[0].strip().lower()
     if kind != "application/json":
-        raise APIError(415, f"send the body as JSON with the header Content-Type: application/json (got {kind or 'none'!r})",
-                       None, "unsupported_media_type")
+        raise APIError(
+            415,
+            f"send the body as JSON with the header Content-Type: application/json (got {kind or 'none'!r})",
+            None,
+            "unsupported_media_type",
+        )
 
 
 def _check_structure(payload: Any, strings: bool) -> None:
@@ -90,8 +96,13 @@ def _check_string(text: str, top: str | None) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise APIError(400, f"{top + ': ' if top else ''}a string holds a lone UTF-16 surrogate (such as \\ud800), "
-                            "which is not text; send valid Unicode", top, "invalid_value") from None
+        raise APIError(
+            400,
+            f"{top + ': ' if top else ''}a string holds a lone UTF-16 surrogate (such as \\ud800), "
+            "which is not text; send valid Unicode",
+            top,
+            "invalid_value",
+        ) from None
 
 
 def _invalid(message: str, param: str | None = None) -> APIError:
@@ -99,4 +110,6 @@ def _invalid(message: str, param: str | None = None) -> APIError:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than this server's limit of {limit} bytes", None, "body_too_large")
+    return APIError(
+        413, f"the request body is larger than this server's limit of {limit} bytes", None, "body_too_large"
+    )

@@ -21,8 +21,21 @@ from typing import Any
 # keywords whose values are data, not schemas: a "$ref" key inside them is no reference
 _DATA = frozenset({"const", "enum", "default", "examples"})
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
-_OPEN_WITH = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf",
-                        "oneOf", "$ref", "if", "then", "else", "dependentSchemas"})
+_OPEN_WITH = frozenset(
+    {
+        "additionalProperties",
+        "patternProperties",
+        "unevaluatedProperties",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "$ref",
+        "if",
+        "then",
+        "else",
+        "dependentSchemas",
+    }
+)
 
 
 def closed(schema: Any) -> Any:
@@ -54,8 +67,14 @@ def call_schemas(functions: dict[str, dict]) -> tuple[list[dict], dict[str, Any]
             place = f"fn_{i}"
             defs[place] = _prefixed(parameters, f"#/$defs/{place}")
             parameters = {"$ref": f"#/$defs/{place}"}
-        items.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                      "properties": {"name": {"const": name}, "arguments": parameters}})
+        items.append(
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "arguments"],
+                "properties": {"name": {"const": name}, "arguments": parameters},
+            }
+        )
     return items, defs
 
 

@@ -8,7 +8,7 @@ that runs the generation, so a chunk carries the logprobs of its own tokens). n 
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from jacobi_rt.runtime.generator import GenerationResult, TextStream
 from jacobi_rt.runtime.sampling import TokenLogprob
@@ -23,7 +23,7 @@ class ChoicePiece(str):
     logprobs: list[TokenLogprob] | None
 
     @classmethod
-    def of(cls, text: str, index: int, tokens: int = 0, logprobs: list[TokenLogprob] | None = None) -> "ChoicePiece":
+    def of(cls, text: str, index: int, tokens: int = 0, logprobs: list[TokenLogprob] | None = None) -> ChoicePiece:
         piece = cls(text)
         piece.index, piece.tokens, piece.logprobs = index, tokens, logprobs
         return piece

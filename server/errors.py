@@ -9,16 +9,30 @@ from jacobi_rt.runtime.errors import ContextLimitError, InputError
 
 LOG = logging.getLogger("jacobi_rt.server")
 
-TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error", 429: "rate_limit_error",
-         503: "server_error", 504: "timeout_error"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+    504: "timeout_error",
+}
 
 
 class APIError(Exception):
     """Raised anywhere in a request; the app turns it into a JSON response with this status."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -42,13 +56,21 @@ def from_input_error(exc: InputError, prompt_param: str) -> APIError:
 
 
 def timeout_error(seconds: float) -> APIError:
-    return APIError(504, f"the request did not finish within the server's timeout of {seconds:g} s; "
-                         "ask for fewer tokens (max_tokens) or retry when the server is less busy", code="timeout")
+    return APIError(
+        504,
+        f"the request did not finish within the server's timeout of {seconds:g} s; "
+        "ask for fewer tokens (max_tokens) or retry when the server is less busy",
+        code="timeout",
+    )
 
 
 def internal_error(exc: BaseException) -> APIError:
     """A 500 that names only a request id; the exception (node names, paths) goes to the server's log."""
     request_id = "req-" + uuid.uuid4().hex[:16]
     LOG.error("request %s failed", request_id, exc_info=exc)
-    return APIError(500, f"internal server error (request id {request_id}: the server's log has the details)",
-                    code="internal_error", headers={"X-Request-Id": request_id})
+    return APIError(
+        500,
+        f"internal server error (request id {request_id}: the server's log has the details)",
+        code="internal_error",
+        headers={"X-Request-Id": request_id},
+    )

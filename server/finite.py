@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def no_finite_output(grammar: str) -> str | None:
@@ -35,6 +36,7 @@ def no_finite_output(grammar: str) -> str | None:
 
 
 # -- JSON schemas -----------------------------------------------------------------------------------
+
 
 def schema_has_instance(root: Any) -> bool | None:
     """False when no finite JSON value is valid for `root` (as far as its $refs go); None when unsure."""
@@ -107,8 +109,11 @@ def _typed(schema: dict, kind: Any, productive: set[str]) -> bool:
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         extra = schema.get("additionalProperties", True)
         required = schema.get("required") if isinstance(schema.get("required"), list) else []
-        return all(_instance(properties[name] if name in properties else extra, productive)
-                   for name in required if isinstance(name, str))
+        return all(
+            _instance(properties[name] if name in properties else extra, productive)
+            for name in required
+            if isinstance(name, str)
+        )
     if kind == "array":
         least = schema.get("minItems", 0)
         least = least if isinstance(least, int) else 0
@@ -121,13 +126,16 @@ def _typed(schema: dict, kind: Any, productive: set[str]) -> bool:
 
 # -- Lark grammars ----------------------------------------------------------------------------------
 
-_TOKEN = re.compile(r'''\s*(?:
+_TOKEN = re.compile(
+    r"""\s*(?:
     (?P<string>"(?:[^"\\]|\\.)*"i?)
   | (?P<regex>/(?:[^/\\\n]|\\.)+/[imslux]*)
   | (?P<name>[A-Za-z_][A-Za-z0-9_\-]*)
   | (?P<repeat>\{\s*\d*\s*(?:,\s*\d*\s*)?\}|~\s*\d+(?:\s*\.\.\s*\d+)?)
   | (?P<op>[|()\[\]?*+])
-)''', re.X)
+)""",
+    re.X,
+)
 _RULE = re.compile(r"^[?!]?([a-z_][a-z0-9_\-]*)(?:\.-?\d+)?\s*:(?!:)", re.M)
 _TERMINAL = re.compile(r"^[A-Z_][A-Z0-9_\-]*(?:\.-?\d+)?\s*:(?!:)", re.M)
 _DIRECTIVES = ("%llguidance", "%ignore", "%import", "%declare")
@@ -175,7 +183,7 @@ def _without_comments(text: str) -> str:
         cut, i = len(line), 0
         while i < len(line):
             c = line[i]
-            if c in "\"/" and not line.startswith("//", i):
+            if c in '"/' and not line.startswith("//", i):
                 match = _TOKEN.match(line, i)
                 if match and (match.group("string") or match.group("regex")):
                     i = match.end()
@@ -250,7 +258,11 @@ class _Parser:
         if kind in ("string", "regex"):
             return lambda p: True
         if kind == "name":
-            return (lambda p: value in p) if value[0].islower() or value[0] == "_" and value[1:2].islower() else (lambda p: True)
+            return (
+                (lambda p: value in p)
+                if value[0].islower() or value[0] == "_" and value[1:2].islower()
+                else (lambda p: True)
+            )
         if value in ("(", "["):
             inner = self.alternatives()
             closing = ")" if value == "(" else "]"

@@ -70,11 +70,19 @@ def checked_messages(messages: list[ChatMessage]) -> list[dict]:
     for index, message in enumerate(messages):
         where = f"messages.{index}"
         if message.role not in ROLES:
-            raise APIError(400, f"{where}.role: {message.role!r} is not a role; the roles are {', '.join(ROLES)}",
-                           f"{where}.role", "invalid_value")
+            raise APIError(
+                400,
+                f"{where}.role: {message.role!r} is not a role; the roles are {', '.join(ROLES)}",
+                f"{where}.role",
+                "invalid_value",
+            )
         if message.name is not None and message.role not in ("tool", "function"):
-            raise APIError(400, f"{where}.name: not supported (the chat template gets only role and content); leave it out",
-                           f"{where}.name", "unsupported_value")
+            raise APIError(
+                400,
+                f"{where}.name: not supported (the chat template gets only role and content); leave it out",
+                f"{where}.name",
+                "unsupported_value",
+            )
         if message.role == "assistant":
             checked.append(_assistant(message, where, calls))
         elif message.role in ("tool", "function"):
@@ -93,8 +101,13 @@ def _assistant(message: ChatMessage, where: str, calls: dict[str, str]) -> dict:
     shaped = []
     for call in given:
         calls[call.id] = call.function.name
-        shaped.append({"id": call.id, "type": "function",
-                       "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)}})
+        shaped.append(
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
+        )
     content = "" if message.content is None else _text(message, where)
     return {"role": "assistant", "content": content, "tool_calls": shaped}
 
@@ -103,17 +116,31 @@ def _tool_result(message: ChatMessage, where: str, calls: dict[str, str]) -> dic
     content = _text(message, where)
     if message.role == "function":
         if message.name is None:
-            raise APIError(400, f"{where}.name: a function message needs the function's name", f"{where}.name", "missing")
+            raise APIError(
+                400, f"{where}.name: a function message needs the function's name", f"{where}.name", "missing"
+            )
         return {"role": "tool", "content": content, "tool_call_id": None, "name": message.name}
     if message.tool_call_id is None:
-        raise APIError(400, f"{where}.tool_call_id: a tool message needs the id of the call it answers",
-                       f"{where}.tool_call_id", "missing")
+        raise APIError(
+            400,
+            f"{where}.tool_call_id: a tool message needs the id of the call it answers",
+            f"{where}.tool_call_id",
+            "missing",
+        )
     if message.tool_call_id not in calls:
-        raise APIError(400, f"{where}.tool_call_id: {message.tool_call_id[:64]!r} is not the id of a call in an earlier "
-                            "assistant message's tool_calls; send the assistant message with its tool_calls first",
-                       f"{where}.tool_call_id", "invalid_value")
-    return {"role": "tool", "content": content, "tool_call_id": message.tool_call_id,
-            "name": message.name or calls[message.tool_call_id]}
+        raise APIError(
+            400,
+            f"{where}.tool_call_id: {message.tool_call_id[:64]!r} is not the id of a call in an earlier "
+            "assistant message's tool_calls; send the assistant message with its tool_calls first",
+            f"{where}.tool_call_id",
+            "invalid_value",
+        )
+    return {
+        "role": "tool",
+        "content": content,
+        "tool_call_id": message.tool_call_id,
+        "name": message.name or calls[message.tool_call_id],
+    }
 
 
 def _arguments(text: str) -> Any:
@@ -130,21 +157,39 @@ def _text(message: ChatMessage, where: str) -> str:
     if "content" not in message.model_fields_set:
         raise APIError(400, f"{where}.content: this field is required", f"{where}.content", "missing")
     if message.content is None:
-        raise APIError(400, f"{where}.content: a message's content must be a string or a non-empty list of text parts "
-                            "(null only in an assistant message with tool_calls)", f"{where}.content", "invalid_value")
+        raise APIError(
+            400,
+            f"{where}.content: a message's content must be a string or a non-empty list of text parts "
+            "(null only in an assistant message with tool_calls)",
+            f"{where}.content",
+            "invalid_value",
+        )
     if isinstance(message.content, str):
         return message.content
     if not message.content:
-        raise APIError(400, f"{where}.content: an empty list of parts; send a string or at least one part like "
-                            '{"type": "text", "text": "Hi"}', f"{where}.content", "invalid_value")
+        raise APIError(
+            400,
+            f"{where}.content: an empty list of parts; send a string or at least one part like "
+            '{"type": "text", "text": "Hi"}',
+            f"{where}.content",
+            "invalid_value",
+        )
     texts = []
     for i, part in enumerate(message.content):
         if part.type != "text":
-            raise APIError(400, f"{where}.content.{i}: only text parts are supported, not {part.type!r} parts",
-                           f"{where}.content.{i}.type", "unsupported_value")
+            raise APIError(
+                400,
+                f"{where}.content.{i}: only text parts are supported, not {part.type!r} parts",
+                f"{where}.content.{i}.type",
+                "unsupported_value",
+            )
         if part.text is None:
-            raise APIError(400, f'{where}.content.{i}: a text part needs its text, like {{"type": "text", "text": "Hi"}}',
-                           f"{where}.content.{i}.text", "missing")
+            raise APIError(
+                400,
+                f'{where}.content.{i}: a text part needs its text, like {{"type": "text", "text": "Hi"}}',
+                f"{where}.content.{i}.text",
+                "missing",
+            )
         texts.append(part.text)
     return "".join(texts)
 
@@ -171,7 +216,11 @@ def for_template(messages: list[dict], template: str | None) -> list[dict]:
             block = generic_result(message, called)
             if shaped and shaped[-1].get("tool_results"):
                 last = shaped[-1]
-                shaped[-1] = {**last, "content": last["content"] + "\n\n" + block, "tool_results": last["tool_results"] + 1}
+                shaped[-1] = {
+                    **last,
+                    "content": last["content"] + "\n\n" + block,
+                    "tool_results": last["tool_results"] + 1,
+                }
             else:
                 shaped.append({"role": "user", "content": block, "tool_results": 1})
         elif "tool_calls" in message:

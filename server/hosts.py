@@ -59,7 +59,12 @@ class HostCheck:
             local = (scope.get("server") or (None,))[0]
             if not host_allowed(header, local, self.allowed):
                 name = host_name(header)
-                error = APIError(403, f"the Host header {name!r} is not this server's address; if clients reach the "
-                                      f"server by that name, start it with --allow-host {name}", None, "host_not_allowed")
+                error = APIError(
+                    403,
+                    f"the Host header {name!r} is not this server's address; if clients reach the "
+                    f"server by that name, start it with --allow-host {name}",
+                    None,
+                    "host_not_allowed",
+                )
                 return await JSONResponse(error.body(), error.status)(scope, receive, send)
         await self.app(scope, receive, send)

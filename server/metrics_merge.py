@@ -10,7 +10,7 @@ The replicas' texts carry no `*_created` samples (server/metrics.py leaves them 
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -37,9 +37,12 @@ def merge_expositions(texts: Mapping[str, bytes | str], label: str = LABEL) -> b
         if isinstance(text, bytes):
             text = text.decode()
         for family in text_string_to_metric_families(text):
-            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type, family.unit))
-            merged.samples += [Sample(s.name, {**s.labels, label: replica}, s.value, s.timestamp, s.exemplar)
-                               for s in family.samples]
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
+            merged.samples += [
+                Sample(s.name, {**s.labels, label: replica}, s.value, s.timestamp, s.exemplar) for s in family.samples
+            ]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(families.values()))
     return generate_latest(registry)

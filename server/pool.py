@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import AsyncIterator
 
 from jacobi_rt.runtime.generator import GenerationResult, TextStream
 
@@ -41,7 +41,7 @@ class GenerationTimeout(Exception):
 class Ticket:
     """A place in the pool (running or queued), held from a request's arrival; release() is idempotent."""
 
-    def __init__(self, pool: "WorkerPool"):
+    def __init__(self, pool: WorkerPool):
         self._pool = pool
         self._held = True
 
@@ -103,9 +103,9 @@ class Job:
             remaining = deadline - time.monotonic()
             try:
                 if remaining <= 0:
-                    raise asyncio.TimeoutError
+                    raise TimeoutError
                 kind, value = await asyncio.wait_for(self._events.get(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise GenerationTimeout from None
             if kind == PIECE:
                 yield value

@@ -33,9 +33,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ray import serve
 from ray.serve.config import BackpressureConfig
@@ -73,7 +74,7 @@ class PinnedArtifact:
     manifest_sha256: str
 
     @classmethod
-    def of(cls, path: str | Path) -> "PinnedArtifact":
+    def of(cls, path: str | Path) -> PinnedArtifact:
         folder = Path(path).resolve()
         manifest = folder / MANIFEST_NAME
         if not manifest.is_file():
@@ -84,13 +85,17 @@ class PinnedArtifact:
         """Raise ArtifactError naming `node` unless the same artifact is at the same path here."""
         manifest = Path(self.path) / MANIFEST_NAME
         if not manifest.is_file():
-            raise ArtifactError(f"node {node} has no artifact at {self.path}: every node needs the same artifact at this "
-                                "path (copy it there, or mount a shared store at that path)")
+            raise ArtifactError(
+                f"node {node} has no artifact at {self.path}: every node needs the same artifact at this "
+                "path (copy it there, or mount a shared store at that path)"
+            )
         found = sha256_file(manifest)
         if found != self.manifest_sha256:
-            raise ArtifactError(f"node {node} holds a different artifact at {self.path}: its {MANIFEST_NAME} has sha256 "
-                                f"{found[:16]}..., the deployment's {self.manifest_sha256[:16]}...; copy the deployed "
-                                "artifact to this node")
+            raise ArtifactError(
+                f"node {node} holds a different artifact at {self.path}: its {MANIFEST_NAME} has sha256 "
+                f"{found[:16]}..., the deployment's {self.manifest_sha256[:16]}...; copy the deployed "
+                "artifact to this node"
+            )
 
 
 @dataclass(frozen=True)
@@ -111,8 +116,15 @@ class ReplicaSpec:
             for pinned in (self.artifact, self.draft):
                 if pinned is not None:
                     pinned.check_on(node)
-            return Generator.load(self.artifact.path, draft=self.draft and self.draft.path, backend=self.backend,
-                                  threads=self.threads, verify=self.verify, config=self.config, prefix_cache=self.prefix_cache)
+            return Generator.load(
+                self.artifact.path,
+                draft=self.draft and self.draft.path,
+                backend=self.backend,
+                threads=self.threads,
+                verify=self.verify,
+                config=self.config,
+                prefix_cache=self.prefix_cache,
+            )
         except JacobiError as exc:
             if str(exc).startswith(f"node {node}"):
                 raise
@@ -157,15 +169,24 @@ def deployment_options(spec: ReplicaSpec, plan: RayPlan) -> dict[str, Any]:
         options["num_replicas"] = plan.replicas
     else:
         options["num_replicas"] = "auto"
-        options["autoscaling_config"] = {"min_replicas": plan.replicas, "initial_replicas": plan.replicas,
-                                         "max_replicas": plan.max_replicas, "target_ongoing_requests": settings.running_at_once}
+        options["autoscaling_config"] = {
+            "min_replicas": plan.replicas,
+            "initial_replicas": plan.replicas,
+            "max_replicas": plan.max_replicas,
+            "target_ongoing_requests": settings.running_at_once,
+        }
     return options
 
 
 # -- the deployments ----------------------------------------------------------------------------
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000,
-                  logging_config={"enable_access_log": False})  # a report every 2 s per replica: not worth a log line
+
+@serve.deployment(
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=1000,
+    logging_config={"enable_access_log": False},
+)  # a report every 2 s per replica: not worth a log line
 class MetricsHub:
     """Holds each replica's latest metrics text; renders them merged (one scrape covers every replica)."""
 
@@ -207,8 +228,16 @@ class ReplicaFront:
 
     async def _metrics(self, scope, receive, send) -> None:
         body = await self._all_metrics()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", METRICS_CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", METRICS_CONTENT_TYPE.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
 
 
@@ -257,8 +286,15 @@ def application(spec: ReplicaSpec, plan: RayPlan):
 
 # -- starting it --------------------------------------------------------------------------------
 
-def run(spec: ReplicaSpec, plan: RayPlan, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
-        name: str = APP_NAME):
+
+def run(
+    spec: ReplicaSpec,
+    plan: RayPlan,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    address: str | None = None,
+    name: str = APP_NAME,
+):
     """Connect to Ray (address: a running cluster, e.g. "auto"; None: a local instance unless one is
     running in this process), start Serve's proxies on host:port and deploy; returns the handle."""
     import ray
@@ -293,8 +329,9 @@ def build(args: Mapping[str, str]):
     """Ray's application builder: `serve run jacobi_rt.server.ray_app:build artifact=PATH replicas=2`."""
     unknown = sorted(set(args) - set(BUILD_ARGS))
     if unknown:
-        raise InputError(f"unknown argument(s) {', '.join(unknown)}; known: "
-                         + "; ".join(f"{k}: {v}" for k, v in BUILD_ARGS.items()))
+        raise InputError(
+            f"unknown argument(s) {', '.join(unknown)}; known: " + "; ".join(f"{k}: {v}" for k, v in BUILD_ARGS.items())
+        )
     if "artifact" not in args:
         raise InputError("pass artifact=PATH (an artifact folder at the same path on every node)")
     artifact = PinnedArtifact.of(args["artifact"])
@@ -308,8 +345,12 @@ def build(args: Mapping[str, str]):
         default_strategy=args.get("strategy", "auto"),
         allowed_hosts=tuple(h for h in args.get("allow_host", "").split(",") if h),
     )
-    spec = ReplicaSpec(artifact, settings, threads=int(args.get("threads", 1)),
-                       draft=PinnedArtifact.of(args["draft"]) if args.get("draft") else None,
-                       verify=str(args.get("verify", "true")).lower() not in ("0", "false", "no"))
+    spec = ReplicaSpec(
+        artifact,
+        settings,
+        threads=int(args.get("threads", 1)),
+        draft=PinnedArtifact.of(args["draft"]) if args.get("draft") else None,
+        verify=str(args.get("verify", "true")).lower() not in ("0", "false", "no"),
+    )
     max_replicas = args.get("max_replicas")
     return application(spec, RayPlan(int(args.get("replicas", 1)), int(max_replicas) if max_replicas else None))

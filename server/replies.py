@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from jacobi_rt.runtime.generator import GenerationResult
 from jacobi_rt.runtime.sampling import TokenLogprob
@@ -40,18 +40,30 @@ def sse(data: dict) -> bytes:
 def usage(results: list[GenerationResult]) -> dict:
     """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache held (the first choice's)."""
     prompt, completion = results[0].stats.prompt_tokens, sum(r.stats.new_tokens for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": results[0].stats.cached_tokens}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": results[0].stats.cached_tokens},
+    }
 
 
 def jacobi_stats(result: GenerationResult, seeds: list[int | None] | None = None) -> dict:
     """jacobi-rt's extension field: how the answer was decoded (the text is the same whatever the
     strategy) and the sampling seed (drawn when the request gave none), to reproduce it."""
     s = result.stats
-    stats = {"strategy": s.strategy, "window": s.window, "adaptive": s.adaptive, "target_passes": s.target_passes,
-             "tokens_per_pass": s.tokens_per_pass, "prefill_passes": s.prefill_passes,
-             "decode_tokens_per_second": s.decode_tokens_per_second, "wall_seconds": s.wall_seconds,
-             "finish_reason": s.finish_reason, "seed": s.seed}
+    stats = {
+        "strategy": s.strategy,
+        "window": s.window,
+        "adaptive": s.adaptive,
+        "target_passes": s.target_passes,
+        "tokens_per_pass": s.tokens_per_pass,
+        "prefill_passes": s.prefill_passes,
+        "decode_tokens_per_second": s.decode_tokens_per_second,
+        "wall_seconds": s.wall_seconds,
+        "finish_reason": s.finish_reason,
+        "seed": s.seed,
+    }
     if seeds is not None and len(seeds) > 1:
         stats["seeds"] = seeds  # choice i's seed
     if s.constraint is not None:  # a constrained output: its masks' seconds and rows, forced tokens sent and committed
@@ -100,8 +112,12 @@ class Reply:
             else:
                 choice = {"index": index, "text": result.text}
             choices.append({**choice, "logprobs": self._logprobs(result.logprobs), "finish_reason": finish})
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": choices,
-                "usage": usage(results), "jacobi": jacobi_stats(results[0], [r.stats.seed for r in results])}
+        return {
+            **self._head("chat.completion" if self.chat else "text_completion"),
+            "choices": choices,
+            "usage": usage(results),
+            "jacobi": jacobi_stats(results[0], [r.stats.seed for r in results]),
+        }
 
     def _logprobs(self, logprobs: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
         """OpenAI's logprobs object: chat's {"content": [...]}, or completions' four parallel lists
@@ -109,13 +125,20 @@ class Reply:
         if logprobs is None:
             return None
         if self.chat:
-            return {"content": [{**self._token(lp.token, lp.logprob), "top_logprobs": [self._token(i, v) for i, v in lp.top]}
-                                for lp in logprobs]}
+            return {
+                "content": [
+                    {**self._token(lp.token, lp.logprob), "top_logprobs": [self._token(i, v) for i, v in lp.top]}
+                    for lp in logprobs
+                ]
+            }
         tokens = [self.token_text(lp.token) for lp in logprobs]
         offsets = [offset + sum(map(len, tokens[:i])) for i in range(len(tokens))]
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-                "top_logprobs": [{self.token_text(i): v for i, v in lp.top} for lp in logprobs],
-                "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{self.token_text(i): v for i, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }
 
     def _token(self, token: int, logprob: float) -> dict:
         text = self.token_text(token)
@@ -124,7 +147,9 @@ class Reply:
     def opening(self, n: int = 1) -> list[dict]:
         return [self._chunk({"role": "assistant", "content": ""}, None, i) for i in range(n)] if self.chat else []
 
-    def piece(self, text: str, index: int = 0, logprobs: list[TokenLogprob] | None = None, tokens: int = 0) -> list[dict]:
+    def piece(
+        self, text: str, index: int = 0, logprobs: list[TokenLogprob] | None = None, tokens: int = 0
+    ) -> list[dict]:
         """The chunks a text piece makes (none while a reply with tools is still undecided); `logprobs`:
         the choice's logprobs so far, of which the first `tokens` are committed (sent with the next chunk)."""
         stream = self._stream(index)
@@ -154,16 +179,20 @@ class Reply:
             self.streams[index] = ChoiceStream(deltas=None if self.tools is None else ToolDeltas(self.tools))
         return self.streams[index]
 
-    def _chunks(self, stream: ChoiceStream, index: int, deltas: list, logprobs: list[TokenLogprob] | None) -> list[dict]:
+    def _chunks(
+        self, stream: ChoiceStream, index: int, deltas: list, logprobs: list[TokenLogprob] | None
+    ) -> list[dict]:
         """A chunk per delta, the first carrying the logprobs committed since the last chunk."""
-        return [self._chunk(delta, None, index, self._pending(stream, logprobs) if i == 0 else None)
-                for i, delta in enumerate(deltas)]
+        return [
+            self._chunk(delta, None, index, self._pending(stream, logprobs) if i == 0 else None)
+            for i, delta in enumerate(deltas)
+        ]
 
     def _pending(self, stream: ChoiceStream, logprobs: list[TokenLogprob] | None) -> dict | None:
         """The logprobs object of `logprobs` past those already sent (marked sent)."""
         if logprobs is None:
             return None
-        fresh = logprobs[stream.logprobs_sent:]
+        fresh = logprobs[stream.logprobs_sent :]
         if not fresh:
             return None
         stream.logprobs_sent += len(fresh)

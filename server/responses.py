@@ -86,8 +86,16 @@ NOT_SERVED = {
     "max_tool_calls": ((None,), "max_tool_calls is not served; parallel_tool_calls: false allows one call"),
 }
 # Undeclared fields accepted and ignored: they cannot change the output (stream_options: include_obfuscation).
-IGNORED = frozenset({"service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "safety_identifier",
-                     "stream_options"})
+IGNORED = frozenset(
+    {
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "stream_options",
+    }
+)
 UNDECLARED = {
     "conversation": "conversation is not served: send previous_response_id, or the whole conversation as input",
     "prompt": "prompt (a stored prompt template) is not served: send instructions and input",
@@ -96,17 +104,24 @@ UNDECLARED = {
     "messages": "messages is chat's field; the Responses API takes input (a string or a list of items)",
     "response_format": "response_format is chat's field; the Responses API takes text.format",
 }
-INPUT_HINT = ('send a string or a list of items like [{"role": "user", "content": "Hi"}], '
-              '{"type": "function_call", ...} or {"type": "function_call_output", "call_id": ..., "output": ...}')
-BUILT_IN = "jacobi-rt runs no built-in tools (web_search, file_search, code_interpreter, computer use, MCP, image generation)"
+INPUT_HINT = (
+    'send a string or a list of items like [{"role": "user", "content": "Hi"}], '
+    '{"type": "function_call", ...} or {"type": "function_call_output", "call_id": ..., "output": ...}'
+)
+BUILT_IN = (
+    "jacobi-rt runs no built-in tools (web_search, file_search, code_interpreter, computer use, MCP, image generation)"
+)
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")
-ITEM_KEYS = {"message": {"type", "role", "content", "id", "status"},
-             "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
-             "function_call_output": {"type", "call_id", "output", "id", "status"}}
+ITEM_KEYS = {
+    "message": {"type", "role", "content", "id", "status"},
+    "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
+    "function_call_output": {"type", "call_id", "output", "id", "status"},
+}
 
 
 # -- the store ------------------------------------------------------------------------------------
+
 
 @dataclass
 class Stored:
@@ -166,6 +181,7 @@ class ResponseStore:
 
 # -- request -> chat ------------------------------------------------------------------------------
 
+
 @dataclass
 class Turn:
     """A checked Responses request: the chat call it runs as, and what its Response object echoes."""
@@ -182,14 +198,35 @@ class Turn:
     def snapshot(self, status: str = "in_progress") -> dict:
         """The Response object before its output (a stream's response.created and response.in_progress)."""
         r, sampling = self.request, self.call.params.sampling
-        return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status, "background": False,
-                "error": None, "incomplete_details": None, "instructions": r.instructions,
-                "max_output_tokens": r.max_output_tokens, "max_tool_calls": None, "model": self.model, "output": [],
-                "parallel_tool_calls": r.parallel_tool_calls is not False, "previous_response_id": r.previous_response_id,
-                "reasoning": {"effort": None, "summary": None}, "service_tier": "default", "store": r.store,
-                "temperature": sampling.temperature, "text": {"format": (r.text or {}).get("format") or {"type": "text"}},
-                "tool_choice": r.tool_choice or "auto", "tools": r.tools or [], "top_logprobs": 0, "top_p": sampling.top_p,
-                "truncation": "disabled", "usage": None, "user": r.user, "metadata": r.metadata or {}}
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "background": False,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": r.instructions,
+            "max_output_tokens": r.max_output_tokens,
+            "max_tool_calls": None,
+            "model": self.model,
+            "output": [],
+            "parallel_tool_calls": r.parallel_tool_calls is not False,
+            "previous_response_id": r.previous_response_id,
+            "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default",
+            "store": r.store,
+            "temperature": sampling.temperature,
+            "text": {"format": (r.text or {}).get("format") or {"type": "text"}},
+            "tool_choice": r.tool_choice or "auto",
+            "tools": r.tools or [],
+            "top_logprobs": 0,
+            "top_p": sampling.top_p,
+            "truncation": "disabled",
+            "usage": None,
+            "user": r.user,
+            "metadata": r.metadata or {},
+        }
 
     def response(self, chat: dict) -> dict:
         """The finished Response object of chat completion `chat`; it and its conversation stored unless store: false."""
@@ -197,12 +234,19 @@ class Turn:
         incomplete = choice["finish_reason"] == "length"
         status = "incomplete" if incomplete else "completed"
         output = self._output(choice["message"], status)
-        response = {**self.snapshot(status), "output": output,
-                    "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-                    "usage": {"input_tokens": usage["prompt_tokens"], "input_tokens_details": usage["prompt_tokens_details"],
-                              "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
-                              "total_tokens": usage["total_tokens"]},
-                    "jacobi": chat["jacobi"]}
+        response = {
+            **self.snapshot(status),
+            "output": output,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "usage": {
+                "input_tokens": usage["prompt_tokens"],
+                "input_tokens_details": usage["prompt_tokens_details"],
+                "output_tokens": usage["completion_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": usage["total_tokens"],
+            },
+            "jacobi": chat["jacobi"],
+        }
         if self.request.store:
             self.store.put(self.id, self.conversation + [_as_chat(choice["message"])], response)
         return response
@@ -211,11 +255,26 @@ class Turn:
         calls = message.get("tool_calls") or []
         items = []
         if message.get("content") or (message.get("content") is not None and not calls):
-            items.append({"type": "message", "id": self.message_id, "status": status, "role": "assistant",
-                          "content": [_text_part(message["content"])]})
+            items.append(
+                {
+                    "type": "message",
+                    "id": self.message_id,
+                    "status": status,
+                    "role": "assistant",
+                    "content": [_text_part(message["content"])],
+                }
+            )
         for call in calls:
-            items.append({"type": "function_call", "id": _item_id(call["id"]), "call_id": call["id"],
-                          "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status})
+            items.append(
+                {
+                    "type": "function_call",
+                    "id": _item_id(call["id"]),
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                    "status": status,
+                }
+            )
         return items
 
 
@@ -254,8 +313,12 @@ def _refuse(request: ResponsesRequest) -> None:
         if getattr(request, name) not in allowed:
             raise APIError(400, why, name, "unsupported_value")
     if request.reasoning and any(value is not None for value in request.reasoning.values()):
-        raise APIError(400, "reasoning is not served: this model has no reasoning settings; leave it out", "reasoning",
-                       "unsupported_value")
+        raise APIError(
+            400,
+            "reasoning is not served: this model has no reasoning settings; leave it out",
+            "reasoning",
+            "unsupported_value",
+        )
     if request.input is None and request.previous_response_id is None:
         raise APIError(400, "input: this field is required (a string or a list of items)", "input", "missing")
 
@@ -265,10 +328,14 @@ def _history(request: ResponsesRequest, store: ResponseStore) -> list[dict]:
         return []
     history = store.get(request.previous_response_id)
     if history is None:
-        raise APIError(400, f"previous_response_id: no stored response has the id {request.previous_response_id[:80]!r} "
-                            f"(this server keeps the last {store.max_responses} responses made with store: true, in "
-                            "memory, until it restarts); send the whole conversation as input",
-                       "previous_response_id", "previous_response_not_found")
+        raise APIError(
+            400,
+            f"previous_response_id: no stored response has the id {request.previous_response_id[:80]!r} "
+            f"(this server keeps the last {store.max_responses} responses made with store: true, in "
+            "memory, until it restarts); send the whole conversation as input",
+            "previous_response_id",
+            "previous_response_not_found",
+        )
     return history
 
 
@@ -297,8 +364,22 @@ def _chat_body(request: ResponsesRequest, history: list[dict]) -> tuple[dict, li
     return body, history + [m for m, _ in given], names
 
 
-PASSED_ON = {"model", "temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
-             "presence_penalty", "stop", "jacobi", "stream", "parallel_tool_calls", "user"}
+PASSED_ON = {
+    "model",
+    "temperature",
+    "top_p",
+    "seed",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "stop",
+    "jacobi",
+    "stream",
+    "parallel_tool_calls",
+    "user",
+}
 
 
 def _call_ids(messages: list[dict]) -> set[str]:
@@ -317,12 +398,21 @@ def _input_messages(given: str | list[dict] | None, calls: set[str]) -> list[tup
         where = f"input.{index}"
         kind = item.get("type", "message" if "role" in item else None)
         if kind not in ITEM_KEYS:
-            raise APIError(400, f"{where}.type: {kind!r} items are not served; the items are messages, function_call and "
-                                "function_call_output", f"{where}.type", "unsupported_value")
+            raise APIError(
+                400,
+                f"{where}.type: {kind!r} items are not served; the items are messages, function_call and "
+                "function_call_output",
+                f"{where}.type",
+                "unsupported_value",
+            )
         for key in item:
             if key not in ITEM_KEYS[kind]:
-                raise APIError(400, f"{where}.{key}: not supported in a {kind} item; leave it out", f"{where}.{key}",
-                               "unsupported_value")
+                raise APIError(
+                    400,
+                    f"{where}.{key}: not supported in a {kind} item; leave it out",
+                    f"{where}.{key}",
+                    "unsupported_value",
+                )
         if kind == "message":
             out.append((_message(item, where), where))
         elif kind == "function_call":
@@ -340,8 +430,12 @@ def _input_messages(given: str | list[dict] | None, calls: set[str]) -> list[tup
 def _message(item: dict, where: str) -> dict:
     role = item.get("role")
     if role not in ROLES:
-        raise APIError(400, f"{where}.role: {role!r} is not a message role; the roles are {', '.join(ROLES)}",
-                       f"{where}.role", "invalid_value")
+        raise APIError(
+            400,
+            f"{where}.role: {role!r} is not a message role; the roles are {', '.join(ROLES)}",
+            f"{where}.role",
+            "invalid_value",
+        )
     return {"role": role, "content": _content(item.get("content"), f"{where}.content")}
 
 
@@ -353,11 +447,20 @@ def _content(content: Any, where: str) -> Any:
     for index, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS:
-            raise APIError(400, f"{where}.{index}.type: {kind!r} parts are not served; this model reads text only "
-                                "(input_text, output_text)", f"{where}.{index}.type", "unsupported_value")
+            raise APIError(
+                400,
+                f"{where}.{index}.type: {kind!r} parts are not served; this model reads text only "
+                "(input_text, output_text)",
+                f"{where}.{index}.type",
+                "unsupported_value",
+            )
         if part.get("annotations") or part.get("logprobs"):
-            raise APIError(400, f"{where}.{index}: annotations and logprobs of a part are not read; leave them out",
-                           f"{where}.{index}", "unsupported_value")
+            raise APIError(
+                400,
+                f"{where}.{index}: annotations and logprobs of a part are not read; leave them out",
+                f"{where}.{index}",
+                "unsupported_value",
+            )
         parts.append({"type": "text", "text": part.get("text")})
     return parts
 
@@ -365,16 +468,27 @@ def _content(content: Any, where: str) -> Any:
 def _function_call(item: dict, where: str) -> dict:
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
-            raise APIError(400, f"{where}.{key}: a function_call item needs its {key} (a string)", f"{where}.{key}", "missing")
-    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+            raise APIError(
+                400, f"{where}.{key}: a function_call item needs its {key} (a string)", f"{where}.{key}", "missing"
+            )
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item["arguments"]},
+    }
 
 
 def _function_output(item: dict, where: str, calls: set[str]) -> dict:
     call_id = item.get("call_id")
     if call_id not in calls:
         shown = call_id[:64] if isinstance(call_id, str) else call_id
-        raise APIError(400, f"{where}.call_id: {shown!r} is not the call_id of a function_call before it (in the input or "
-                            "the previous response)", f"{where}.call_id", "invalid_value")
+        raise APIError(
+            400,
+            f"{where}.call_id: {shown!r} is not the call_id of a function_call before it (in the input or "
+            "the previous response)",
+            f"{where}.call_id",
+            "invalid_value",
+        )
     return {"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), f"{where}.output")}
 
 
@@ -384,13 +498,23 @@ def _tools(tools: list[dict]) -> list[dict]:
     for index, tool in enumerate(tools):
         where = f"tools.{index}"
         if tool.get("type") != "function":
-            raise APIError(400, f"{where}.type: {tool.get('type')!r} tools are not served: {BUILT_IN}; send function tools",
-                           f"{where}.type", "unsupported_value")
+            raise APIError(
+                400,
+                f"{where}.type: {tool.get('type')!r} tools are not served: {BUILT_IN}; send function tools",
+                f"{where}.type",
+                "unsupported_value",
+            )
         for key in tool:
             if key not in ("type", "name", "description", "parameters", "strict"):
-                raise APIError(400, f"{where}.{key}: not supported in a function tool; leave it out", f"{where}.{key}",
-                               "unsupported_value")
-        shaped.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type" and v is not None}})
+                raise APIError(
+                    400,
+                    f"{where}.{key}: not supported in a function tool; leave it out",
+                    f"{where}.{key}",
+                    "unsupported_value",
+                )
+        shaped.append(
+            {"type": "function", "function": {k: v for k, v in tool.items() if k != "type" and v is not None}}
+        )
     return shaped
 
 
@@ -398,8 +522,13 @@ def _tool_choice(choice: str | dict) -> str | dict:
     if isinstance(choice, str):
         return choice  # "none", "auto", "required" (chat refuses the rest)
     if choice.get("type") != "function":
-        raise APIError(400, f"tool_choice.type: {choice.get('type')!r} is not served: {BUILT_IN}; send \"auto\", "
-                            '"required", "none" or {"type": "function", "name": ...}', "tool_choice.type", "unsupported_value")
+        raise APIError(
+            400,
+            f'tool_choice.type: {choice.get("type")!r} is not served: {BUILT_IN}; send "auto", '
+            '"required", "none" or {"type": "function", "name": ...}',
+            "tool_choice.type",
+            "unsupported_value",
+        )
     return {"type": "function", "function": {"name": choice.get("name")}}
 
 
@@ -409,17 +538,23 @@ def _text_format(text: dict) -> dict:
             raise APIError(400, f"text.{key} is not served; text takes format only", f"text.{key}", "unsupported_value")
     fmt = {"type": "text"} if text.get("format") is None else text["format"]  # false, 0, "" are no format
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
-        raise APIError(400, 'text.format.type must be "text", "json_object" or "json_schema"', "text.format.type",
-                       "invalid_value")
+        raise APIError(
+            400, 'text.format.type must be "text", "json_object" or "json_schema"', "text.format.type", "invalid_value"
+        )
     if fmt["type"] != "json_schema":
         return fmt
     return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
 
 
 # chat's field names in its errors -> the Responses fields (after the per-request message renames)
-_RENAMES = [(re.compile(r"\btools\.(\d+)\.function\b"), r"tools.\1"), (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
-            (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"), (re.compile(r"\bresponse_format\b"), "text.format"),
-            (re.compile(r"\bmax_tokens\b"), "max_output_tokens"), (re.compile(r'"type": "text"'), '"type": "input_text"')]
+_RENAMES = [
+    (re.compile(r"\btools\.(\d+)\.function\b"), r"tools.\1"),
+    (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
+    (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"),
+    (re.compile(r"\bresponse_format\b"), "text.format"),
+    (re.compile(r"\bmax_tokens\b"), "max_output_tokens"),
+    (re.compile(r'"type": "text"'), '"type": "input_text"'),
+]
 _MESSAGE = re.compile(r"\bmessages\.(\d+)")
 
 
@@ -441,6 +576,7 @@ def renamed(error: APIError, names: dict[str, str] | None = None) -> APIError:
 
 
 # -- streamed events ------------------------------------------------------------------------------
+
 
 @dataclass
 class Announced:
@@ -465,8 +601,10 @@ class ResponseEvents:
     calls: dict[int, Announced] = field(default_factory=dict)  # by the chat delta's tool-call index
 
     def opening(self) -> list[bytes]:
-        return [self._event("response.created", response=self.turn.snapshot()),
-                self._event("response.in_progress", response=self.turn.snapshot())]
+        return [
+            self._event("response.created", response=self.turn.snapshot()),
+            self._event("response.in_progress", response=self.turn.snapshot()),
+        ]
 
     def chunk(self, chunk: dict) -> list[bytes]:
         """The events of one chat.completion.chunk: its text, its tool-call deltas."""
@@ -496,27 +634,47 @@ class ResponseEvents:
 
     def failed(self, error: APIError) -> bytes:
         body = error.body()["error"]
-        response = {**self.turn.snapshot("failed"), "error": {"code": body["code"] or "server_error", "message": body["message"]}}
+        response = {
+            **self.turn.snapshot("failed"),
+            "error": {"code": body["code"] or "server_error", "message": body["message"]},
+        }
         return self._event("response.failed", response=response)
 
     def _open_message(self) -> list[bytes]:
         self.opened = True
-        item = {"type": "message", "id": self.turn.message_id, "status": "in_progress", "role": "assistant", "content": []}
-        return [self._event("response.output_item.added", output_index=0, item=item),
-                self._event("response.content_part.added", item_id=item["id"], output_index=0, content_index=0,
-                            part=_text_part(""))]
+        item = {
+            "type": "message",
+            "id": self.turn.message_id,
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        return [
+            self._event("response.output_item.added", output_index=0, item=item),
+            self._event(
+                "response.content_part.added", item_id=item["id"], output_index=0, content_index=0, part=_text_part("")
+            ),
+        ]
 
     def _delta(self, text: str) -> bytes:
-        return self._event("response.output_text.delta", item_id=self.turn.message_id, output_index=0, content_index=0,
-                           delta=text, logprobs=[])
+        return self._event(
+            "response.output_text.delta",
+            item_id=self.turn.message_id,
+            output_index=0,
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
 
     def _message_done(self, item: dict, index: int) -> list[bytes]:
         text = item["content"][0]["text"]
         events = [] if self.opened else self._open_message() + ([self._delta(text)] if text else [])
         where = dict(item_id=item["id"], output_index=index, content_index=0)
-        return events + [self._event("response.output_text.done", **where, text=text, logprobs=[]),
-                         self._event("response.content_part.done", **where, part=item["content"][0]),
-                         self._event("response.output_item.done", output_index=index, item=item)]
+        return events + [
+            self._event("response.output_text.done", **where, text=text, logprobs=[]),
+            self._event("response.content_part.done", **where, part=item["content"][0]),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
 
     def _call_delta(self, call: dict) -> list[bytes]:
         function = call.get("function") or {}
@@ -536,22 +694,37 @@ class ResponseEvents:
         if announced is None:
             announced = Announced(item["call_id"], item["name"], index)
             events.append(self._call_added(announced))
-        rest = item["arguments"][len(announced.arguments):] if item["arguments"].startswith(announced.arguments) else ""
+        rest = (
+            item["arguments"][len(announced.arguments) :] if item["arguments"].startswith(announced.arguments) else ""
+        )
         if rest:  # what the deltas have not sent (all of it, where the chat stream sends a call whole)
             events.append(self._arguments_delta(announced, rest))
         where = dict(item_id=item["id"], output_index=index)
-        return events + [self._event("response.function_call_arguments.done", **where, name=item["name"],
-                                     arguments=item["arguments"]),
-                         self._event("response.output_item.done", output_index=index, item=item)]
+        return events + [
+            self._event(
+                "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
+            ),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
 
     def _call_added(self, announced: Announced) -> bytes:
-        item = {"type": "function_call", "id": _item_id(announced.call_id), "call_id": announced.call_id,
-                "name": announced.name, "arguments": "", "status": "in_progress"}
+        item = {
+            "type": "function_call",
+            "id": _item_id(announced.call_id),
+            "call_id": announced.call_id,
+            "name": announced.name,
+            "arguments": "",
+            "status": "in_progress",
+        }
         return self._event("response.output_item.added", output_index=announced.output_index, item=item)
 
     def _arguments_delta(self, announced: Announced, text: str) -> bytes:
-        return self._event("response.function_call_arguments.delta", item_id=_item_id(announced.call_id),
-                           output_index=announced.output_index, delta=text)
+        return self._event(
+            "response.function_call_arguments.delta",
+            item_id=_item_id(announced.call_id),
+            output_index=announced.output_index,
+            delta=text,
+        )
 
     def _event(self, kind: str, **fields) -> bytes:
         data = json.dumps({"type": kind, "sequence_number": self.sequence, **fields}, ensure_ascii=False)
@@ -562,4 +735,3 @@ class ResponseEvents:
 def _item_id(call_id: str) -> str:
     """A function_call item's id, made from its call id, so the stream and the Response agree without a table."""
     return "fc_" + call_id.removeprefix("call_")
-

@@ -22,43 +22,59 @@ from .settings import SERVE_HINT, ServerSettings
 def uvicorn_server(generator: Generator, settings: ServerSettings, host: str, port: int, log_level: str = "info"):
     """A uvicorn.Server for the app (not started)."""
     uvicorn = require("uvicorn", SERVE_HINT)
-    config = uvicorn.Config(create_app(generator, settings), host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=settings.shutdown_grace, lifespan="on")
+    config = uvicorn.Config(
+        create_app(generator, settings),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=settings.shutdown_grace,
+        lifespan="on",
+    )
     return uvicorn.Server(config)
 
 
-def serve(generator: Generator, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "info") -> None:
+def serve(
+    generator: Generator, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
+) -> None:
     """Serve until interrupted (SIGINT/SIGTERM), then shut down gracefully."""
     server = uvicorn_server(generator, settings, host, port, log_level)
     server.run()
     if not server.started:
-        raise BackendError(f"the server could not start on {host}:{port} (is the port in use?); pick another with --port")
+        raise BackendError(
+            f"the server could not start on {host}:{port} (is the port in use?); pick another with --port"
+        )
 
 
 class BackgroundServer:
     """The app on `host`:`port` (0: an ephemeral port) in a thread of this process.
 
-        with BackgroundServer(generator, ServerSettings(model_id="m")) as server:
-            httpx.get(server.url + "/health")
+    with BackgroundServer(generator, ServerSettings(model_id="m")) as server:
+        httpx.get(server.url + "/health")
     """
 
-    def __init__(self, generator: Generator, settings: ServerSettings, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning"):
+    def __init__(
+        self,
+        generator: Generator,
+        settings: ServerSettings,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+    ):
         self.host = host
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.port = self._socket.getsockname()[1]
         self.server = uvicorn_server(generator, settings, host, self.port, log_level)
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]},
-                                        name="jacobi-rt-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._socket]}, name="jacobi-rt-server", daemon=True
+        )
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "BackgroundServer":
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
         self._thread.start()
         waited = time.monotonic() + timeout
         while not self.server.started:
@@ -76,7 +92,7 @@ class BackgroundServer:
     def stopped(self) -> bool:
         return not self._thread.is_alive()
 
-    def __enter__(self) -> "BackgroundServer":
+    def __enter__(self) -> BackgroundServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -14,12 +14,13 @@ a non-empty list of text parts (null in an assistant message with tool_calls), a
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from jacobi_rt.runtime.config import DEFAULTS, LOAD_FIELDS, FIELDS, GROUPS, with_hint
+from jacobi_rt.runtime.config import DEFAULTS, FIELDS, GROUPS, LOAD_FIELDS, with_hint
 from jacobi_rt.runtime.constraints import Constraint
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.params import STRATEGIES, GenerationParams
@@ -27,8 +28,8 @@ from jacobi_rt.runtime.sampling import SamplingParams, draw_seed
 
 from .errors import APIError
 from .history import ChatMessage, checked_messages
-from .tool_calls import ToolCalls
 from .structured import StructuredOutputs, constraint_of
+from .tool_calls import ToolCalls
 
 Number = Union[StrictInt, StrictFloat]
 
@@ -48,9 +49,13 @@ def decoding_overrides(options: JacobiOptions) -> dict:
     extra = dict(options.model_extra or {})
     for name, value in extra.items():
         if name not in FIELDS and name not in GROUPS:
-            raise APIError(400, f"jacobi.{with_hint(name)}: not a jacobi-rt option; the options are strategy and the decoding "
-                                f"config fields {', '.join(f for f in FIELDS if f not in LOAD_FIELDS)}",
-                           f"jacobi.{name}", "invalid_value")
+            raise APIError(
+                400,
+                f"jacobi.{with_hint(name)}: not a jacobi-rt option; the options are strategy and the decoding "
+                f"config fields {', '.join(f for f in FIELDS if f not in LOAD_FIELDS)}",
+                f"jacobi.{name}",
+                "invalid_value",
+            )
         try:
             DEFAULTS.with_overrides({name: value}, per_request=True)
         except InputError as exc:
@@ -66,21 +71,32 @@ MAX_STOPS = 4
 MAX_STOP_CHARS = 256  # text is held back by the longest stop string's length: a long one would hold back every piece
 
 # Undeclared fields accepted and ignored: they cannot change the generated text.
-IGNORED_FIELDS = frozenset({
-    "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",  # bookkeeping
-    "parallel_tool_calls", "tool_choice",  # completions: about tools, which it does not take
-    "prediction",  # OpenAI's predicted outputs: a latency hint
-})
+IGNORED_FIELDS = frozenset(
+    {
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",  # bookkeeping
+        "parallel_tool_calls",
+        "tool_choice",  # completions: about tools, which it does not take
+        "prediction",  # OpenAI's predicted outputs: a latency hint
+    }
+)
 # Fields jacobi-rt knows and does not support yet, with a better message than the generic one.
 NOT_YET_SUPPORTED = {
     "logit_bias": "logit_bias is not supported by jacobi-rt yet (on chat and completions alike); leave it out",
     "tools": "tools are not supported: jacobi-rt does not call tools; leave tools out",
     "functions": "functions (and function_call) are not supported: jacobi-rt does not call tools",
     "function_call": "function_call is not supported: jacobi-rt does not call tools",
-    **{name: f"{name}: not supported; use structured_outputs.{name[7:]} (vLLM's current name) or response_format"
-       for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")},
-    **{name: f"{name}: not supported; use structured_outputs.{name.split('_')[0]} or response_format"
-       for name in ("grammar", "json_schema")},
+    **{
+        name: f"{name}: not supported; use structured_outputs.{name[7:]} (vLLM's current name) or response_format"
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+    },
+    **{
+        name: f"{name}: not supported; use structured_outputs.{name.split('_')[0]} or response_format"
+        for name in ("grammar", "json_schema")
+    },
 }
 # What a server that does not constrain output yet (allow_constraints=False) says for each field.
 CONSTRAINT_REFUSALS = {
@@ -169,8 +185,14 @@ def parse_completion(payload: Any, allow_constraints: bool = False) -> Generatio
     _refuse_unsupported(request, echo=False, best_of=(None, 1), suffix=None)
     constraint, _ = _constraint(request, allow_constraints)
     logprobs = _bounded("logprobs", request.logprobs, MAX_COMPLETION_LOGPROBS)
-    return _call(request, prompt=_single_prompt(request.prompt), messages=None, max_tokens=request.max_tokens,
-                 logprobs=logprobs, constraint=constraint)
+    return _call(
+        request,
+        prompt=_single_prompt(request.prompt),
+        messages=None,
+        max_tokens=request.max_tokens,
+        logprobs=logprobs,
+        constraint=constraint,
+    )
 
 
 def parse_chat(payload: Any, allow_constraints: bool = False) -> GenerationCall:
@@ -178,26 +200,49 @@ def parse_chat(payload: Any, allow_constraints: bool = False) -> GenerationCall:
     `constraint` and `tools` (False: refuse them, as a server that cannot honour them must)."""
     request = _validate(ChatRequest, payload)
     _refuse_undeclared(request)
-    constraint, tools = _constraint(request, allow_constraints, request.tools, request.tool_choice, request.parallel_tool_calls)
+    constraint, tools = _constraint(
+        request, allow_constraints, request.tools, request.tool_choice, request.parallel_tool_calls
+    )
     messages = checked_messages(request.messages)
-    if None not in (request.max_tokens, request.max_completion_tokens) and request.max_tokens != request.max_completion_tokens:
-        raise APIError(400, "max_tokens and max_completion_tokens (its newer name) differ; send one of them", "max_tokens",
-                       "invalid_value")  # else one would be ignored
+    if (
+        None not in (request.max_tokens, request.max_completion_tokens)
+        and request.max_tokens != request.max_completion_tokens
+    ):
+        raise APIError(
+            400,
+            "max_tokens and max_completion_tokens (its newer name) differ; send one of them",
+            "max_tokens",
+            "invalid_value",
+        )  # else one would be ignored
     if request.top_logprobs is not None and not request.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
     logprobs = _bounded("top_logprobs", request.top_logprobs or 0, MAX_CHAT_LOGPROBS) if request.logprobs else None
-    call = _call(request, prompt=None, messages=messages, max_tokens=request.max_completion_tokens or request.max_tokens,
-                 logprobs=logprobs, constraint=constraint)
+    call = _call(
+        request,
+        prompt=None,
+        messages=messages,
+        max_tokens=request.max_completion_tokens or request.max_tokens,
+        logprobs=logprobs,
+        constraint=constraint,
+    )
     call.tools = tools
     call.tool_specs = request.tools or None  # checked by constraint_of
     return call
 
 
-def _constraint(request: CommonRequest, allowed: bool, tools: list | None = None, tool_choice: Any = None,
-                parallel_tool_calls: bool | None = None) -> tuple[Constraint | None, ToolCalls | None]:
+def _constraint(
+    request: CommonRequest,
+    allowed: bool,
+    tools: list | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+) -> tuple[Constraint | None, ToolCalls | None]:
     if not allowed:
-        asked = {"response_format": request.response_format not in (None, {"type": "text"}),
-                 "structured_outputs": request.structured_outputs is not None, "tool_choice": bool(tools)}
+        asked = {
+            "response_format": request.response_format not in (None, {"type": "text"}),
+            "structured_outputs": request.structured_outputs is not None,
+            "tool_choice": bool(tools),
+        }
         for name, given in asked.items():
             if given:
                 param = "tools" if name == "tool_choice" else name
@@ -216,7 +261,9 @@ def _validate(model: type[BaseModel], payload: Any) -> BaseModel:
         param = ".".join(loc) or None
         missing = first["type"] == "missing"
         problem = "this field is required" if missing else _HINTS.get(re.sub(r"\.\d+", "", param or ""), first["msg"])
-        raise APIError(400, f"{param}: {problem}" if param else problem, param, "missing" if missing else "invalid_value") from None
+        raise APIError(
+            400, f"{param}: {problem}" if param else problem, param, "missing" if missing else "invalid_value"
+        ) from None
 
 
 _HINTS = {
@@ -224,10 +271,12 @@ _HINTS = {
     "messages": 'messages must be a non-empty list like [{"role": "user", "content": "Hi"}]',
     "stop": "stop must be a string or a list of up to 4 strings",
     "messages.role": 'a message\'s role must be a string like "user"',
-    "messages.content": 'a message\'s content must be a string or a non-empty list of text parts like '
-                        '[{"type": "text", "text": "Hi"}]',
-    **{name: "a number was expected" for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                                                  "repetition_penalty")},
+    "messages.content": "a message's content must be a string or a non-empty list of text parts like "
+    '[{"type": "text", "text": "Hi"}]',
+    **{
+        name: "a number was expected"
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+    },
     **{name: "an integer was expected" for name in ("seed", "n", "top_k", "top_logprobs", "logprobs")},
 }
 # pydantic names the union member it tried (`str`, `list[int]`) in an error's location
@@ -239,7 +288,9 @@ def refuse_extra(extra: dict | None, ignored: frozenset, refusals: dict[str, str
     its message in `refusals` when it is a known field not served)."""
     for name in extra or {}:
         if name not in ignored:
-            message = refusals.get(name, f"{name}: jacobi-rt does not know this field, and it may change the output; leave it out")
+            message = refusals.get(
+                name, f"{name}: jacobi-rt does not know this field, and it may change the output; leave it out"
+            )
             raise APIError(400, message, name, "unsupported_value")
 
 
@@ -248,8 +299,12 @@ def _refuse_undeclared(request: CommonRequest) -> None:
     for i, message in enumerate(getattr(request, "messages", None) or []):
         for name, value in (message.model_extra or {}).items():
             if value not in (None, "", [], {}) and name not in ("refusal", "annotations"):  # as echoed back by OpenAI
-                raise APIError(400, f"messages.{i}.{name}: not supported (the chat template gets only role and "
-                                    "content); leave it out", f"messages.{i}.{name}", "unsupported_value")
+                raise APIError(
+                    400,
+                    f"messages.{i}.{name}: not supported (the chat template gets only role and content); leave it out",
+                    f"messages.{i}.{name}",
+                    "unsupported_value",
+                )
 
 
 # Declared fields neither endpoint honours yet, refused by `_call` (which both parsers end with), so the rule is one:
@@ -262,30 +317,49 @@ def _refuse_unsupported(request: BaseModel, **allowed) -> None:
         value = getattr(request, name)
         if value not in (ok if isinstance(ok, tuple) else (ok,)):
             shown = f"={value!r}" if isinstance(value, (bool, int, str)) and len(repr(value)) <= 40 else ""
-            raise APIError(400, NOT_YET_SUPPORTED.get(name, f"{name}{shown} is not supported by jacobi-rt yet; leave it out"),
-                           name, "unsupported_value")
+            raise APIError(
+                400,
+                NOT_YET_SUPPORTED.get(name, f"{name}{shown} is not supported by jacobi-rt yet; leave it out"),
+                name,
+                "unsupported_value",
+            )
 
 
 def _single_prompt(prompt: str | list) -> str | list[int]:
     if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
         return prompt
     if len(prompt) > 1:
-        raise APIError(400, f"one prompt per request, not {len(prompt)}; send the prompts as separate (concurrent) requests",
-                       "prompt", "unsupported_value")
+        raise APIError(
+            400,
+            f"one prompt per request, not {len(prompt)}; send the prompts as separate (concurrent) requests",
+            "prompt",
+            "unsupported_value",
+        )
     return prompt[0]
 
 
-def _call(request: CommonRequest, prompt, messages, max_tokens, logprobs: int | None,
-          constraint: Constraint | None = None) -> GenerationCall:
+def _call(
+    request: CommonRequest, prompt, messages, max_tokens, logprobs: int | None, constraint: Constraint | None = None
+) -> GenerationCall:
     _refuse_unsupported(request, **REFUSED_ON_BOTH)
     if request.stream_options is not None and not request.stream:
-        raise APIError(400, "stream_options is only allowed with stream: true; leave it out or stream the answer",
-                       "stream_options", "invalid_value")
+        raise APIError(
+            400,
+            "stream_options is only allowed with stream: true; leave it out or stream the answer",
+            "stream_options",
+            "invalid_value",
+        )
     stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     options = request.jacobi or JacobiOptions()
     sampling, seeds = _sampling(request, logprobs)
-    params = GenerationParams(window=options.window, stop=tuple(_checked_stops(stops)), jacobi_tail=options.jacobi_tail,
-                              config=decoding_overrides(options) or None, sampling=sampling, constraint=constraint)
+    params = GenerationParams(
+        window=options.window,
+        stop=tuple(_checked_stops(stops)),
+        jacobi_tail=options.jacobi_tail,
+        config=decoding_overrides(options) or None,
+        sampling=sampling,
+        constraint=constraint,
+    )
     return GenerationCall(
         model=request.model,
         prompt=prompt,
@@ -316,9 +390,15 @@ def _sampling(request: CommonRequest, logprobs: int | None) -> tuple[SamplingPar
     n = 1 if request.n is None else request.n
     if not 1 <= n <= MAX_N:
         raise APIError(400, f"n must be an integer from 1 to {MAX_N}, not {n}", "n", "invalid_value")
-    given = dict(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, min_p=request.min_p,
-                 repetition_penalty=request.repetition_penalty, frequency_penalty=request.frequency_penalty,
-                 presence_penalty=request.presence_penalty)
+    given = dict(
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        min_p=request.min_p,
+        repetition_penalty=request.repetition_penalty,
+        frequency_penalty=request.frequency_penalty,
+        presence_penalty=request.presence_penalty,
+    )
     sampling = {name: value for name, value in given.items() if value is not None}
     try:
         params = SamplingParams(**sampling, seed=request.seed, logprobs=logprobs)
@@ -340,6 +420,10 @@ def _checked_stops(stops: Sequence[str]) -> list[str]:
         raise APIError(400, "stop sequences must be non-empty strings", "stop", "invalid_value")
     longest = max(map(len, stops), default=0)
     if longest > MAX_STOP_CHARS:
-        raise APIError(400, f"stop sequences may be at most {MAX_STOP_CHARS} characters long, not {longest}",
-                       "stop", "invalid_value")
+        raise APIError(
+            400,
+            f"stop sequences may be at most {MAX_STOP_CHARS} characters long, not {longest}",
+            "stop",
+            "invalid_value",
+        )
     return list(stops)

@@ -19,13 +19,17 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20  # larger bodies get 413
     api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer KEY"
     default_strategy: str = "auto"  # when a request names none in its "jacobi" field
-    completion_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default); chat: the rest of the context
+    completion_max_tokens: int = (
+        16  # /v1/completions without max_tokens (OpenAI's default); chat: the rest of the context
+    )
     retry_after_seconds: int = 1  # the Retry-After header of a 429
     shutdown_grace: float = 30.0  # seconds in-flight requests get to finish on shutdown before they are cancelled
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides the address connected to ("*": any; see hosts.py)
     docs: bool = False  # serve the interactive API docs at /docs (and /openapi.json)
     max_batch: int | None = None  # generations sharing each pass (the batcher's slots); None: Generator.default_slots()
-    batch_context: int | None = None  # each slot's context (prompt + output); None: the artifact's (capped for scatter attention)
+    batch_context: int | None = (
+        None  # each slot's context (prompt + output); None: the artifact's (capped for scatter attention)
+    )
 
     @property
     def running_at_once(self) -> int:
@@ -39,8 +43,10 @@ class ServerSettings:
             if getattr(self, name) < 1:
                 raise InputError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.max_batch is not None and (isinstance(self.max_batch, bool) or self.max_batch < 1):
-            raise InputError(f"max_batch must be at least 1 (the generations that share each pass), not {self.max_batch}; "
-                             "leave it out to size it from the artifact and memory")
+            raise InputError(
+                f"max_batch must be at least 1 (the generations that share each pass), not {self.max_batch}; "
+                "leave it out to size it from the artifact and memory"
+            )
         if self.batch_context is not None and self.batch_context < 2:
             raise InputError(f"batch_context (a slot's context) must be at least 2 tokens, not {self.batch_context}")
         if self.queue_size < 0:

@@ -44,15 +44,25 @@ class StructuredOutputs(BaseModel):
     disable_fallback: StrictBool | None = None  # there is one batcher: nothing to fall back to
 
 
-def constraint_of(response_format: dict | None, structured: StructuredOutputs | None, tools: list | None = None,
-                  tool_choice: Any = None, parallel_tool_calls: bool | None = None) -> tuple[Constraint | None, ToolCalls | None]:
+def constraint_of(
+    response_format: dict | None,
+    structured: StructuredOutputs | None,
+    tools: list | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+) -> tuple[Constraint | None, ToolCalls | None]:
     """The request's constraint and, for tool calls, how the reply presents the output (tool_choice "auto"
     constrains nothing, so another field may constrain its reply)."""
     calls = _tools(tools, tool_choice, parallel_tool_calls)
-    found = [(name, parsed) for name, parsed in (("response_format", _response_format(response_format)),
-                                                   ("structured_outputs", _structured(structured)),
-                                                   ("tool_choice", calls))
-             if parsed[0] is not None]
+    found = [
+        (name, parsed)
+        for name, parsed in (
+            ("response_format", _response_format(response_format)),
+            ("structured_outputs", _structured(structured)),
+            ("tool_choice", calls),
+        )
+        if parsed[0] is not None
+    ]
     if len(found) > 1:
         names = " and ".join(name for name, _ in found)
         raise APIError(400, f"{names} both constrain the output; send one of them", found[1][0], "invalid_value")
@@ -74,36 +84,62 @@ def _response_format(value: dict | None) -> tuple[Constraint | None, None]:
         spec = value.get("json_schema")
         where = "response_format.json_schema"
         if not isinstance(spec, dict):
-            raise APIError(400, f'{where}: expected an object like {{"name": "answer", "schema": {{...}}}}', where, "invalid_value")
+            raise APIError(
+                400, f'{where}: expected an object like {{"name": "answer", "schema": {{...}}}}', where, "invalid_value"
+            )
         _only(spec, {"name", "schema", "strict", "description"}, where)
         name = spec.get("name")
         if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-            raise APIError(400, f"{where}.name: a name of 1-64 letters, digits, _ or - is required", f"{where}.name",
-                           "invalid_value")
+            raise APIError(
+                400,
+                f"{where}.name: a name of 1-64 letters, digits, _ or - is required",
+                f"{where}.name",
+                "invalid_value",
+            )
         if "strict" in spec and not isinstance(spec["strict"], (bool, type(None))):
             raise APIError(400, f"{where}.strict must be true or false", f"{where}.strict", "invalid_value")
         if "schema" not in spec:
             raise APIError(400, f"{where}.schema: this field is required", f"{where}.schema", "missing")
         return made(Constraint.json_schema, f"{where}.schema", spec["schema"]), None
-    raise APIError(400, f'response_format.type must be "text", "json_object" or "json_schema", not {kind!r}',
-                   "response_format.type", "invalid_value")
+    raise APIError(
+        400,
+        f'response_format.type must be "text", "json_object" or "json_schema", not {kind!r}',
+        "response_format.type",
+        "invalid_value",
+    )
 
 
 def _structured(value: StructuredOutputs | None) -> tuple[Constraint | None, None]:
     if value is None:
         return None, None
     for name in value.model_extra or {}:
-        raise APIError(400, f"structured_outputs.{name} is not supported; use json, regex, choice, grammar or json_object",
-                       f"structured_outputs.{name}", "unsupported_value")
-    given = {name: v for name, v in (("json", value.json_), ("regex", value.regex), ("choice", value.choice),
-                                     ("grammar", value.grammar)) if v is not None}
+        raise APIError(
+            400,
+            f"structured_outputs.{name} is not supported; use json, regex, choice, grammar or json_object",
+            f"structured_outputs.{name}",
+            "unsupported_value",
+        )
+    given = {
+        name: v
+        for name, v in (
+            ("json", value.json_),
+            ("regex", value.regex),
+            ("choice", value.choice),
+            ("grammar", value.grammar),
+        )
+        if v is not None
+    }
     if value.json_object:
         given["json_object"] = True
     if len(given) != 1:
         what = "none" if not given else " and ".join(given)
-        raise APIError(400, f"structured_outputs takes exactly one of json, regex, choice, grammar or json_object, not {what}",
-                       "structured_outputs", "invalid_value")
-    (name, v), = given.items()
+        raise APIError(
+            400,
+            f"structured_outputs takes exactly one of json, regex, choice, grammar or json_object, not {what}",
+            "structured_outputs",
+            "invalid_value",
+        )
+    ((name, v),) = given.items()
     where = f"structured_outputs.{name}"
     if name == "json":
         if isinstance(v, str):
@@ -118,7 +154,9 @@ def _structured(value: StructuredOutputs | None) -> tuple[Constraint | None, Non
 def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Constraint | None, ToolCalls | None]:
     if not tools:
         if choice not in (None, "none", "auto"):
-            raise APIError(400, "tool_choice names a tool, but the request has no tools", "tool_choice", "invalid_value")
+            raise APIError(
+                400, "tool_choice names a tool, but the request has no tools", "tool_choice", "invalid_value"
+            )
         return None, None
     functions = _functions(tools)
     if choice == "none":
@@ -132,15 +170,28 @@ def _tools(tools: list | None, choice: Any, parallel: bool | None) -> tuple[Cons
             schema["$defs"] = defs
         if parallel is False:
             schema["maxItems"] = 1
-        return made(Constraint.json_schema, "tools", schema), ToolCalls(None, names=tuple(functions),
-                                                                         parallel=parallel is not False)
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" else None
+        return made(Constraint.json_schema, "tools", schema), ToolCalls(
+            None, names=tuple(functions), parallel=parallel is not False
+        )
+    name = (
+        choice.get("function", {}).get("name")
+        if isinstance(choice, dict) and choice.get("type") == "function"
+        else None
+    )
     if not isinstance(name, str):
-        raise APIError(400, 'tool_choice must be "none", "required" or {"type": "function", "function": {"name": ...}}',
-                       "tool_choice", "invalid_value")
+        raise APIError(
+            400,
+            'tool_choice must be "none", "required" or {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+            "invalid_value",
+        )
     if name not in functions:
-        raise APIError(400, f"tool_choice names {name!r}, which is not among the tools", "tool_choice.function.name",
-                       "invalid_value")
+        raise APIError(
+            400,
+            f"tool_choice names {name!r}, which is not among the tools",
+            "tool_choice.function.name",
+            "invalid_value",
+        )
     index = list(functions).index(name)
     return made(Constraint.json_schema, f"tools.{index}.function.parameters", functions[name]), ToolCalls(name)
 
@@ -156,24 +207,43 @@ def function_specs(tools: list) -> dict[str, dict]:
     for i, tool in enumerate(tools):
         where = f"tools.{i}"
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise APIError(400, f'{where}: a tool must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}',
-                           where, "invalid_value")
+            raise APIError(
+                400,
+                f'{where}: a tool must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}',
+                where,
+                "invalid_value",
+            )
         function = tool["function"]
         name = function.get("name")
         if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-            raise APIError(400, f"{where}.function.name: a name of 1-64 letters, digits, _ or - is required",
-                           f"{where}.function.name", "invalid_value")
+            raise APIError(
+                400,
+                f"{where}.function.name: a name of 1-64 letters, digits, _ or - is required",
+                f"{where}.function.name",
+                "invalid_value",
+            )
         if name in functions:
-            raise APIError(400, f"{where}.function.name: {name!r} is given twice", f"{where}.function.name", "invalid_value")
+            raise APIError(
+                400, f"{where}.function.name: {name!r} is given twice", f"{where}.function.name", "invalid_value"
+            )
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
-            raise APIError(400, f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters",
-                           "invalid_value")
+            raise APIError(
+                400,
+                f"{where}.function.parameters must be a JSON schema object",
+                f"{where}.function.parameters",
+                "invalid_value",
+            )
         description = function.get("description")
         if description is not None and not isinstance(description, str):
-            raise APIError(400, f"{where}.function.description must be a string", f"{where}.function.description",
-                           "invalid_value")
-        functions[name] = {"name": name, **({"description": description} if description else {}), "parameters": parameters}
+            raise APIError(
+                400, f"{where}.function.description must be a string", f"{where}.function.description", "invalid_value"
+            )
+        functions[name] = {
+            "name": name,
+            **({"description": description} if description else {}),
+            "parameters": parameters,
+        }
     return functions
 
 
@@ -183,13 +253,17 @@ def _json_text(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise APIError(400, f"{where}: a schema given as a string must be JSON ({exc})", where, "invalid_value") from None
+        raise APIError(
+            400, f"{where}: a schema given as a string must be JSON ({exc})", where, "invalid_value"
+        ) from None
 
 
 def _only(value: dict, allowed: set[str], where: str) -> None:
     for name in value:
         if name not in allowed:
-            raise APIError(400, f"{where}.{name} is not supported; leave it out", f"{where}.{name}", "unsupported_value")
+            raise APIError(
+                400, f"{where}.{name} is not supported; leave it out", f"{where}.{name}", "unsupported_value"
+            )
 
 
 def made(make, where: str, *args) -> Constraint:
@@ -197,7 +271,9 @@ def made(make, where: str, *args) -> Constraint:
     try:
         constraint = make(*args, where=where)
     except MissingDependencyError as exc:
-        raise APIError(501, f"{where}: this server cannot constrain output ({exc})", where, "unsupported_value") from None
+        raise APIError(
+            501, f"{where}: this server cannot constrain output ({exc})", where, "unsupported_value"
+        ) from None
     except InputError as exc:
         raise APIError(400, str(exc), where, "invalid_value") from None
     why = no_finite_output(constraint.grammar)

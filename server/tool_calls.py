@@ -110,7 +110,7 @@ class ToolCalls:
             starts.add(start.start())
             name = self._named(start.group(1))
             if name is not None:
-                calls.append(Call(name, _value_text(text[start.end():])))
+                calls.append(Call(name, _value_text(text[start.end() :])))
         cut = _CUT_NAME.search(text)
         if cut and cut.start() not in starts and (name := self._named(cut.group(1), partial=True)) is not None:
             calls.append(Call(name, ""))

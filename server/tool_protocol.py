@@ -1,17 +1,17 @@
 """tool_choice "auto" on every model: the chat template's own tool protocol where it has one, else the generic one.
 
-    template  the template renders the tools (it reads `tools`) and announces calls as JSON between
-              <tool_call> and </tool_call> (Qwen2.5's, Hermes'): the tools go into the prompt through it,
-              the reply is the model's own text, its tagged calls become tool_calls (ToolCalls.tags)
-    generic   any other template (SmolLM2's): the tools are described in a system message (`described`),
-              and the output is constrained by the grammar to one of
-                  {"name": NAME, "arguments": {...}}          a call of an offered function, its arguments
-                  [{"name": ..., "arguments": ...}, ...]      following its `parameters` (several: the array;
-                                                              not with parallel_tool_calls false)
-                  a plain answer                              any text that starts with neither "{" nor "["
-                                                              nor whitespace
-              then read into tool_calls or content (ToolCalls.generic). Being a constraint, it is exact under
-              every strategy, and it cannot be combined with response_format or structured_outputs.
+template  the template renders the tools (it reads `tools`) and announces calls as JSON between
+          <tool_call> and </tool_call> (Qwen2.5's, Hermes'): the tools go into the prompt through it,
+          the reply is the model's own text, its tagged calls become tool_calls (ToolCalls.tags)
+generic   any other template (SmolLM2's): the tools are described in a system message (`described`),
+          and the output is constrained by the grammar to one of
+              {"name": NAME, "arguments": {...}}          a call of an offered function, its arguments
+              [{"name": ..., "arguments": ...}, ...]      following its `parameters` (several: the array;
+                                                          not with parallel_tool_calls false)
+              a plain answer                              any text that starts with neither "{" nor "["
+                                                          nor whitespace
+          then read into tool_calls or content (ToolCalls.generic). Being a constraint, it is exact under
+          every strategy, and it cannot be combined with response_format or structured_outputs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 from dataclasses import replace
 from typing import Literal
 
-from jacobi_rt.runtime.constraints import Constraint, JSON_FORMAT
+from jacobi_rt.runtime.constraints import JSON_FORMAT, Constraint
 from jacobi_rt.runtime.tokenizer import Tokenizer
 
 from .call_schema import call_schemas, closed
@@ -32,7 +32,9 @@ from .tool_calls import ToolCalls
 Protocol = Literal["template", "generic"]
 
 INTRO = "You can call these functions:"
-CALL_FORMAT = 'To call a function, reply with only a JSON object {"name": <function name>, "arguments": <its arguments>}'
+CALL_FORMAT = (
+    'To call a function, reply with only a JSON object {"name": <function name>, "arguments": <its arguments>}'
+)
 ANSWER = ". Otherwise reply to the user in plain text."
 SEVERAL = " (several calls: a JSON array of such objects)"
 
@@ -57,11 +59,18 @@ def resolve_tools(call: GenerationCall, tokenizer: Tokenizer) -> None:
     if protocol(tokenizer) == "template":
         return
     if call.constraint is not None:
-        raise APIError(400, 'tool_choice "auto" on this model constrains the output (the generic tool protocol), as '
-                            "response_format or structured_outputs does: send one of them", "tool_choice", "invalid_value")
+        raise APIError(
+            400,
+            'tool_choice "auto" on this model constrains the output (the generic tool protocol), as '
+            "response_format or structured_outputs does: send one of them",
+            "tool_choice",
+            "invalid_value",
+        )
     specs = function_specs(call.tool_specs)
     parallel = call.tools.parallel
-    constraint = made(Constraint.lark, "tools", grammar({name: spec["parameters"] for name, spec in specs.items()}, parallel))
+    constraint = made(
+        Constraint.lark, "tools", grammar({name: spec["parameters"] for name, spec in specs.items()}, parallel)
+    )
     call.messages = described(call.messages, list(specs.values()), parallel)
     call.params = replace(call.params, constraint=constraint)
     call.tools = ToolCalls(None, names=tuple(specs), parallel=parallel, generic=True)

@@ -29,16 +29,22 @@ class ToolDeltas:
             return self._content_delta(_sure_content(text, self.tools.tags[0]))
         progress = self.tools.progress(text)
         deltas = []
-        if progress.content is not None and progress.content.startswith(self.content) and progress.content != self.content:
-            deltas.append({"content": progress.content[len(self.content):]})
+        if (
+            progress.content is not None
+            and progress.content.startswith(self.content)
+            and progress.content != self.content
+        ):
+            deltas.append({"content": progress.content[len(self.content) :]})
             self.content = progress.content
         for index, call in enumerate(progress.calls):
             if index == len(self.calls):
                 self.calls.append(Call(call.name, ""))
-                deltas.append(_entry(index, id=call_id(), type="function", function={"name": call.name, "arguments": ""}))
+                deltas.append(
+                    _entry(index, id=call_id(), type="function", function={"name": call.name, "arguments": ""})
+                )
             sent = self.calls[index]
             if call.arguments != sent.arguments and call.arguments.startswith(sent.arguments):
-                deltas.append(_entry(index, function={"arguments": call.arguments[len(sent.arguments):]}))
+                deltas.append(_entry(index, function={"arguments": call.arguments[len(sent.arguments) :]}))
                 self.calls[index] = call
         return deltas
 
@@ -48,7 +54,7 @@ class ToolDeltas:
         if self.tools.streams:
             return self.feed(text)
         content, calls = self.tools.message(text, cut)
-        rest = (content or "")[len(self.content):]  # what was sent is a prefix of the content (_sure_content)
+        rest = (content or "")[len(self.content) :]  # what was sent is a prefix of the content (_sure_content)
         delta = {"content": rest} if rest else {}
         if calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
@@ -58,7 +64,7 @@ class ToolDeltas:
         if len(content) <= len(self.content):
             return []
         sent, self.content = self.content, content
-        return [{"content": content[len(sent):]}]
+        return [{"content": content[len(sent) :]}]
 
     @property
     def called(self) -> bool:

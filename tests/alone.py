@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from jacobi_rt.runtime.allocator import allocate
 from jacobi_rt.runtime.batcher import run_alone
-from jacobi_rt.runtime.row import Row
 from jacobi_rt.runtime.proposers import own_cost
+from jacobi_rt.runtime.row import Row
 
 
-def passes(ctx, prompt, proposer, window, max_new: int, max_context: int | None = None, eos=(), chunk: int = 256,
-           sampler=None, clock=time.perf_counter) -> tuple[Row, Iterator[list[int]]]:
+def passes(
+    ctx,
+    prompt,
+    proposer,
+    window,
+    max_new: int,
+    max_context: int | None = None,
+    eos=(),
+    chunk: int = 256,
+    sampler=None,
+    clock=time.perf_counter,
+) -> tuple[Row, Iterator[list[int]]]:
     """(the row, its committed tokens pass by pass as they come: [] after each prompt chunk but the last)."""
     row = Row(list(prompt), max_new, proposer, sampler, window, set(eos), max_context or ctx.capacity)
     return row, run_alone(ctx, row, chunk, clock=clock)

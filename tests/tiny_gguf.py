@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-
 from tiny_models import CHAT_TEMPLATE, VOCAB, tiny_tokenizer
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
@@ -25,7 +24,9 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tiny_llama_tensors(seed: int = 0, tied: bool = False, hidden: int = HIDDEN, ffn: int = FFN) -> dict[str, np.ndarray]:
+def tiny_llama_tensors(
+    seed: int = 0, tied: bool = False, hidden: int = HIDDEN, ffn: int = FFN
+) -> dict[str, np.ndarray]:
     """name -> float32 array in GGUF orientation ([N, K] for linear weights)."""
     rng = np.random.default_rng(seed)
     scale = 4.0 / np.sqrt(hidden)  # large enough that greedy output varies (as tiny_models does)
@@ -53,8 +54,14 @@ def tiny_llama_tensors(seed: int = 0, tied: bool = False, hidden: int = HIDDEN, 
     return tensors
 
 
-def write_tiny_gguf(path: Path, qtype: str, tied: bool = False, overrides: dict[str, str] | None = None, seed: int = 0,
-                    wide: bool = False) -> Path:
+def write_tiny_gguf(
+    path: Path,
+    qtype: str,
+    tied: bool = False,
+    overrides: dict[str, str] | None = None,
+    seed: int = 0,
+    wide: bool = False,
+) -> Path:
     """Write the tiny Llama to PATH with every 2-D weight in `qtype` (overrides: tensor -> another type).
     wide: hidden 256 and FFN 512, which K-quants need; their blocks are random (`k_quant_blocks`)."""
     import gguf
@@ -98,12 +105,18 @@ def k_quant_blocks(kind: str, n: int, k: int, rng) -> np.ndarray:
     (w = d*sc*q - dmin*mn), mn = sc and dmin is half the levels times d, so each sub-block is symmetric."""
     if kind == "IQ4_NL":  # blocks of 32: d | 16 bytes of indices into a fixed table
         d = rng.uniform(2e-3, 4e-3, n * k // 32) * 1.0
-        return np.concatenate([_fp16(d), rng.integers(0, 256, (n * k // 32, 16), dtype=np.uint8)], axis=1).reshape(n, -1)
+        return np.concatenate([_fp16(d), rng.integers(0, 256, (n * k // 32, 16), dtype=np.uint8)], axis=1).reshape(
+            n, -1
+        )
     supers = n * k // 256
-    d = rng.uniform(2e-3, 4e-3, supers) * {"Q2_K": 6.0, "Q3_K": 1.3, "Q4_K": 0.375, "Q5_K": 0.19, "Q6_K": 0.047}[kind]  # std ~0.2
+    d = (
+        rng.uniform(2e-3, 4e-3, supers) * {"Q2_K": 6.0, "Q3_K": 1.3, "Q4_K": 0.375, "Q5_K": 0.19, "Q6_K": 0.047}[kind]
+    )  # std ~0.2
     if kind == "Q2_K":  # scales 16 (sc low nibble, mn high) | qs 64 | d | dmin
         sc = rng.integers(1, 16, (supers, 16)).astype(np.uint8)
-        blocks = np.concatenate([sc | (sc << 4), rng.integers(0, 256, (supers, 64), dtype=np.uint8), _fp16(d), _fp16(1.5 * d)], axis=1)
+        blocks = np.concatenate(
+            [sc | (sc << 4), rng.integers(0, 256, (supers, 64), dtype=np.uint8), _fp16(d), _fp16(1.5 * d)], axis=1
+        )
     elif kind == "Q3_K":  # hmask 32 | qs 64 | scales 12 | d
         blocks = np.concatenate([rng.integers(0, 256, (supers, 108), dtype=np.uint8), _fp16(d)], axis=1)
     elif kind == "Q6_K":  # ql 128 | qh 64 | int8 scales 16 | d
@@ -112,7 +125,9 @@ def k_quant_blocks(kind: str, n: int, k: int, rng) -> np.ndarray:
     else:  # d | dmin | 12 bytes of 6-bit scales and mins | (Q5_K: qh 32) | qs 128
         levels = 16 if kind == "Q4_K" else 32
         sc = rng.integers(1, 64, (supers, 8)).astype(np.uint8)
-        first = (sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6)  # scales 0-3 and the top bits of 4-7; the mins, equal, alike
+        first = (sc[:, :4] & 0x3F) | (
+            (sc[:, 4:] >> 4) << 6
+        )  # scales 0-3 and the top bits of 4-7; the mins, equal, alike
         packed = np.concatenate([first, first, (sc[:, 4:] & 0x0F) | ((sc[:, 4:] & 0x0F) << 4)], axis=1)
         quants = rng.integers(0, 256, (supers, 128 if kind == "Q4_K" else 160), dtype=np.uint8)
         blocks = np.concatenate([_fp16(d), _fp16(d * (levels - 1) / 2), packed, quants], axis=1)

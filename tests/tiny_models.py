@@ -11,7 +11,7 @@ from pathlib import Path
 CORPUS = (
     "The quick brown fox jumps over the lazy dog. def add(a, b): return a + b\n"
     "Jacobi decoding guesses a window of tokens and verifies them in one pass. "
-    "Numbers 0 1 2 3 4 5 6 7 8 9 and JSON {\"key\": [1, 2, 3]} and unicode: café, naïve, 東京, 🙂.\n"
+    'Numbers 0 1 2 3 4 5 6 7 8 9 and JSON {"key": [1, 2, 3]} and unicode: café, naïve, 東京, 🙂.\n'
 ) * 20
 
 CHAT_TEMPLATE = (
@@ -25,9 +25,19 @@ VOCAB = 384
 def tiny_config(family: str):
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  eos_token_id=0, bos_token_id=None, pad_token_id=0, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=0,
+        bos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     if family == "llama":
         return LlamaConfig(**common, rope_theta=10000.0)
     if family == "llama-mha-tied":  # one KV head per head, tied embeddings (SmolLM-like)
@@ -41,8 +51,16 @@ def tiny_config(family: str):
     if family == "qwen3":
         return Qwen3Config(**common, head_dim=16)
     if family == "gpt2":
-        return GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
-                          eos_token_id=0, bos_token_id=0, pad_token_id=0)
+        return GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=256,
+            eos_token_id=0,
+            bos_token_id=0,
+            pad_token_id=0,
+        )
     if family in MORE_FAMILIES:
         return more_config(family, common)
     raise ValueError(family)
@@ -79,45 +97,126 @@ def more_config(family: str, common: dict):
     embeddings they only repeat the prompt's last token, which would hide a wrong one."""
     from transformers import AutoConfig
 
-    sizes = {k: common[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                    "num_attention_heads", "max_position_embeddings", "eos_token_id", "bos_token_id", "pad_token_id")}
+    sizes = {
+        k: common[k]
+        for k in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+            "eos_token_id",
+            "bos_token_id",
+            "pad_token_id",
+        )
+    }
     if family == "phi3":
         # Phi3Config reads original_max_position_embeddings at the top level (4096 in the checkpoint, of 131072)
-        fields = dict(num_key_value_heads=2, partial_rotary_factor=0.75, tie_word_embeddings=True, hidden_act="silu",
-                      original_max_position_embeddings=128,
-                      rope_scaling={"rope_type": "longrope", "original_max_position_embeddings": 128,
-                                    "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0], "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})
+        fields = dict(
+            num_key_value_heads=2,
+            partial_rotary_factor=0.75,
+            tie_word_embeddings=True,
+            hidden_act="silu",
+            original_max_position_embeddings=128,
+            rope_scaling={
+                "rope_type": "longrope",
+                "original_max_position_embeddings": 128,
+                "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0],
+                "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+            },
+        )
     elif family == "gemma2":  # capping at 2 and 5 (the checkpoint: 50 and 30) so that it changes these tiny scores
-        fields = dict(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=32, attn_logit_softcapping=2.0,
-                      final_logit_softcapping=5.0, sliding_window=96, layer_types=["sliding_attention", "full_attention"],
-                      hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=False)
+        fields = dict(
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=32,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=5.0,
+            sliding_window=96,
+            layer_types=["sliding_attention", "full_attention"],
+            hidden_activation="gelu_pytorch_tanh",
+            tie_word_embeddings=False,
+        )
     elif family == "granite":
-        fields = dict(num_key_value_heads=2, embedding_multiplier=12.0, attention_multiplier=0.015625,
-                      residual_multiplier=0.22, logits_scaling=8.0, tie_word_embeddings=False, rope_theta=10000000.0)
+        fields = dict(
+            num_key_value_heads=2,
+            embedding_multiplier=12.0,
+            attention_multiplier=0.015625,
+            residual_multiplier=0.22,
+            logits_scaling=8.0,
+            tie_word_embeddings=False,
+            rope_theta=10000000.0,
+        )
     elif family == "olmo2":
         fields = dict(num_key_value_heads=4, rope_theta=500000.0, tie_word_embeddings=False)
     elif family == "gpt_neox":
-        fields = dict(num_key_value_heads=4, rotary_pct=0.25, use_parallel_residual=True, hidden_act="gelu",
-                      tie_word_embeddings=False, attention_bias=True)
+        fields = dict(
+            num_key_value_heads=4,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            hidden_act="gelu",
+            tie_word_embeddings=False,
+            attention_bias=True,
+        )
     elif family == "stablelm":
-        fields = dict(num_key_value_heads=4, partial_rotary_factor=0.25, use_qkv_bias=True, qk_layernorm=False,
-                      use_parallel_residual=False, tie_word_embeddings=False, hidden_act="silu")
+        fields = dict(
+            num_key_value_heads=4,
+            partial_rotary_factor=0.25,
+            use_qkv_bias=True,
+            qk_layernorm=False,
+            use_parallel_residual=False,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+        )
     elif family == "phi":
-        fields = dict(num_key_value_heads=4, partial_rotary_factor=0.4, hidden_act="gelu_new", qk_layernorm=False,
-                      tie_word_embeddings=False)
+        fields = dict(
+            num_key_value_heads=4,
+            partial_rotary_factor=0.4,
+            hidden_act="gelu_new",
+            qk_layernorm=False,
+            tie_word_embeddings=False,
+        )
     elif family == "gemma":
-        fields = dict(num_key_value_heads=1, head_dim=16, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
-                      tie_word_embeddings=False)
+        fields = dict(
+            num_key_value_heads=1,
+            head_dim=16,
+            hidden_act="gelu_pytorch_tanh",
+            hidden_activation="gelu_pytorch_tanh",
+            tie_word_embeddings=False,
+        )
     elif family == "gemma3_text":
-        fields = dict(num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, sliding_window=96,
-                      layer_types=["sliding_attention", "full_attention"], rope_local_base_freq=10000.0, rope_theta=1000000.0,
-                      tie_word_embeddings=False, hidden_activation="gelu_pytorch_tanh")
+        fields = dict(
+            num_key_value_heads=1,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=96,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_local_base_freq=10000.0,
+            rope_theta=1000000.0,
+            tie_word_embeddings=False,
+            hidden_activation="gelu_pytorch_tanh",
+        )
     elif family == "starcoder2":
-        fields = dict(num_key_value_heads=2, sliding_window=128, use_bias=True, hidden_act="gelu_pytorch_tanh",
-                      norm_epsilon=1e-5, rope_theta=999999.0, tie_word_embeddings=False)
+        fields = dict(
+            num_key_value_heads=2,
+            sliding_window=128,
+            use_bias=True,
+            hidden_act="gelu_pytorch_tanh",
+            norm_epsilon=1e-5,
+            rope_theta=999999.0,
+            tie_word_embeddings=False,
+        )
     elif family == "gptj":
-        fields = dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, rotary_dim=8, activation_function="gelu_new",
-                      tie_word_embeddings=False)
+        fields = dict(
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=256,
+            rotary_dim=8,
+            activation_function="gelu_new",
+            tie_word_embeddings=False,
+        )
     elif family == "nemotron":
         fields = dict(num_key_value_heads=2, partial_rotary_factor=0.5, hidden_act="relu2", tie_word_embeddings=False)
     elif family == "olmo":
@@ -125,11 +224,23 @@ def more_config(family: str, common: dict):
     elif family == "cohere":
         fields = dict(num_key_value_heads=2, logit_scale=0.0625, use_qk_norm=False, tie_word_embeddings=True)
     elif family == "falcon":
-        fields = dict(num_kv_heads=2, new_decoder_architecture=True, multi_query=True, parallel_attn=True, bias=False,
-                      alibi=False, tie_word_embeddings=False)
+        fields = dict(
+            num_kv_heads=2,
+            new_decoder_architecture=True,
+            multi_query=True,
+            parallel_attn=True,
+            bias=False,
+            alibi=False,
+            tie_word_embeddings=False,
+        )
     elif family == "smollm3":
-        fields = dict(num_key_value_heads=2, no_rope_layers=[1, 0], rope_theta=5000000.0, tie_word_embeddings=True,
-                      use_sliding_window=False)
+        fields = dict(
+            num_key_value_heads=2,
+            no_rope_layers=[1, 0],
+            rope_theta=5000000.0,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+        )
     return AutoConfig.for_model(family, **sizes, **fields)
 
 
@@ -138,9 +249,20 @@ def mid_config():
     tiny tokenizer: big enough that the weight pass's memory is measurable against its weights."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2048, num_hidden_layers=8,
-                       num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=256,
-                       eos_token_id=0, bos_token_id=None, pad_token_id=0, tie_word_embeddings=False, rope_theta=10000.0)
+    return LlamaConfig(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        eos_token_id=0,
+        bos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+    )
 
 
 def tiny_tokenizer():
@@ -150,8 +272,12 @@ def tiny_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|im_end|>", "<|im_start|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=["<|im_end|>", "<|im_start|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([CORPUS], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
     fast.chat_template = CHAT_TEMPLATE
@@ -166,8 +292,12 @@ def other_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|im_end|>", "<|im_start|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|im_end|>", "<|im_start|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(["Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 50], trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|im_end|>")
 

@@ -24,9 +24,24 @@ import sys
 import time
 from pathlib import Path
 
-TOPICS = ["the sea", "prime numbers", "a Python function that reverses a string", "the Roman Empire", "bread",
-          "volcanoes", "a haiku about rain", "how vaccines work", "chess openings", "the moon landing", "compilers",
-          "sleep", "photosynthesis", "a limerick about a cat", "binary search", "the water cycle"]
+TOPICS = [
+    "the sea",
+    "prime numbers",
+    "a Python function that reverses a string",
+    "the Roman Empire",
+    "bread",
+    "volcanoes",
+    "a haiku about rain",
+    "how vaccines work",
+    "chess openings",
+    "the moon landing",
+    "compilers",
+    "sleep",
+    "photosynthesis",
+    "a limerick about a cat",
+    "binary search",
+    "the water cycle",
+]
 
 
 def worker(artifact: str, draft: str | None, threads: int) -> None:
@@ -50,15 +65,25 @@ def worker(artifact: str, draft: str | None, threads: int) -> None:
         wall = time.perf_counter() - started
         result = stream.result
         after = max(wall - (first or 0.0), 1e-9)
-        print(json.dumps({"ids": result.ids, "ttft": first or wall, "tokens_per_second": (len(result.ids) - 1) / after,
-                          "tokens_per_pass": result.stats.tokens_per_pass}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "ids": result.ids,
+                    "ttft": first or wall,
+                    "tokens_per_second": (len(result.ids) - 1) / after,
+                    "tokens_per_pass": result.stats.tokens_per_pass,
+                }
+            ),
+            flush=True,
+        )
 
 
 class Side:
     def __init__(self, python: str, artifact: str, draft: str | None, threads: int):
         command = [python, str(Path(__file__).resolve()), "--worker", artifact, "--threads", str(threads)]
-        self.process = subprocess.Popen(command + (["--draft", draft] if draft else []), stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            command + (["--draft", draft] if draft else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert json.loads(self.process.stdout.readline())["ready"]
 
     def ask(self, **request) -> dict:
@@ -79,20 +104,31 @@ def run(a: Side, b: Side, strategies: list[str], prompts: list[str], max_new_tok
         for turn in range(rounds):
             for i, prompt in enumerate(prompts):
                 order = [("a", a), ("b", b)] if (i + turn) % 2 == 0 else [("b", b), ("a", a)]
-                answers = {name: side.ask(prompt=prompt, max_new_tokens=max_new_tokens, strategy=strategy) for name, side in order}
+                answers = {
+                    name: side.ask(prompt=prompt, max_new_tokens=max_new_tokens, strategy=strategy)
+                    for name, side in order
+                }
                 mismatches += answers["a"]["ids"] != answers["b"]["ids"]
                 for name in ("a", "b"):
                     runs[name].append(answers[name])
-        row = {name: {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in rs),
-                      "ttft": statistics.median(r["ttft"] for r in rs),
-                      "tokens_per_pass": statistics.median(r["tokens_per_pass"] for r in rs)} for name, rs in runs.items()}
+        row = {
+            name: {
+                "tokens_per_second": statistics.median(r["tokens_per_second"] for r in rs),
+                "ttft": statistics.median(r["ttft"] for r in rs),
+                "tokens_per_pass": statistics.median(r["tokens_per_pass"] for r in rs),
+            }
+            for name, rs in runs.items()
+        }
         row["speed_ratio"] = row["b"]["tokens_per_second"] / row["a"]["tokens_per_second"]
         row["ttft_ratio"] = row["a"]["ttft"] / row["b"]["ttft"]  # > 1: B reaches its first token sooner
         row["mismatches"] = mismatches
         table[strategy] = row
-        print(f"{strategy:12s} A {row['a']['tokens_per_second']:6.1f} tok/s ttft {row['a']['ttft'] * 1000:6.0f} ms | "
-              f"B {row['b']['tokens_per_second']:6.1f} tok/s ttft {row['b']['ttft'] * 1000:6.0f} ms | "
-              f"B/A speed {row['speed_ratio']:.3f}, ttft {row['ttft_ratio']:.3f}, mismatches {mismatches}", flush=True)
+        print(
+            f"{strategy:12s} A {row['a']['tokens_per_second']:6.1f} tok/s ttft {row['a']['ttft'] * 1000:6.0f} ms | "
+            f"B {row['b']['tokens_per_second']:6.1f} tok/s ttft {row['b']['ttft'] * 1000:6.0f} ms | "
+            f"B/A speed {row['speed_ratio']:.3f}, ttft {row['ttft_ratio']:.3f}, mismatches {mismatches}",
+            flush=True,
+        )
     return table
 
 
@@ -108,9 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=8, help="chat prompts (of 16)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--b-first", action="store_true",
-                        help="start B's worker first: two workers on 2 cores favour the one started second, so run "
-                             "both orders and compare")
+    parser.add_argument(
+        "--b-first",
+        action="store_true",
+        help="start B's worker first: two workers on 2 cores favour the one started second, so run "
+        "both orders and compare",
+    )
     parser.add_argument("--out", default=None, help="write the table as JSON here")
     args = parser.parse_args(argv)
     if args.worker:
@@ -120,9 +159,14 @@ def main(argv: list[str] | None = None) -> None:
         b = Side(args.b, args.artifact, args.draft, args.threads)
         a = Side(args.a, args.artifact, args.draft, args.threads)
     else:
-        a, b = Side(args.a, args.artifact, args.draft, args.threads), Side(args.b, args.artifact, args.draft, args.threads)
+        a, b = (
+            Side(args.a, args.artifact, args.draft, args.threads),
+            Side(args.b, args.artifact, args.draft, args.threads),
+        )
     try:
-        table = run(a, b, strategies, [f"Tell me about {t}." for t in TOPICS[: args.prompts]], args.max_new_tokens, args.rounds)
+        table = run(
+            a, b, strategies, [f"Tell me about {t}." for t in TOPICS[: args.prompts]], args.max_new_tokens, args.rounds
+        )
     finally:
         a.close()
         b.close()

@@ -68,7 +68,9 @@ def started(command: list[str], port: int, log: Path, wait_s: float = 300):
                     break
                 except (httpx.HTTPError, KeyError, ValueError):
                     if time.monotonic() > deadline:
-                        raise click.ClickException(f"{command[2]} did not answer in {wait_s:.0f} s; see {log}") from None
+                        raise click.ClickException(
+                            f"{command[2]} did not answer in {wait_s:.0f} s; see {log}"
+                        ) from None
                     time.sleep(1)
             yield base, models[0]["id"]
         finally:
@@ -83,8 +85,16 @@ def server_commands(artifact: str, gguf: str | None, llama_args: tuple[str, ...]
     port = free_port()
     commands = {"jacobi-rt": [sys.executable, "-m", "jacobi_rt", "serve", artifact, "--port", str(port)]}
     if gguf:
-        commands["llama-server"] = [sys.executable, "-m", "llama_cpp.server", "--model", gguf,
-                                    "--port", str(free_port()), *llama_args]
+        commands["llama-server"] = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            gguf,
+            "--port",
+            str(free_port()),
+            *llama_args,
+        ]
     return commands
 
 
@@ -117,16 +127,29 @@ def table(outcomes: list[Outcome], servers: list[str]) -> str:
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--gguf", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Also run llama-cpp-python's server on this GGUF (pip install 'llama-cpp-python[server]').")
+@click.option(
+    "--gguf",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Also run llama-cpp-python's server on this GGUF (pip install 'llama-cpp-python[server]').",
+)
 @click.option("--llama-arg", "llama_args", multiple=True, help="An argument for llama_cpp.server (repeatable).")
-@click.option("--servers", default="jacobi-rt,llama-server", show_default=True,
-              help="Which servers to run (comma-separated; llama-server needs --gguf).")
+@click.option(
+    "--servers",
+    default="jacobi-rt,llama-server",
+    show_default=True,
+    help="Which servers to run (comma-separated; llama-server needs --gguf).",
+)
 @click.option("--only", default="", help="Run the modes whose 'framework mode' contains this text.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write every outcome as JSON here.")
 @click.option("--record", type=click.Path(file_okay=False), default=None, help="Write each mode's request bodies here.")
-@click.option("--logs", type=click.Path(file_okay=False), default="build/agent-frameworks", show_default=True,
-              help="The servers' logs.")
+@click.option(
+    "--logs",
+    type=click.Path(file_okay=False),
+    default="build/agent-frameworks",
+    show_default=True,
+    help="The servers' logs.",
+)
 def main(artifact, gguf, llama_args, servers, only, out, record, logs):
     """Run each agent framework's modes against jacobi-rt serve (and llama-server) and print the table."""
     modes = [m for m in MODES if only in f"{m.framework} {m.name}"]
@@ -135,14 +158,19 @@ def main(artifact, gguf, llama_args, servers, only, out, record, logs):
         raise click.ClickException("the frameworks are not installed: " + "; ".join(missing))
     Path(logs).mkdir(parents=True, exist_ok=True)
     outcomes, sent = [], {}
-    commands = {name: c for name, c in server_commands(artifact, gguf, llama_args).items() if name in servers.split(",")}
+    commands = {
+        name: c for name, c in server_commands(artifact, gguf, llama_args).items() if name in servers.split(",")
+    }
     for server, command in commands.items():
         with started(command, int(command[command.index("--port") + 1]), Path(logs) / f"{server}.log") as (base, model):
             for mode in modes:
                 target = Target(base, model)
                 outcome = run_mode(server, mode, target)
-                click.echo(f"{server:12s} {mode.framework:24s} {mode.name:34s} "
-                           f"{'works' if outcome.works else 'FAILS'} ({outcome.seconds} s) {outcome.detail}", err=True)
+                click.echo(
+                    f"{server:12s} {mode.framework:24s} {mode.name:34s} "
+                    f"{'works' if outcome.works else 'FAILS'} ({outcome.seconds} s) {outcome.detail}",
+                    err=True,
+                )
                 outcomes.append(outcome)
                 sent[(server, mode.framework, mode.name)] = target.sent
     click.echo(table(outcomes, list(commands)))

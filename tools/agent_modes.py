@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 CALL = "Call multiply with a=6 and b=7, then tell me the result."
 CHAT = "Say hello in one short sentence."
@@ -53,7 +53,9 @@ class Target:
     def async_openai(self):
         from openai import AsyncOpenAI
 
-        return AsyncOpenAI(base_url=self.base_url, api_key="unused", max_retries=0, http_client=self.async_http_client())
+        return AsyncOpenAI(
+            base_url=self.base_url, api_key="unused", max_retries=0, http_client=self.async_http_client()
+        )
 
 
 @dataclass(frozen=True)
@@ -100,11 +102,19 @@ def _called(seen: list, answer: str) -> str:
 
 # -- LangChain (langchain-openai) --------------------------------------------------------------------
 
+
 def _chat_openai(target: Target):
     from langchain_openai import ChatOpenAI
 
-    return ChatOpenAI(model=target.model, base_url=target.base_url, api_key="unused", temperature=0,
-                      max_tokens=MAX_TOKENS, max_retries=0, http_client=target.http_client())
+    return ChatOpenAI(
+        model=target.model,
+        base_url=target.base_url,
+        api_key="unused",
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        max_retries=0,
+        http_client=target.http_client(),
+    )
 
 
 def lc_chat(target: Target) -> str:
@@ -128,7 +138,9 @@ def lc_tools(tool_choice: str | None) -> Callable[[Target], str]:
         seen: list = []
         multiply = multiply_tool(seen)
         llm = _chat_openai(target)
-        bound = llm.bind_tools([multiply]) if tool_choice is None else llm.bind_tools([multiply], tool_choice=tool_choice)
+        bound = (
+            llm.bind_tools([multiply]) if tool_choice is None else llm.bind_tools([multiply], tool_choice=tool_choice)
+        )
         messages = [HumanMessage(CALL)]
         reply = bound.invoke(messages)
         if reply.invalid_tool_calls:
@@ -163,7 +175,9 @@ def lc_stream_tools(target: Target) -> str:
 def lc_structured(method: str) -> Callable[[Target], str]:
     def run(target: Target) -> str:
         person = _chat_openai(target).with_structured_output(person_model(), method=method)
-        prompt = PERSON + (" Answer in JSON with keys name, born, address (city, country)." if method == "json_mode" else "")
+        prompt = PERSON + (
+            " Answer in JSON with keys name, born, address (city, country)." if method == "json_mode" else ""
+        )
         got = person.invoke(prompt)
         if got is None:  # LangChain's parser found no (valid) tool call
             raise ModeFailed("with_structured_output returned None")
@@ -173,6 +187,7 @@ def lc_structured(method: str) -> Callable[[Target], str]:
 
 
 # -- pydantic-ai (pydantic-ai-slim[openai]) ----------------------------------------------------------
+
 
 def _pai_model(target: Target, client):
     from pydantic_ai.models.openai import OpenAIChatModel
@@ -216,7 +231,9 @@ def pai_tools(target: Target) -> str:
     seen: list = []
 
     async def go():
-        agent = Agent(_pai_model(target, target.async_openai()), tools=[multiply_tool(seen)], model_settings=_pai_settings())
+        agent = Agent(
+            _pai_model(target, target.async_openai()), tools=[multiply_tool(seen)], model_settings=_pai_settings()
+        )
         return (await agent.run(CALL, usage_limits=UsageLimits(request_limit=MAX_TURNS))).output
 
     return _called(seen, asyncio.run(go()))
@@ -242,6 +259,7 @@ def pai_output(kind: str) -> Callable[[Target], str]:
 
 # -- the openai-agents SDK (openai-agents) -----------------------------------------------------------
 
+
 def _sdk_model(target: Target, client, responses: bool):
     from agents import OpenAIChatCompletionsModel, OpenAIResponsesModel, set_tracing_disabled
 
@@ -254,8 +272,13 @@ def _sdk_agent(target: Target, responses: bool, **fields):
     from agents import Agent, ModelSettings
 
     settings = ModelSettings(temperature=0, max_tokens=MAX_TOKENS, tool_choice=fields.pop("tool_choice", None))
-    return Agent(name="assistant", instructions="You are a helpful assistant.",
-                 model=_sdk_model(target, target.async_openai(), responses), model_settings=settings, **fields)
+    return Agent(
+        name="assistant",
+        instructions="You are a helpful assistant.",
+        model=_sdk_model(target, target.async_openai(), responses),
+        model_settings=settings,
+        **fields,
+    )
 
 
 def sdk_chat(responses: bool) -> Callable[[Target], str]:
@@ -304,6 +327,7 @@ def sdk_tools(responses: bool, tool_choice: str | None) -> Callable[[Target], st
 
 def sdk_stream_tools(responses: bool) -> Callable[[Target], str]:
     """The tool loop with tool_choice "required" under Runner.run_streamed."""
+
     def run(target: Target) -> str:
         from agents import Runner, function_tool
 
@@ -336,13 +360,15 @@ def sdk_output(responses: bool) -> Callable[[Target], str]:
 
 def _sdk_modes(label: str, responses: bool) -> list[Mode]:
     package = "openai-agents"
-    return [Mode(package, f"{label} chat", sdk_chat(responses)),
-            Mode(package, f"{label} stream", sdk_stream(responses)),
-            Mode(package, f"{label} tools (auto)", sdk_tools(responses, None)),
-            Mode(package, f"{label} tool_choice required", sdk_tools(responses, "required")),
-            Mode(package, f"{label} tool_choice named", sdk_tools(responses, "multiply")),
-            Mode(package, f"{label} stream, tool_choice required", sdk_stream_tools(responses)),
-            Mode(package, f"{label} output_type", sdk_output(responses))]
+    return [
+        Mode(package, f"{label} chat", sdk_chat(responses)),
+        Mode(package, f"{label} stream", sdk_stream(responses)),
+        Mode(package, f"{label} tools (auto)", sdk_tools(responses, None)),
+        Mode(package, f"{label} tool_choice required", sdk_tools(responses, "required")),
+        Mode(package, f"{label} tool_choice named", sdk_tools(responses, "multiply")),
+        Mode(package, f"{label} stream, tool_choice required", sdk_stream_tools(responses)),
+        Mode(package, f"{label} output_type", sdk_output(responses)),
+    ]
 
 
 MODES: list[Mode] = [

@@ -33,8 +33,9 @@ def top2_gap(generator, ids: list[int]) -> float:
     return float(top[1] - top[0])
 
 
-def divergences(generator, prompts: list[list[int]], solo: list[list[int]], batch: int, max_tokens: int,
-                strategy: str) -> list[dict]:
+def divergences(
+    generator, prompts: list[list[int]], solo: list[list[int]], batch: int, max_tokens: int, strategy: str
+) -> list[dict]:
     from jacobi_rt.runtime.batcher import Batcher
 
     found = []
@@ -50,18 +51,31 @@ def divergences(generator, prompts: list[list[int]], solo: list[list[int]], batc
         if got == alone:
             continue
         at = next((k for k, (a, b) in enumerate(zip(alone, got)) if a != b), min(len(alone), len(got)))
-        found.append({"batch": batch, "prompt": i, "position": at, "solo": alone[at] if at < len(alone) else None,
-                      "batched": got[at] if at < len(got) else None,
-                      "top2_gap": round(top2_gap(generator, prompts[i] + alone[:at]), 6)})
+        found.append(
+            {
+                "batch": batch,
+                "prompt": i,
+                "position": at,
+                "solo": alone[at] if at < len(alone) else None,
+                "batched": got[at] if at < len(got) else None,
+                "top2_gap": round(top2_gap(generator, prompts[i] + alone[:at]), 6),
+            }
+        )
     return found
 
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--batches", default="1,4,16", show_default=True, help="Batch sizes (batcher slots) to compare with solo runs.")
+@click.option(
+    "--batches", default="1,4,16", show_default=True, help="Batch sizes (batcher slots) to compare with solo runs."
+)
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--prompts", "count", type=click.IntRange(1), default=16, show_default=True, help="How many bundled prompts.")
-@click.option("--strategy", default="greedy", show_default=True, help="The batched runs' strategy (solo runs are greedy).")
+@click.option(
+    "--prompts", "count", type=click.IntRange(1), default=16, show_default=True, help="How many bundled prompts."
+)
+@click.option(
+    "--strategy", default="greedy", show_default=True, help="The batched runs' strategy (solo runs are greedy)."
+)
 @click.option("--threads", type=click.IntRange(1), default=None)
 @click.option("--out", type=click.Path(dir_okay=False), default="build/batch_check.json", show_default=True)
 def main(artifact, batches, max_tokens, count, strategy, threads, out):
@@ -70,21 +84,34 @@ def main(artifact, batches, max_tokens, count, strategy, threads, out):
 
     generator = Generator.load(artifact, threads=threads, graph="inplace", prefix_cache=False)
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()][:count]
-    prompts = [generator.tokenizer.encode(generator.chat_prompt([{"role": "user", "content": r["prompt"]}]),
-                                          add_special_tokens=False) if r.get("chat") else generator.tokenizer.encode(r["prompt"])
-               for r in rows]
+    prompts = [
+        generator.tokenizer.encode(
+            generator.chat_prompt([{"role": "user", "content": r["prompt"]}]), add_special_tokens=False
+        )
+        if r.get("chat")
+        else generator.tokenizer.encode(r["prompt"])
+        for r in rows
+    ]
     longest = generator.limits.max_context - max_tokens - 1
     prompts = [p[-longest:] for p in prompts]  # a tiny test model's short context
     solo = [generator.generate(p, max_new_tokens=max_tokens, strategy="greedy").ids for p in prompts]
-    report = {"artifact": artifact, "max_tokens": max_tokens, "strategy": strategy, "prompts": len(prompts),
-              "tokens": sum(len(s) for s in solo), "divergences": []}
+    report = {
+        "artifact": artifact,
+        "max_tokens": max_tokens,
+        "strategy": strategy,
+        "prompts": len(prompts),
+        "tokens": sum(len(s) for s in solo),
+        "divergences": [],
+    }
     for batch in [int(b) for b in batches.split(",")]:
         found = divergences(generator, prompts, solo, batch, max_tokens, strategy)
         report["divergences"] += found
         click.echo(f"batch {batch:>3}: {len(prompts) - len(found)}/{len(prompts)} outputs equal to solo greedy")
         for d in found:
-            click.echo(f"    prompt {d['prompt']:>2} position {d['position']:>3}: solo {d['solo']} batched {d['batched']}, "
-                       f"solo top-2 logit gap {d['top2_gap']}")
+            click.echo(
+                f"    prompt {d['prompt']:>2} position {d['position']:>3}: solo {d['solo']} batched {d['batched']}, "
+                f"solo top-2 logit gap {d['top2_gap']}"
+            )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2))
     click.echo(f"wrote {out}", err=True)

@@ -21,15 +21,17 @@ from __future__ import annotations
 import json
 import statistics
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 SCHEMA_VERSION = 1
 REFERENCE = "greedy"  # the jacobi-rt greedy configuration: identity and ratios are measured against it
 
 
 # -- inputs -------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -53,11 +55,17 @@ def load_prompts(path: str | Path | None = None, limit: int | None = None) -> li
             continue
         try:
             row = json.loads(line)
-            prompts.append(Prompt(str(row["id"]), str(row.get("category", "other")), str(row["prompt"]), bool(row.get("chat", True))))
+            prompts.append(
+                Prompt(
+                    str(row["id"]), str(row.get("category", "other")), str(row["prompt"]), bool(row.get("chat", True))
+                )
+            )
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             from jacobi_rt.runtime.errors import InputError
 
-            raise InputError(f"{path or 'prompts.jsonl'} line {number}: expected a JSON object with \"id\" and \"prompt\" ({exc})") from exc
+            raise InputError(
+                f'{path or "prompts.jsonl"} line {number}: expected a JSON object with "id" and "prompt" ({exc})'
+            ) from exc
     return spread(prompts, limit) if limit else prompts
 
 
@@ -73,6 +81,7 @@ def spread(prompts: list[Prompt], limit: int) -> list[Prompt]:
 
 
 # -- one run ------------------------------------------------------------------------------------
+
 
 @dataclass
 class RunResult:
@@ -121,7 +130,7 @@ class RssSampler:
         while not self._stop.wait(self.interval):
             self.peak = max(self.peak, self.current_mb())
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self.before = self.peak = self.current_mb()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -186,6 +195,7 @@ def run_bench(
 
 # -- jacobi-rt configurations ------------------------------------------------------------------
 
+
 class _RecordingContext:
     """A backend context that notes how many window entries each commit keeps: after the prefill's
     chunks, one commit per decoding pass, keeping exactly the tokens that pass committed."""
@@ -226,7 +236,10 @@ class RecordingBackend:
 VARIANTS: dict[str, tuple[str, dict]] = {
     "speculative-chain": ("speculative", {"jacobi_tail": False}),  # the draft's own chain each pass
     "speculative-tail": ("speculative", {"jacobi_tail": True}),  # target predictions seed the draft's next window
-    "speculative-independent": ("speculative", {"coupled_draft": False}),  # sampling: the draft's own noise, not the target's
+    "speculative-independent": (
+        "speculative",
+        {"coupled_draft": False},
+    ),  # sampling: the draft's own noise, not the target's
 }
 
 
@@ -243,22 +256,39 @@ def strategy_of(name: str) -> tuple[str, dict]:
 class StrategyConfig:
     """A jacobi-rt strategy on a loaded Generator (whose backend is a RecordingBackend)."""
 
-    def __init__(self, generator, strategy: str, window: int | None, name: str, engine: str, baseline: str | None,
-                 options: dict | None = None):
+    def __init__(
+        self,
+        generator,
+        strategy: str,
+        window: int | None,
+        name: str,
+        engine: str,
+        baseline: str | None,
+        options: dict | None = None,
+    ):
         self.generator, self.strategy, self.window = generator, strategy, window
         self.name, self.engine, self.baseline = name, engine, baseline
         self.options = options or {}
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
-        result = self.generator.generate(prompt_ids, max_new_tokens=max_new_tokens, strategy=self.strategy, window=self.window,
-                                         **self.options)
+        result = self.generator.generate(
+            prompt_ids, max_new_tokens=max_new_tokens, strategy=self.strategy, window=self.window, **self.options
+        )
         s = result.stats
         log = getattr(self.generator.backend, "log", None)
         return RunResult(
-            ids=result.ids, ttft_seconds=s.prefill_seconds, wall_seconds=s.wall_seconds, target_passes=s.target_passes,
+            ids=result.ids,
+            ttft_seconds=s.prefill_seconds,
+            wall_seconds=s.wall_seconds,
+            target_passes=s.target_passes,
             finish_reason=s.finish_reason,
-            accepted_per_pass=list(log[s.prefill_passes:]) if log is not None else None,
-            extra={"window": s.window, "adaptive": s.adaptive, "overhead_share": s.overhead_share, "proposer": s.proposer},
+            accepted_per_pass=list(log[s.prefill_passes :]) if log is not None else None,
+            extra={
+                "window": s.window,
+                "adaptive": s.adaptive,
+                "overhead_share": s.overhead_share,
+                "proposer": s.proposer,
+            },
         )
 
 
@@ -266,7 +296,9 @@ def load_generator(artifact: str | Path, draft: str | Path | None = None, thread
     """Generator.load (config: its DecodingConfig) with the recording backend in place."""
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(artifact, draft=draft, threads=threads, config=config, prefix_cache=False)  # every configuration prefills alike
+    generator = Generator.load(
+        artifact, draft=draft, threads=threads, config=config, prefix_cache=False
+    )  # every configuration prefills alike
     generator.backend = RecordingBackend(generator.backend)
     return generator
 
@@ -274,7 +306,9 @@ def load_generator(artifact: str | Path, draft: str | Path | None = None, thread
 def prompt_ids(generator, prompt: Prompt) -> list[int]:
     """The token ids every configuration is fed: the chat template applied by the artifact's tokenizer."""
     if prompt.chat:
-        return generator.tokenizer.encode(generator.chat_prompt([{"role": "user", "content": prompt.prompt}]), add_special_tokens=False)
+        return generator.tokenizer.encode(
+            generator.chat_prompt([{"role": "user", "content": prompt.prompt}]), add_special_tokens=False
+        )
     return generator.tokenizer.encode(prompt.prompt)
 
 
@@ -286,7 +320,7 @@ def greedy_logit_gap(generator, prompt: list[int], prefix: list[int], chunk: int
     backend = getattr(generator.backend, "_inner", generator.backend)
     with backend.context(len(ids)) as ctx:
         for start in range(0, len(ids), chunk):
-            piece = ids[start:start + chunk]
+            piece = ids[start : start + chunk]
             out = ctx.forward(np.array([piece], dtype=np.int64), want_logits=start + chunk >= len(ids))
             ctx.commit(len(piece))
     logits = out.logits[0, -1]
@@ -295,6 +329,7 @@ def greedy_logit_gap(generator, prompt: list[int], prefix: list[int], chunk: int
 
 
 # -- identity against the reference -------------------------------------------------------------
+
 
 def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | None:
     """Index of the first new token where `other` differs from `reference` (a shorter one differs
@@ -305,10 +340,13 @@ def first_divergence(reference: Sequence[int], other: Sequence[int]) -> int | No
     return None if len(reference) == len(other) else min(len(reference), len(other))
 
 
-def mark_identity(records: list[dict], reference: str = REFERENCE,
-                  logit_gap: Callable[[str, list[int]], dict] | None = None,
-                  references: dict[str, str] | None = None,
-                  other_gaps: dict[str, Callable[[str, list[int]], dict]] | None = None) -> None:
+def mark_identity(
+    records: list[dict],
+    reference: str = REFERENCE,
+    logit_gap: Callable[[str, list[int]], dict] | None = None,
+    references: dict[str, str] | None = None,
+    other_gaps: dict[str, Callable[[str, list[int]], dict]] | None = None,
+) -> None:
     """Add `identical` and `divergence` ({position, reference_token, token, top2_gap, ...}) to every record.
 
     references: config -> the greedy configuration it must equal, for configurations of another
@@ -332,9 +370,11 @@ def mark_identity(records: list[dict], reference: str = REFERENCE,
         if pos is None:
             r["divergence"] = None
             continue
-        div = {"position": pos,
-               "reference_token": ref[pos] if pos < len(ref) else None,
-               "token": r["ids"][pos] if pos < len(r["ids"]) else None}
+        div = {
+            "position": pos,
+            "reference_token": ref[pos] if pos < len(ref) else None,
+            "token": r["ids"][pos] if pos < len(r["ids"]) else None,
+        }
         gap = gap_for.get(against)
         if gap is not None and div["reference_token"] is not None and div["token"] is not None:
             key = (against, r["prompt_id"], pos)
@@ -345,6 +385,7 @@ def mark_identity(records: list[dict], reference: str = REFERENCE,
 
 
 # -- the report ---------------------------------------------------------------------------------
+
 
 def quantiles(values: Sequence[float]) -> dict | None:
     """Median and interquartile spread: {"median", "p25", "p75", "n"} (None for no values)."""
@@ -450,8 +491,10 @@ def divergence_lines(summary: dict) -> list[str]:
             d = c["divergence"]
             if d:
                 gap = f", greedy's top-2 logit gap there {d['top2_gap']:.4f}" if d.get("top2_gap") is not None else ""
-                lines.append(f"{name} on {prompt_id}: first different token at {d['position']} "
-                             f"({d['token']} instead of {d['reference_token']}){gap}")
+                lines.append(
+                    f"{name} on {prompt_id}: first different token at {d['position']} "
+                    f"({d['token']} instead of {d['reference_token']}){gap}"
+                )
     return lines
 
 

@@ -44,7 +44,11 @@ def plot_all(records: list[dict], out: Path) -> list[Path]:
     for k, name in enumerate(with_passes):
         values = []
         for c in categories:
-            xs = sorted(r["tokens_per_pass"] for r in records if r["config"] == name and r["category"] == c and r["tokens_per_pass"])
+            xs = sorted(
+                r["tokens_per_pass"]
+                for r in records
+                if r["config"] == name and r["category"] == c and r["tokens_per_pass"]
+            )
             values.append(xs[len(xs) // 2] if xs else 0)
         ax.bar([i + k * width for i in range(len(categories))], values, width, label=name)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(categories))], categories, rotation=30, ha="right")
@@ -54,7 +58,9 @@ def plot_all(records: list[dict], out: Path) -> list[Path]:
     paths.append(_save(fig, out / "tokens_per_pass_by_category.png"))
 
     # accepted tokens per decoding pass (jacobi-rt configurations, from the recorded commits)
-    counted = {n: Counter(a for r in records if r["config"] == n for a in (r["accepted_per_pass"] or [])) for n in names}
+    counted = {
+        n: Counter(a for r in records if r["config"] == n for a in (r["accepted_per_pass"] or [])) for n in names
+    }
     counted = {n: c for n, c in counted.items() if c and n != "greedy"}
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=80)
     top = max((max(c) for c in counted.values()), default=1)

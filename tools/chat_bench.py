@@ -29,14 +29,33 @@ import click
 
 from .load_bench import PROMPTS, local_server
 
-TOPICS = ["tides", "bread", "volcanoes", "chess", "owls", "glass", "rivers", "bees", "clocks", "maps", "salt",
-          "kites", "frost", "caves", "comets", "ferns"]
+TOPICS = [
+    "tides",
+    "bread",
+    "volcanoes",
+    "chess",
+    "owls",
+    "glass",
+    "rivers",
+    "bees",
+    "clocks",
+    "maps",
+    "salt",
+    "kites",
+    "frost",
+    "caves",
+    "comets",
+    "ferns",
+]
 
 
 def system_prompt(tokens: int) -> str:
     """A long, plain system prompt of about `tokens` tokens (house rules of a support desk)."""
-    rules = [f"Rule {i}: when a customer asks about topic number {i}, answer politely, cite the handbook section {i}, "
-             f"and keep the answer under three sentences." for i in range(1, 400)]
+    rules = [
+        f"Rule {i}: when a customer asks about topic number {i}, answer politely, cite the handbook section {i}, "
+        f"and keep the answer under three sentences."
+        for i in range(1, 400)
+    ]
     text, words = "You are the support assistant of a small shop.", 8
     for rule in rules:
         if words >= tokens * 0.75:
@@ -50,8 +69,9 @@ def ask(client, model: str, messages: list[dict], max_tokens: int) -> dict:
     """One streamed chat turn: the reply, time to first token, cached prompt tokens."""
     started = time.perf_counter()
     first, text, usage = None, "", None
-    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, stream=True, stream_options={"include_usage": True}
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             first = first or time.perf_counter() - started
@@ -60,8 +80,14 @@ def ask(client, model: str, messages: list[dict], max_tokens: int) -> dict:
             usage = chunk.usage
     wall = time.perf_counter() - started
     cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
-    return {"text": text, "ttft": first or wall, "wall": wall, "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens, "cached_tokens": cached}
+    return {
+        "text": text,
+        "ttft": first or wall,
+        "wall": wall,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": cached,
+    }
 
 
 def long_chat(clients: dict, model: str, system: str, turns: int, max_tokens: int) -> list[dict]:
@@ -75,15 +101,25 @@ def long_chat(clients: dict, model: str, system: str, turns: int, max_tokens: in
             messages[name].append({"role": "user", "content": question})
             replies[name] = ask(clients[name], model, messages[name], max_tokens)
             messages[name].append({"role": "assistant", "content": replies[name]["text"]})
-        rows.append({"turn": turn + 1, **{f"{name}_{k}": v for name, r in replies.items() for k, v in r.items() if k != "text"},
-                     "same": replies["cache"]["text"] == replies["nocache"]["text"]})
-        click.echo(f"turn {turn + 1}: prompt {replies['cache']['prompt_tokens']} tokens, cached {replies['cache']['cached_tokens']}; "
-                   f"ttft {replies['cache']['ttft'] * 1000:.0f} ms vs {replies['nocache']['ttft'] * 1000:.0f} ms without "
-                   f"the cache; same reply: {rows[-1]['same']}", err=True)
+        rows.append(
+            {
+                "turn": turn + 1,
+                **{f"{name}_{k}": v for name, r in replies.items() for k, v in r.items() if k != "text"},
+                "same": replies["cache"]["text"] == replies["nocache"]["text"],
+            }
+        )
+        click.echo(
+            f"turn {turn + 1}: prompt {replies['cache']['prompt_tokens']} tokens, cached {replies['cache']['cached_tokens']}; "
+            f"ttft {replies['cache']['ttft'] * 1000:.0f} ms vs {replies['nocache']['ttft'] * 1000:.0f} ms without "
+            f"the cache; same reply: {rows[-1]['same']}",
+            err=True,
+        )
     return rows
 
 
-def many_chats(client, model: str, count: int, turns: int, max_tokens: int, system: str) -> tuple[float, list[list[str]]]:
+def many_chats(
+    client, model: str, count: int, turns: int, max_tokens: int, system: str
+) -> tuple[float, list[list[str]]]:
     """`count` clients at once, each a chat of `turns` turns; (wall seconds, each client's replies)."""
     barrier = threading.Barrier(count)
 
@@ -106,8 +142,9 @@ def many_chats(client, model: str, count: int, turns: int, max_tokens: int, syst
 def complete(client, model: str, prompt: str, max_tokens: int) -> dict:
     """One streamed completion of a raw prompt (no chat template): TTFT and tokens/s."""
     started, first, tokens = time.perf_counter(), None, 0
-    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
-                                           stream_options={"include_usage": True}):
+    for chunk in client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, stream=True, stream_options={"include_usage": True}
+    ):
         if chunk.choices and chunk.choices[0].text:
             first = first or time.perf_counter() - started
         if chunk.usage is not None:
@@ -120,9 +157,12 @@ def unshared(clients: dict, model: str, prompts: list[str], max_tokens: int) -> 
     """Prompts that share no prefix, each sent to both servers (taking turns which goes first): medians per server."""
     runs: dict[str, list[dict]] = {name: [] for name in clients}
     for i, prompt in enumerate(prompts):
-        for name in (list(clients) if i % 2 == 0 else list(reversed(clients))):
+        for name in list(clients) if i % 2 == 0 else list(reversed(clients)):
             runs[name].append(complete(clients[name], model, prompt, max_tokens))
-    out = {name: {key: statistics.median(r[key] for r in rs) for key in ("ttft", "tokens_per_second")} for name, rs in runs.items()}
+    out = {
+        name: {key: statistics.median(r[key] for r in rs) for key in ("ttft", "tokens_per_second")}
+        for name, rs in runs.items()
+    }
     out["speed_ratio"] = out["cache"]["tokens_per_second"] / out["nocache"]["tokens_per_second"]
     out["ttft_ratio"] = out["nocache"]["ttft"] / out["cache"]["ttft"]
     return out
@@ -133,8 +173,10 @@ def warm_pool(artifact: str, system: str, turns: int, max_tokens: int, chats: in
     handed over with the kept prefix and without (`prefix_cache.guesses`); both generators take turns."""
     from jacobi_rt.runtime import Generator
 
-    gens = {name: Generator.load(artifact, verify=False, config={"prefix_cache.guesses": warm})
-            for name, warm in (("warm", True), ("cold", False))}
+    gens = {
+        name: Generator.load(artifact, verify=False, config={"prefix_cache.guesses": warm})
+        for name, warm in (("warm", True), ("cold", False))
+    }
     per_pass: dict[str, list[float]] = {name: [] for name in gens}
     for chat in range(chats):
         messages = {name: [{"role": "system", "content": system}] for name in gens}
@@ -153,17 +195,25 @@ def warm_pool(artifact: str, system: str, turns: int, max_tokens: int, chats: in
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--system-tokens", type=click.IntRange(0), default=800, show_default=True, help="The long chat's system prompt.")
+@click.option(
+    "--system-tokens", type=click.IntRange(0), default=800, show_default=True, help="The long chat's system prompt."
+)
 @click.option("--turns", type=click.IntRange(2), default=6, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=48, show_default=True)
 @click.option("--clients", type=click.IntRange(1), default=16, show_default=True)
 @click.option("--client-turns", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=None, help="Each server's --threads.")
-@click.option("--parts", default="long,many,unshared", show_default=True,
-              help="What to run: the long chat, the many clients' chats, requests sharing no prefix (through the "
-                   "server), lookahead's n-gram pool handed over or not (pool; lone calls).")
+@click.option(
+    "--parts",
+    default="long,many,unshared",
+    show_default=True,
+    help="What to run: the long chat, the many clients' chats, requests sharing no prefix (through the "
+    "server), lookahead's n-gram pool handed over or not (pool; lone calls).",
+)
 @click.option("--off-first", is_flag=True, help="Start the server without the cache first.")
-@click.option("--serve-args", default="", help="More `jacobi-rt serve` options for both servers (e.g. '--decoding FIELD=VALUE').")
+@click.option(
+    "--serve-args", default="", help="More `jacobi-rt serve` options for both servers (e.g. '--decoding FIELD=VALUE')."
+)
 @click.option("--out", type=click.Path(dir_okay=False), default="build/chat_bench.json", show_default=True)
 def main(artifact, system_tokens, turns, max_tokens, clients, client_turns, threads, parts, off_first, serve_args, out):
     """Multi-turn chats with the prefix cache on and off, side by side (needs the `openai` package)."""
@@ -177,12 +227,17 @@ def main(artifact, system_tokens, turns, max_tokens, clients, client_turns, thre
         click.echo(f"lookahead tokens/pass on turns 2-{turns}: {report['warm_pool']}", err=True)
     if {"long", "many", "unshared"} & set(parts.split(",")):
         more = serve_args.split()
-        started = [local_server(artifact, 64, threads, None, extra=extra) for extra in (more, [*more, "--no-prefix-cache"])]
+        started = [
+            local_server(artifact, 64, threads, None, extra=extra) for extra in (more, [*more, "--no-prefix-cache"])
+        ]
         # Which server starts first matters on this machine (an A/A run, both without the cache, measured the
         # first one 12% slower), so --off-first swaps it.
         with started[-off_first] as first, started[1 - off_first] as second:
             on, off = (second, first) if off_first else (first, second)
-            client = {"cache": OpenAI(base_url=on + "/v1", api_key="-"), "nocache": OpenAI(base_url=off + "/v1", api_key="-")}
+            client = {
+                "cache": OpenAI(base_url=on + "/v1", api_key="-"),
+                "nocache": OpenAI(base_url=off + "/v1", api_key="-"),
+            }
             if "long" in parts:
                 report["long_chat"] = long_chat(client, model, system, turns, max_tokens)
                 later = report["long_chat"][1:]
@@ -190,20 +245,31 @@ def main(artifact, system_tokens, turns, max_tokens, clients, client_turns, thre
             if "many" in parts:
                 walls, answers = {"cache": [], "nocache": []}, {}
                 for round_ in range(2):
-                    for name in (("cache", "nocache") if round_ == 0 else ("nocache", "cache")):
-                        wall, answers[name] = many_chats(client[name], model, clients, client_turns, max_tokens, system[:400])
+                    for name in ("cache", "nocache") if round_ == 0 else ("nocache", "cache"):
+                        wall, answers[name] = many_chats(
+                            client[name], model, clients, client_turns, max_tokens, system[:400]
+                        )
                         walls[name].append(wall)
                         click.echo(f"{clients} clients x {client_turns} turns, {name}: {wall:.1f} s", err=True)
-                report["many_chats"] = {"walls": walls, "ratio": statistics.mean(walls["nocache"]) / statistics.mean(walls["cache"]),
-                                        "same": answers["cache"] == answers["nocache"]}
+                report["many_chats"] = {
+                    "walls": walls,
+                    "ratio": statistics.mean(walls["nocache"]) / statistics.mean(walls["cache"]),
+                    "same": answers["cache"] == answers["nocache"],
+                }
             if "unshared" in parts:
                 prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines() if line.strip()]
                 prompts = [f"{i}. {p}" for i, p in enumerate(prompts)]  # distinct from their first token on
                 report["unshared"] = unshared(client, model, prompts, max_tokens)
-    click.echo(json.dumps({key: report.get(key) for key in ("ttft_ratio_later_turns",)}
-                          | {"many_chats": report.get("many_chats", {}).get("ratio"),
-                             "unshared": report.get("unshared", {}).get("speed_ratio"),
-                             "warm_pool": report.get("warm_pool", {}).get("ratio")}))
+    click.echo(
+        json.dumps(
+            {key: report.get(key) for key in ("ttft_ratio_later_turns",)}
+            | {
+                "many_chats": report.get("many_chats", {}).get("ratio"),
+                "unshared": report.get("unshared", {}).get("speed_ratio"),
+                "warm_pool": report.get("warm_pool", {}).get("ratio"),
+            }
+        )
+    )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -46,8 +46,14 @@ def main() -> None:
         result = gen.generate(bench.prompt_ids(gen, prompt), max_new_tokens=args.max_new_tokens, strategy=args.strategy)
         digest = hashlib.md5(json.dumps(widths).encode()).hexdigest()[:8]
         arms = result.stats.proposer.get("passes_by_arm")  # auto: target passes per arm
-        print(prompt.id, result.stats.target_passes, result.stats.proposer.get("proposed"), digest, sum(widths),
-              *([json.dumps(arms, separators=(",", ":"))] if arms else []))
+        print(
+            prompt.id,
+            result.stats.target_passes,
+            result.stats.proposer.get("proposed"),
+            digest,
+            sum(widths),
+            *([json.dumps(arms, separators=(",", ":"))] if arms else []),
+        )
 
 
 if __name__ == "__main__":

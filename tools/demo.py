@@ -29,7 +29,9 @@ def run(generator, strategies: list[str], max_new_tokens: int, window: int | Non
     for _ in range(repeats):
         for i, prompt in enumerate(PROMPTS):
             for strategy in strategies:
-                result = generator.generate(prompt, max_new_tokens=max_new_tokens, strategy=strategy, window=window, chat=True)
+                result = generator.generate(
+                    prompt, max_new_tokens=max_new_tokens, strategy=strategy, window=window, chat=True
+                )
                 rows[strategy].append((i, result))
     return rows
 
@@ -40,22 +42,33 @@ def summarise(rows: dict) -> list[dict]:
     table = []
     for strategy, results in rows.items():
         speed = statistics.median(r.stats.decode_tokens_per_second for _, r in results)
-        table.append({
-            "strategy": strategy,
-            "tokens/s": speed,
-            "tokens/pass": statistics.median(r.stats.tokens_per_pass for _, r in results),
-            "ratio": speed / base,
-            "identical": all(r.ids == greedy[i].ids for i, r in results),
-        })
+        table.append(
+            {
+                "strategy": strategy,
+                "tokens/s": speed,
+                "tokens/pass": statistics.median(r.stats.tokens_per_pass for _, r in results),
+                "ratio": speed / base,
+                "identical": all(r.ids == greedy[i].ids for i, r in results),
+            }
+        )
     return table
 
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--draft", "-d", type=click.Path(exists=True, file_okay=False), default=None,
-              help="A draft artifact (jacobi-rt export MODEL --role draft ...) for the speculative strategy.")
-@click.option("--strategies", default="greedy,jacobi,lookahead,speculative,auto", show_default=True,
-              help="Comma-separated strategies; greedy is always included; speculative only with --draft.")
+@click.option(
+    "--draft",
+    "-d",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="A draft artifact (jacobi-rt export MODEL --role draft ...) for the speculative strategy.",
+)
+@click.option(
+    "--strategies",
+    default="greedy,jacobi,lookahead,speculative,auto",
+    show_default=True,
+    help="Comma-separated strategies; greedy is always included; speculative only with --draft.",
+)
 @click.option("--max-new-tokens", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--window", type=click.IntRange(1), default=None, help="Window for jacobi; default: the runtime's.")
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
@@ -64,14 +77,18 @@ def main(artifact, draft, strategies, max_new_tokens, window, repeats, threads):
     """Greedy vs Jacobi, lookahead and speculative decoding on ARTIFACT, side by side, with the speed ratio."""
     from jacobi_rt.runtime import Generator
 
-    generator = Generator.load(artifact, draft=draft, threads=threads, prefix_cache=False)  # each strategy prefills its prompt
+    generator = Generator.load(
+        artifact, draft=draft, threads=threads, prefix_cache=False
+    )  # each strategy prefills its prompt
     names = ["greedy"] + [s for s in strategies.split(",") if s and s != "greedy" and (draft or s != "speculative")]
     table = summarise(run(generator, names, max_new_tokens, window, repeats))
     click.echo(f"\n{len(PROMPTS)} chat prompts x {repeats}, {max_new_tokens} new tokens, medians:")
     click.echo("| strategy | tokens/s | tokens/pass | vs greedy | identical to greedy |")
     click.echo("|---|---|---|---|---|")
     for row in table:
-        click.echo(f"| {row['strategy']} | {row['tokens/s']:.1f} | {row['tokens/pass']:.2f} | {row['ratio']:.2f}x | {'yes' if row['identical'] else 'NO'} |")
+        click.echo(
+            f"| {row['strategy']} | {row['tokens/s']:.1f} | {row['tokens/pass']:.2f} | {row['ratio']:.2f}x | {'yes' if row['identical'] else 'NO'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -23,13 +23,13 @@ from .ab_bench import TOPICS
 def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
     """One batch: k = 0 greedy rows, else speculative rows sending k draft tokens a pass."""
     from jacobi_rt.runtime.acceptance import PassCosts
+    from jacobi_rt.runtime.batcher import Batcher
     from jacobi_rt.runtime.config import CostConfig, DraftConfig
     from jacobi_rt.runtime.draft import DraftLength, DraftProposer
-    from jacobi_rt.runtime.batcher import Batcher
-    from jacobi_rt.runtime.row import END, Row
-    from jacobi_rt.runtime.proposers import NoProposer
-    from jacobi_rt.runtime.sampling import Sampler, SamplingParams
     from jacobi_rt.runtime.pass_budget import PassBudget
+    from jacobi_rt.runtime.proposers import NoProposer
+    from jacobi_rt.runtime.row import END, Row
+    from jacobi_rt.runtime.sampling import Sampler, SamplingParams
 
     flat = {1: 1.0, 4096: 1.0}
     budget = PassBudget(prefill_tokens=256, costs=PassCosts(CostConfig(flat, learn=False, batch_pass_costs=flat)))
@@ -43,7 +43,9 @@ def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
         return DraftProposer(gen.draft, capacity, DraftConfig(length=k), length=length)
 
     eos = set(gen.manifest.tokens.eos_ids)
-    rows = [Row(list(p), max_tokens, proposer(), Sampler(SamplingParams(), len(p)), k + 1, eos, capacity) for p in prompts]
+    rows = [
+        Row(list(p), max_tokens, proposer(), Sampler(SamplingParams(), len(p)), k + 1, eos, capacity) for p in prompts
+    ]
     started = time.perf_counter()
     for row in rows:
         batcher.submit(row)
@@ -60,9 +62,12 @@ def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
     stats = [row.proposer.stats for row in rows]
     passes = sum(row.progress.target_passes for row in rows)
     draft_seconds = sum(s.get("draft_seconds", 0.0) for s in stats)
-    return {"tokens_per_second": sum(len(o) for o in outputs) / wall,
-            "tokens_per_row_pass": sum(row.progress.accepted for row in rows) / max(1, passes),
-            "draft_share": draft_seconds / wall, "outputs": outputs}
+    return {
+        "tokens_per_second": sum(len(o) for o in outputs) / wall,
+        "tokens_per_row_pass": sum(row.progress.accepted for row in rows) / max(1, passes),
+        "draft_share": draft_seconds / wall,
+        "outputs": outputs,
+    }
 
 
 @click.command()
@@ -77,18 +82,27 @@ def main(artifact, draft, ks, rows, rounds, max_tokens):
     from jacobi_rt.runtime import Generator
 
     gen = Generator.load(artifact, draft=draft, verify=False, prefix_cache=False)
-    prompts = [gen.tokenizer.encode(gen.chat_prompt([{"role": "user", "content": f"Tell me about {t}."}]),
-                                    add_special_tokens=False) for t in TOPICS[:rows]]
+    prompts = [
+        gen.tokenizer.encode(
+            gen.chat_prompt([{"role": "user", "content": f"Tell me about {t}."}]), add_special_tokens=False
+        )
+        for t in TOPICS[:rows]
+    ]
     names = ["greedy"] + [f"k={k} {mode}" for k in map(int, ks.split(",")) for mode in ("batched", "own")]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for round_ in range(rounds):
         for name in names if round_ % 2 == 0 else list(reversed(names)):
             k = 0 if name == "greedy" else int(name.split()[0][2:])
             runs[name].append(run(gen, prompts, k, name.endswith("batched"), max_tokens))
-            click.echo(f"round {round_ + 1} {name}: " + json.dumps({key: round(v, 3) for key, v in runs[name][-1].items()
-                                                                     if key != "outputs"}), err=True)
-    table = {name: {key: round(statistics.mean(r[key] for r in rs), 3) for key in rs[0] if key != "outputs"}
-             for name, rs in runs.items()}
+            click.echo(
+                f"round {round_ + 1} {name}: "
+                + json.dumps({key: round(v, 3) for key, v in runs[name][-1].items() if key != "outputs"}),
+                err=True,
+            )
+    table = {
+        name: {key: round(statistics.mean(r[key] for r in rs), 3) for key in rs[0] if key != "outputs"}
+        for name, rs in runs.items()
+    }
     table["identical"] = all(r["outputs"] == runs["greedy"][0]["outputs"] for rs in runs.values() for r in rs)
     click.echo(json.dumps(table, indent=2))
 

@@ -51,8 +51,10 @@ def main(artifact, shapes, pasts, repeats, threads):
                 contexts[rows].commit(0)
         ms = {shape: statistics.median(t) * 1e3 for shape, t in times.items()}
         one = ms[wanted[0]]
-        click.echo(f"past {past}: " + ", ".join(f"{r}x{w} {ms[(r, w)]:.2f} ms ({ms[(r, w)] / (r * one):.2f} of {r} one-row)"
-                                               for r, w in wanted))
+        click.echo(
+            f"past {past}: "
+            + ", ".join(f"{r}x{w} {ms[(r, w)]:.2f} ms ({ms[(r, w)] / (r * one):.2f} of {r} one-row)" for r, w in wanted)
+        )
         for ctx in contexts.values():
             ctx.close()
 

@@ -38,12 +38,28 @@ def main() -> None:
     started = time.time()
 
     def step(message: str) -> None:
-        print(f"[{time.time() - started:6.1f}s rss {process.memory_info().rss / 2**20:7.0f} MB "
-              f"peak {peak[0] / 2**20:7.0f} MB] {message}", flush=True)
+        print(
+            f"[{time.time() - started:6.1f}s rss {process.memory_info().rss / 2**20:7.0f} MB "
+            f"peak {peak[0] / 2**20:7.0f} MB] {message}",
+            flush=True,
+        )
 
-    export(args.model, args.out, ExportOptions(quantize=args.quantize, weights=args.weights, stream=not args.no_stream, check=args.check,
-                                             graphs_from=args.graphs_from), overwrite=True, step=step)
-    print(f"total {time.time() - started:.1f} s, ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    export(
+        args.model,
+        args.out,
+        ExportOptions(
+            quantize=args.quantize,
+            weights=args.weights,
+            stream=not args.no_stream,
+            check=args.check,
+            graphs_from=args.graphs_from,
+        ),
+        overwrite=True,
+        step=step,
+    )
+    print(
+        f"total {time.time() - started:.1f} s, ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

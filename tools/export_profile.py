@@ -85,8 +85,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, type=Path, help="the artifact folder (overwritten)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--quantize", choices=["int8", "int4"], help="as `jacobi-rt export --quantize`")
-    parser.add_argument("--trace-all", action="store_true",
-                        help="trace every layer and run onnxscript's full optimizer, as exports did before stitch.py (the A of an A/B)")
+    parser.add_argument(
+        "--trace-all",
+        action="store_true",
+        help="trace every layer and run onnxscript's full optimizer, as exports did before stitch.py (the A of an A/B)",
+    )
     args = parser.parse_args(argv)
 
     timers = Timers()
@@ -98,7 +101,13 @@ def main(argv=None) -> None:
     from jacobi_rt.exporter import ExportOptions, export
 
     with timers.stage("export (total)"):
-        export(args.model, args.out, ExportOptions(quantize=args.quantize), overwrite=True, step=lambda m: print(f"  {m}", flush=True))
+        export(
+            args.model,
+            args.out,
+            ExportOptions(quantize=args.quantize),
+            overwrite=True,
+            step=lambda m: print(f"  {m}", flush=True),
+        )
     print(f"{'stage':<52} {'wall s':>8} {'cpu s':>8}")
     for row in timers.rows:
         print(f"{'  ' * row['depth'] + row['stage']:<52} {row['wall_s']:>8.1f} {row['cpu_s']:>8.1f}")

@@ -90,8 +90,12 @@ def variant(artifact: Path, folder: Path, align: int | None) -> Path:
 
 
 def run(folder: Path, entries: dict, tokens: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", _RUN, str(folder), json.dumps(entries), str(tokens)],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN, str(folder), json.dumps(entries), str(tokens)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode:
         return {"error": done.stderr[-500:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -108,7 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     rows = []
     for align in args.aligns.split(","):
-        folder = args.artifact if align == "embedded" else variant(args.artifact, args.work / f"align-{align}", int(align))
+        folder = (
+            args.artifact if align == "embedded" else variant(args.artifact, args.work / f"align-{align}", int(align))
+        )
         for name in args.options.split(","):
             entries = OPTIONS[name]
             row = {"layout": align, "options": name, **run(folder, entries, args.tokens)}

@@ -25,19 +25,31 @@ class ExtractionItem:
 
 def extraction_set(path: str | Path | None = None) -> list[ExtractionItem]:
     """The items of a JSONL file like tools/data/extraction.jsonl (default: the bundled one)."""
-    text = (files("jacobi_rt.tools").joinpath("data/extraction.jsonl").read_text(encoding="utf-8") if path is None
-            else Path(path).read_text(encoding="utf-8"))
+    text = (
+        files("jacobi_rt.tools").joinpath("data/extraction.jsonl").read_text(encoding="utf-8")
+        if path is None
+        else Path(path).read_text(encoding="utf-8")
+    )
     items = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            items.append(ExtractionItem(str(row["id"]), str(row["prompt"]), dict(row["schema"]), dict(row.get("example") or {}),
-                                        bool(row.get("chat", True))))
+            items.append(
+                ExtractionItem(
+                    str(row["id"]),
+                    str(row["prompt"]),
+                    dict(row["schema"]),
+                    dict(row.get("example") or {}),
+                    bool(row.get("chat", True)),
+                )
+            )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{path or 'extraction.jsonl'} line {number}: expected a JSON object with \"id\", \"prompt\" "
-                             f"and \"schema\" ({exc})") from exc
+            raise InputError(
+                f'{path or "extraction.jsonl"} line {number}: expected a JSON object with "id", "prompt" '
+                f'and "schema" ({exc})'
+            ) from exc
     return items
 
 
@@ -83,10 +95,16 @@ def answer_schema(text: str) -> dict | None:
 
 def _schema_of(value) -> dict:
     if isinstance(value, dict):
-        return {"type": "object", "properties": {key: _schema_of(v) for key, v in value.items()}, "required": list(value),
-                "additionalProperties": False}
+        return {
+            "type": "object",
+            "properties": {key: _schema_of(v) for key, v in value.items()},
+            "required": list(value),
+            "additionalProperties": False,
+        }
     if isinstance(value, list):
         items = [_schema_of(v) for v in value]
-        return {"type": "array", "items": items[0]} if items and all(i == items[0] for i in items) else {"type": "array"}
+        return (
+            {"type": "array", "items": items[0]} if items and all(i == items[0] for i in items) else {"type": "array"}
+        )
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
     return {"type": kinds[type(value)]}

@@ -26,7 +26,9 @@ def top2_gap(gen, ids: list[int]) -> float:
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--prompts", "limit", type=int, default=12, show_default=True, help="How many of the bundled bench prompts.")
+@click.option(
+    "--prompts", "limit", type=int, default=12, show_default=True, help="How many of the bundled bench prompts."
+)
 @click.option("--new-tokens", type=int, default=128, show_default=True)
 @click.option("--threads", type=int, default=None, help="Default: the physical cores.")
 @click.option("--strategy", default="greedy", show_default=True)
@@ -43,7 +45,9 @@ def main(artifact, limit, new_tokens, threads, strategy):
         order = list(gens) if i % 2 == 0 else list(gens)[::-1]
         gen = gens["portable"]
         if p.chat:
-            prompt_ids = gen.tokenizer.encode(gen.chat_prompt([{"role": "user", "content": p.prompt}]), add_special_tokens=False)
+            prompt_ids = gen.tokenizer.encode(
+                gen.chat_prompt([{"role": "user", "content": p.prompt}]), add_special_tokens=False
+            )
         else:
             prompt_ids = gen.tokenizer.encode(p.prompt)
         results = {}
@@ -59,7 +63,10 @@ def main(artifact, limit, new_tokens, threads, strategy):
             at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             gap = top2_gap(gen, prompt_ids + a[:at])
             note = f"differ at new token {at} ({a[at] if at < len(a) else None} vs {b[at] if at < len(b) else None}), portable top-2 gap {gap:.2e}"
-        print(f"{p.id}: portable {rates['portable'][-1]:.1f} tok/s, inplace {rates['inplace'][-1]:.1f} tok/s, {note}", flush=True)
+        print(
+            f"{p.id}: portable {rates['portable'][-1]:.1f} tok/s, inplace {rates['inplace'][-1]:.1f} tok/s, {note}",
+            flush=True,
+        )
     med = {g: statistics.median(r) for g, r in rates.items()}
     print(f"\n| graph | {strategy} tokens/s (median of {len(prompts)}) | ratio |")
     print("|---|---|---|")

@@ -33,10 +33,10 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import click
 
@@ -73,26 +73,41 @@ class Level:
         latencies = sorted(s.latency for s in ok)
         streams = [(s.tokens - 1) / s.decode_seconds for s in ok if s.decode_seconds > 0 and s.tokens > 1]
         return {
-            "name": self.name, "clients": self.clients, "strategy": self.strategy, "max_tokens": self.max_tokens,
-            "requests": len(self.samples), "ok": len(ok), "errors": len(self.samples) - len(ok),
+            "name": self.name,
+            "clients": self.clients,
+            "strategy": self.strategy,
+            "max_tokens": self.max_tokens,
+            "requests": len(self.samples),
+            "ok": len(ok),
+            "errors": len(self.samples) - len(ok),
             "wall_seconds": round(self.wall_seconds, 2),
             "requests_per_second": round(len(ok) / self.wall_seconds, 3) if self.wall_seconds else 0.0,
-            "latency_p50": _round(_percentile(latencies, 50)), "latency_p99": _round(_percentile(latencies, 99)),
+            "latency_p50": _round(_percentile(latencies, 50)),
+            "latency_p99": _round(_percentile(latencies, 99)),
             "first_token_p50": _round(_percentile(sorted(s.first_token for s in ok), 50)),
             "first_token_p99": _round(_percentile(sorted(s.first_token for s in ok), 99)),
             "tokens_per_second": round(sum(s.tokens for s in ok) / self.wall_seconds, 2) if self.wall_seconds else 0.0,
             "stream_tokens_per_second": round(statistics.median(streams), 2) if streams else 0.0,
-            "server_tokens_per_second": round(statistics.median(s.server_tokens_per_second for s in ok), 2) if ok else 0.0,
+            "server_tokens_per_second": round(statistics.median(s.server_tokens_per_second for s in ok), 2)
+            if ok
+            else 0.0,
             "tokens_per_pass": round(statistics.mean(s.tokens_per_pass for s in ok), 3) if ok else 0.0,
         }
 
 
 # -- one request ------------------------------------------------------------------------------
 
-def request_once(conn: http.client.HTTPConnection, prompt: dict, max_tokens: int, strategy: str, api_key: str | None) -> Sample:
+
+def request_once(
+    conn: http.client.HTTPConnection, prompt: dict, max_tokens: int, strategy: str, api_key: str | None
+) -> Sample:
     """Send one streamed request on `conn` and read it to [DONE]."""
-    body = {"max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
-            "jacobi": {"strategy": strategy}}
+    body = {
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "jacobi": {"strategy": strategy},
+    }
     if "ids" in prompt:
         path, body["prompt"] = "/v1/completions", prompt["ids"]
     elif prompt.get("chat"):
@@ -111,7 +126,7 @@ def request_once(conn: http.client.HTTPConnection, prompt: dict, max_tokens: int
         line = raw.decode().strip()
         if not line.startswith("data: "):
             continue
-        data = line[len("data: "):]
+        data = line[len("data: ") :]
         if data == "[DONE]":
             break
         event = json.loads(data)
@@ -138,7 +153,10 @@ def _piece(choice: dict) -> str:
 
 # -- one level --------------------------------------------------------------------------------
 
-def run_level(url: str, level: Level, prompts: list[dict], requests: int, seconds: float, api_key: str | None, bar) -> Level:
+
+def run_level(
+    url: str, level: Level, prompts: list[dict], requests: int, seconds: float, api_key: str | None, bar
+) -> Level:
     """`level.clients` threads send requests back to back until `requests` were sent or `seconds` passed."""
     host, port = _host_port(url)
     lock, sent = threading.Lock(), [0]
@@ -153,7 +171,9 @@ def run_level(url: str, level: Level, prompts: list[dict], requests: int, second
                         return
                     index, sent[0] = sent[0], sent[0] + 1
                 try:
-                    sample = request_once(conn, prompts[index % len(prompts)], level.max_tokens, level.strategy, api_key)
+                    sample = request_once(
+                        conn, prompts[index % len(prompts)], level.max_tokens, level.strategy, api_key
+                    )
                 except (OSError, http.client.HTTPException, ValueError) as exc:
                     sample = Sample(0, 0.0, error=f"{type(exc).__name__}: {exc}")
                     conn.close()
@@ -175,17 +195,36 @@ def run_level(url: str, level: Level, prompts: list[dict], requests: int, second
 
 # -- the server -------------------------------------------------------------------------------
 
+
 @contextmanager
-def local_server(artifact: str, queue: int, threads: int | None, api_key: str | None,
-                 max_batch: int | None = None, ray_replicas: int | None = None,
-                 batch_context: int | None = None, extra: list[str] = ()) -> Iterator[str]:
+def local_server(
+    artifact: str,
+    queue: int,
+    threads: int | None,
+    api_key: str | None,
+    max_batch: int | None = None,
+    ray_replicas: int | None = None,
+    batch_context: int | None = None,
+    extra: list[str] = (),
+) -> Iterator[str]:
     """`jacobi-rt serve ARTIFACT` in a child process on a free loopback port; yields its URL.
     ray_replicas: `--ray --replicas N` (a local Ray instance, stopped with the server); extra: more options."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-c", "from jacobi_rt.tools.cli.main import cli; cli()", "serve", artifact,
-               "--port", str(port), "--queue", str(queue), "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-c",
+        "from jacobi_rt.tools.cli.main import cli; cli()",
+        "serve",
+        artifact,
+        "--port",
+        str(port),
+        "--queue",
+        str(queue),
+        "--log-level",
+        "warning",
+    ]
     if threads:
         command += ["--threads", str(threads)]
     if max_batch:
@@ -230,12 +269,22 @@ def _host_port(url: str) -> tuple[str, int]:
 
 # -- report -----------------------------------------------------------------------------------
 
-COLUMNS = [("name", "level", 18), ("clients", "clients", 7), ("strategy", "strategy", 9), ("ok", "ok", 4),
-           ("errors", "err", 4), ("requests_per_second", "req/s", 7), ("latency_p50", "p50 s", 7),
-           ("latency_p99", "p99 s", 7), ("first_token_p50", "ttft s", 7), ("first_token_p99", "ttft p99", 8),
-           ("tokens_per_second", "tok/s", 7),
-           ("stream_tokens_per_second", "tok/s/stream", 12), ("server_tokens_per_second", "runtime tok/s", 13),
-           ("tokens_per_pass", "tok/pass", 8)]
+COLUMNS = [
+    ("name", "level", 18),
+    ("clients", "clients", 7),
+    ("strategy", "strategy", 9),
+    ("ok", "ok", 4),
+    ("errors", "err", 4),
+    ("requests_per_second", "req/s", 7),
+    ("latency_p50", "p50 s", 7),
+    ("latency_p99", "p99 s", 7),
+    ("first_token_p50", "ttft s", 7),
+    ("first_token_p99", "ttft p99", 8),
+    ("tokens_per_second", "tok/s", 7),
+    ("stream_tokens_per_second", "tok/s/stream", 12),
+    ("server_tokens_per_second", "runtime tok/s", 13),
+    ("tokens_per_pass", "tok/pass", 8),
+]
 
 
 def table(summaries: list[dict]) -> str:
@@ -265,37 +314,118 @@ def _names(text: str) -> list[str]:
 @click.argument("artifact", required=False, type=click.Path(exists=True, file_okay=False))
 @click.option("--url", default=None, help="Load a server already running at this URL instead of starting one.")
 @click.option("--clients", default="1,4,16", show_default=True, help="Comma-separated concurrent client counts.")
-@click.option("--requests", "per_client", type=click.IntRange(1), default=3, show_default=True,
-              help="Requests per client at each client count (so 16 clients send 48).")
-@click.option("--seconds", type=click.FloatRange(min=1), default=60, show_default=True,
-              help="Time limit per level; requests in flight at the limit still finish.")
-@click.option("--max-tokens", type=click.IntRange(1), default=32, show_default=True, help="max_tokens of the load requests.")
+@click.option(
+    "--requests",
+    "per_client",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Requests per client at each client count (so 16 clients send 48).",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=1),
+    default=60,
+    show_default=True,
+    help="Time limit per level; requests in flight at the limit still finish.",
+)
+@click.option(
+    "--max-tokens", type=click.IntRange(1), default=32, show_default=True, help="max_tokens of the load requests."
+)
 @click.option("--strategy", default="auto", show_default=True, help="Strategy of the load requests.")
-@click.option("--strategies", default="greedy,jacobi,lookahead", show_default=True,
-              help="Per-stream comparison: strategies run one client at a time ('' to skip).")
-@click.option("--stream-requests", type=click.IntRange(1), default=3, show_default=True, help="Requests per strategy in the comparison.")
-@click.option("--stream-max-tokens", type=click.IntRange(1), default=64, show_default=True, help="max_tokens in the comparison.")
-@click.option("--max-batch", type=click.IntRange(1), default=None, help="The started server's --max-batch (default: its own sizing).")
+@click.option(
+    "--strategies",
+    default="greedy,jacobi,lookahead",
+    show_default=True,
+    help="Per-stream comparison: strategies run one client at a time ('' to skip).",
+)
+@click.option(
+    "--stream-requests",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Requests per strategy in the comparison.",
+)
+@click.option(
+    "--stream-max-tokens", type=click.IntRange(1), default=64, show_default=True, help="max_tokens in the comparison."
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1),
+    default=None,
+    help="The started server's --max-batch (default: its own sizing).",
+)
 @click.option("--batch-context", type=click.IntRange(2), default=None, help="The started server's --batch-context.")
-@click.option("--baseline", is_flag=True, help="Also run every level on a server of one slot (--max-batch 1: one "
-              "request at a time), side by side.")
-@click.option("--prompt-tokens", type=click.IntRange(0), default=0, show_default=True,
-              help="Send token-id prompts of exactly N tokens (the bundled prompts' text run together; needs ARTIFACT "
-                   "for its tokenizer); 0: the bundled prompts as they are.")
-@click.option("--ortgenai", type=click.Path(exists=True, file_okay=False), default=None,
-              help="An onnxruntime-genai model folder: also generate the widest level's prompts as one static batch "
-                   "offline (its best case), greedy, --max-tokens each.")
-@click.option("--ray", "ray_replicas", type=click.IntRange(1), default=None,
-              help="Start the server on Ray Serve with this many replicas (`--ray --replicas N`, each --threads CPUs).")
-@click.option("--prefix-cache/--no-prefix-cache", default=False, show_default=True,
-              help="The started server's prefix cache. Off by default: the bench sends the bundled prompts again and "
-                   "again, and a cached prompt would skip its prefill (tools/chat_bench.py measures the cache).")
+@click.option(
+    "--baseline",
+    is_flag=True,
+    help="Also run every level on a server of one slot (--max-batch 1: one request at a time), side by side.",
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Send token-id prompts of exactly N tokens (the bundled prompts' text run together; needs ARTIFACT "
+    "for its tokenizer); 0: the bundled prompts as they are.",
+)
+@click.option(
+    "--ortgenai",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="An onnxruntime-genai model folder: also generate the widest level's prompts as one static batch "
+    "offline (its best case), greedy, --max-tokens each.",
+)
+@click.option(
+    "--ray",
+    "ray_replicas",
+    type=click.IntRange(1),
+    default=None,
+    help="Start the server on Ray Serve with this many replicas (`--ray --replicas N`, each --threads CPUs).",
+)
+@click.option(
+    "--prefix-cache/--no-prefix-cache",
+    default=False,
+    show_default=True,
+    help="The started server's prefix cache. Off by default: the bench sends the bundled prompts again and "
+    "again, and a cached prompt would skip its prefill (tools/chat_bench.py measures the cache).",
+)
 @click.option("--queue", type=click.IntRange(0), default=64, show_default=True, help="The started server's --queue.")
-@click.option("--threads", type=click.IntRange(1), default=None, help="The started server's --threads (default: its own).")
-@click.option("--api-key", envvar="JACOBI_RT_API_KEY", default=None, help="Sent as a bearer token (and required by a started server).")
-@click.option("--out", type=click.Path(dir_okay=False), default="build/load_bench.json", show_default=True, help="JSON results.")
-def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, strategies, stream_requests, stream_max_tokens,
-         max_batch, batch_context, baseline, prompt_tokens, ortgenai, ray_replicas, prefix_cache, queue, threads, api_key, out):
+@click.option(
+    "--threads", type=click.IntRange(1), default=None, help="The started server's --threads (default: its own)."
+)
+@click.option(
+    "--api-key",
+    envvar="JACOBI_RT_API_KEY",
+    default=None,
+    help="Sent as a bearer token (and required by a started server).",
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default="build/load_bench.json", show_default=True, help="JSON results."
+)
+def main(
+    artifact,
+    url,
+    clients,
+    per_client,
+    seconds,
+    max_tokens,
+    strategy,
+    strategies,
+    stream_requests,
+    stream_max_tokens,
+    max_batch,
+    batch_context,
+    baseline,
+    prompt_tokens,
+    ortgenai,
+    ray_replicas,
+    prefix_cache,
+    queue,
+    threads,
+    api_key,
+    out,
+):
     """Load-test an OpenAI-compatible jacobi-rt server on loopback (ARTIFACT: start one; or --url)."""
     from tqdm import tqdm
 
@@ -316,7 +446,11 @@ def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, stra
         mine += [Level(f"{tag}stream {s}", 1, s, stream_max_tokens) for s in compare]
         budgets = [c * per_client for c in counts] + [stream_requests] * len(compare)
         extra = [] if prefix_cache else ["--no-prefix-cache"]
-        server = local_server(artifact, queue, threads, api_key, batch, ray_replicas, batch_context, extra) if url is None else _existing(url)
+        server = (
+            local_server(artifact, queue, threads, api_key, batch, ray_replicas, batch_context, extra)
+            if url is None
+            else _existing(url)
+        )
         with server as base:
             warm = Level("warm-up", 1, strategy, 4)
             run_level(base, warm, prompts, 1, seconds, api_key, _NoBar())
@@ -329,9 +463,18 @@ def main(artifact, url, clients, per_client, seconds, max_tokens, strategy, stra
     if ortgenai:
         summaries.append(ortgenai_static_batch(ortgenai, prompts[: max(counts)], max_tokens, threads))
     click.echo(table(summaries))
-    report = {"artifact": artifact, "url": url, "queue": queue if url is None else None,
-              "max_batch": max_batch, "ray_replicas": ray_replicas, "threads": threads, "prompt_tokens": prompt_tokens, "cpu_count": os.cpu_count(), "summaries": summaries,
-              "samples": {level.name: [asdict(s) for s in level.samples] for level in levels}}
+    report = {
+        "artifact": artifact,
+        "url": url,
+        "queue": queue if url is None else None,
+        "max_batch": max_batch,
+        "ray_replicas": ray_replicas,
+        "threads": threads,
+        "prompt_tokens": prompt_tokens,
+        "cpu_count": os.cpu_count(),
+        "summaries": summaries,
+        "samples": {level.name: [asdict(s) for s in level.samples] for level in levels},
+    }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(report, indent=2))
     click.echo(f"wrote {out}", err=True)
@@ -378,12 +521,21 @@ def ortgenai_static_batch(folder: str, prompts: list[dict], max_tokens: int, thr
     eos = set(_eos_ids(folder))
     tokens = 0
     for row in range(len(prompts)):
-        new = [int(t) for t in generator.get_sequence(row)][ids.shape[1]:]
+        new = [int(t) for t in generator.get_sequence(row)][ids.shape[1] :]
         tokens += next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
-    return {"name": f"ortgenai static x{len(prompts)}", "clients": len(prompts), "strategy": "greedy",
-            "max_tokens": max_tokens, "requests": len(prompts), "ok": len(prompts), "errors": 0,
-            "wall_seconds": round(wall, 2), "first_token_p50": _round(first or wall), "first_token_p99": _round(first or wall),
-            "tokens_per_second": round(tokens / wall, 2)}
+    return {
+        "name": f"ortgenai static x{len(prompts)}",
+        "clients": len(prompts),
+        "strategy": "greedy",
+        "max_tokens": max_tokens,
+        "requests": len(prompts),
+        "ok": len(prompts),
+        "errors": 0,
+        "wall_seconds": round(wall, 2),
+        "first_token_p50": _round(first or wall),
+        "first_token_p99": _round(first or wall),
+        "tokens_per_second": round(tokens / wall, 2),
+    }
 
 
 def _eos_ids(folder: str) -> list[int]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from pathlib import Path
 
 import click
 import numpy as np
@@ -26,11 +25,20 @@ import numpy as np
 
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
-@click.option("--set", "path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A JSONL set like tools/data/extraction.jsonl (default: the bundled one).")
-@click.option("--repeats", type=click.IntRange(1, 20), default=3, show_default=True, help="Walks per item (the median is kept).")
+@click.option(
+    "--set",
+    "path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A JSONL set like tools/data/extraction.jsonl (default: the bundled one).",
+)
+@click.option(
+    "--repeats", type=click.IntRange(1, 20), default=3, show_default=True, help="Walks per item (the median is kept)."
+)
 @click.option("--passes", type=click.IntRange(5, 500), default=40, show_default=True, help="One-token passes to time.")
-@click.option("--threads", type=click.IntRange(1, 64), default=1, show_default=True, help="onnxruntime threads for the passes.")
+@click.option(
+    "--threads", type=click.IntRange(1, 64), default=1, show_default=True, help="onnxruntime threads for the passes."
+)
 def main(artifact, path, repeats, passes, threads):
     from jacobi_rt.runtime.constraints import Constraint
     from jacobi_rt.runtime.grammar import grammar_tokenizer
@@ -49,18 +57,28 @@ def main(artifact, path, repeats, passes, threads):
         started = time.perf_counter()
         bridge.matcher(constraint)
         made = time.perf_counter() - started
-        ids = tokenizer.encode(json.dumps(item.example, ensure_ascii=False), add_special_tokens=False) + sorted(bridge.eos_ids)[:1]
+        ids = (
+            tokenizer.encode(json.dumps(item.example, ensure_ascii=False), add_special_tokens=False)
+            + sorted(bridge.eos_ids)[:1]
+        )
         walks = [walk(bridge, constraint, ids) for _ in range(repeats)]
         rows.append((item.id, len(ids), 1e3 * made, {k: statistics.median(w[k] for w in walks) for k in walks[0]}))
     pass_ms = one_token_pass_ms(artifact, manifest, tokenizer, passes, threads)
     keys = list(rows[0][3])
-    click.echo(f"{'item':10s} {'tokens':>6s} {'matcher':>8s} " + " ".join(f"{k:>10s}" for k in keys) + "   (ms, mean per pass)")
+    click.echo(
+        f"{'item':10s} {'tokens':>6s} {'matcher':>8s} " + " ".join(f"{k:>10s}" for k in keys) + "   (ms, mean per pass)"
+    )
     for name, n, made, cost in rows:
         click.echo(f"{name:10s} {n:6d} {made:8.2f} " + " ".join(f"{cost[k]:10.3f}" for k in keys))
     means = {k: statistics.mean(r[3][k] for r in rows) for k in keys}
-    click.echo(f"{'mean':10s} {'':6s} {statistics.mean(r[2] for r in rows):8.2f} " + " ".join(f"{means[k]:10.3f}" for k in keys))
-    click.echo(f"one-token pass ({threads} thread{'s' if threads > 1 else ''}): {pass_ms:.2f} ms median; "
-               + ", ".join(f"{k} {100 * means[k] / pass_ms:.2f}%" for k in keys))
+    click.echo(
+        f"{'mean':10s} {'':6s} {statistics.mean(r[2] for r in rows):8.2f} "
+        + " ".join(f"{means[k]:10.3f}" for k in keys)
+    )
+    click.echo(
+        f"one-token pass ({threads} thread{'s' if threads > 1 else ''}): {pass_ms:.2f} ms median; "
+        + ", ".join(f"{k} {100 * means[k] / pass_ms:.2f}%" for k in keys)
+    )
 
 
 def walk(bridge, constraint, ids: list[int]) -> dict[str, float]:

@@ -71,10 +71,25 @@ def graph_file(folder: Path, graph: str) -> tuple[Path, dict[str, int]]:
 def feeds(session, window: int, past: int, sizes: dict[str, int], rows: int = 1) -> dict[str, np.ndarray]:
     """One pass's inputs by name and symbolic axis (jacobi-rt's and onnxruntime-genai's names), `rows` batch rows."""
     total = past + window
-    axes = {"batch": rows, "batch_size": rows, "window": window, "sequence_length": window, "past": past,
-            "past_sequence_length": past, "total": total, "total_sequence_length": total, "capacity": total, **sizes}
-    dtypes = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_,
-              "tensor(float)": np.float32, "tensor(float16)": np.float16}
+    axes = {
+        "batch": rows,
+        "batch_size": rows,
+        "window": window,
+        "sequence_length": window,
+        "past": past,
+        "past_sequence_length": past,
+        "total": total,
+        "total_sequence_length": total,
+        "capacity": total,
+        **sizes,
+    }
+    dtypes = {
+        "tensor(int64)": np.int64,
+        "tensor(int32)": np.int32,
+        "tensor(bool)": np.bool_,
+        "tensor(float)": np.float32,
+        "tensor(float16)": np.float16,
+    }
     out = {}
     for i in session.get_inputs():
         shape = [d if isinstance(d, int) else axes[d] for d in i.shape]
@@ -94,8 +109,17 @@ def feeds(session, window: int, past: int, sizes: dict[str, int], rows: int = 1)
     return out
 
 
-def profile(folder: Path, graph: str = "portable", window: int = 1, past: int = 256, threads: int = 1,
-            warmup: int = 10, runs: int = 50, name: str | None = None, rows: int = 1) -> Profile:
+def profile(
+    folder: Path,
+    graph: str = "portable",
+    window: int = 1,
+    past: int = 256,
+    threads: int = 1,
+    warmup: int = 10,
+    runs: int = 50,
+    name: str | None = None,
+    rows: int = 1,
+) -> Profile:
     import onnxruntime as ort
 
     from jacobi_rt.runtime.backends.onnxrt import session_options
@@ -116,7 +140,7 @@ def profile(folder: Path, graph: str = "portable", window: int = 1, past: int = 
 def summarise(events: list[dict], warmup: int, runs: int, name: str) -> Profile:
     """Kernel time and count per op type over the runs after the warm-up ones (onnxruntime's trace events)."""
     model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
-    kept = model_runs[warmup:warmup + runs]
+    kept = model_runs[warmup : warmup + runs]
     start, end = kept[0]["ts"], kept[-1]["ts"] + kept[-1]["dur"]
     ms, count = defaultdict(float), defaultdict(int)
     for e in events:
@@ -146,17 +170,23 @@ def table(profiles: list[Profile]) -> str:
 
 @click.command()
 @click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--graph", default="portable", show_default=True, help="jacobi-rt artifacts' graph variant (portable, inplace).")
+@click.option(
+    "--graph", default="portable", show_default=True, help="jacobi-rt artifacts' graph variant (portable, inplace)."
+)
 @click.option("--window", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--past", type=click.IntRange(0), default=256, show_default=True)
-@click.option("--rows", type=click.IntRange(1), default=1, show_default=True, help="Batch rows, each with the same past.")
+@click.option(
+    "--rows", type=click.IntRange(1), default=1, show_default=True, help="Batch rows, each with the same past."
+)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--warmup", type=click.IntRange(1), default=10, show_default=True)
 @click.option("--runs", type=click.IntRange(1), default=50, show_default=True)
 def main(folders, graph, window, past, rows, threads, warmup, runs):
     """Per-op-type kernel milliseconds and node counts of one pass, for each artifact or model folder."""
     profiles = [profile(f, graph, window, past, threads, warmup, runs, rows=rows) for f in folders]
-    print(f"W={window}, rows {rows}, past {past}, {threads} thread(s), mean of {runs} runs after {warmup} warm-up (ms per pass)")
+    print(
+        f"W={window}, rows {rows}, past {past}, {threads} thread(s), mean of {runs} runs after {warmup} warm-up (ms per pass)"
+    )
     print(table(profiles))
 
 

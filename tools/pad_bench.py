@@ -21,7 +21,9 @@ import click
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
 @click.option("--strategies", default="greedy,lookahead,auto", show_default=True, help="Comma-separated strategies.")
-@click.option("--prompts", "limit", type=int, default=8, show_default=True, help="How many of the bundled bench prompts.")
+@click.option(
+    "--prompts", "limit", type=int, default=8, show_default=True, help="How many of the bundled bench prompts."
+)
 @click.option("--new-tokens", type=int, default=128, show_default=True)
 @click.option("--threads", type=int, default=None, help="Default: the physical cores.")
 def main(artifact, strategies, limit, new_tokens, threads):
@@ -30,18 +32,22 @@ def main(artifact, strategies, limit, new_tokens, threads):
     from jacobi_rt.runtime.backends.exact_rows import cpu
     from jacobi_rt.tools.bench import load_prompts, prompt_ids
 
-    modes = {"checked": Generator.load(artifact, threads=threads, verify=False, prefix_cache=False),
-             "padded": Generator.load(artifact, threads=threads, verify=False, prefix_cache=False)}
+    modes = {
+        "checked": Generator.load(artifact, threads=threads, verify=False, prefix_cache=False),
+        "padded": Generator.load(artifact, threads=threads, verify=False, prefix_cache=False),
+    }
     modes["padded"].backend.pad_rows = True
     names = ["greedy"] + [s.strip() for s in strategies.split(",") if s.strip() not in ("", "greedy")]  # greedy first
     rates = {(m, s): [] for m in modes for s in names}
     identical = {(m, s): 0 for m in modes for s in names}
-    same_greedy = 0  # prompts whose greedy output is the same in both modes (on a `native` CPU: the pad changes nothing)
+    same_greedy = (
+        0  # prompts whose greedy output is the same in both modes (on a `native` CPU: the pad changes nothing)
+    )
     prompts = load_prompts(limit=limit)
     for i, prompt in enumerate(prompts):
         ids = prompt_ids(modes["checked"], prompt)
         greedy = {}
-        for mode in (list(modes) if i % 2 == 0 else list(modes)[::-1]):
+        for mode in list(modes) if i % 2 == 0 else list(modes)[::-1]:
             for strategy in names:
                 result = modes[mode].generate(ids, max_new_tokens=new_tokens, strategy=strategy)
                 rates[mode, strategy].append(result.stats.decode_tokens_per_second)
@@ -56,8 +62,10 @@ def main(artifact, strategies, limit, new_tokens, threads):
     for s in names:
         a, b = statistics.median(rates["checked", s]), statistics.median(rates["padded", s])
         ratios = statistics.median(y / x for x, y in zip(rates["checked", s], rates["padded", s]))
-        click.echo(f"| {s} | {a:.1f} | {b:.1f} | {ratios:.3f} | {identical['checked', s]}/{len(prompts)}, "
-                   f"{identical['padded', s]}/{len(prompts)} |")
+        click.echo(
+            f"| {s} | {a:.1f} | {b:.1f} | {ratios:.3f} | {identical['checked', s]}/{len(prompts)}, "
+            f"{identical['padded', s]}/{len(prompts)} |"
+        )
     click.echo(f"greedy identical in both modes: {same_greedy}/{len(prompts)}")
 
 

@@ -71,7 +71,9 @@ def pass_bytes(weights: int, manifest, variant: str, past: int, window: int, row
     """Bytes one pass must move: its weights once, and per row the KV entries its attention reads
     (past + window); the portable graph also writes its whole present (past + window), a copy."""
     arch = manifest.architecture
-    entry = 2 * arch.num_layers * arch.kv_heads * arch.head_dim * np.dtype(manifest.dtype).itemsize  # key + value, every layer
+    entry = (
+        2 * arch.num_layers * arch.kv_heads * arch.head_dim * np.dtype(manifest.dtype).itemsize
+    )  # key + value, every layer
     entries = past + window if variant == "inplace" else 2 * (past + window)
     return weights + rows * entries * entry
 
@@ -90,14 +92,31 @@ def graph_bytes(graph: Path) -> int:
 @click.option("--threads", type=int, default=2, show_default=True)
 @click.option("--repeats", type=int, default=10, show_default=True)
 @click.option("--batches", default="1", show_default=True, help="Rows per pass (the in-place graph's batch engine).")
-@click.option("--capacity", type=click.IntRange(1), default=None,
-              help="The cache's capacity (default: just enough). The in-place scatter attention reads all of it.")
-@click.option("--cpu-time", is_flag=True, help="Count the process's CPU seconds instead of wall seconds: with --threads 1, "
-              "a figure that other processes on a busy machine disturb far less.")
-@click.option("--graph", "graphs", multiple=True, type=click.Choice(["portable", "inplace"]),
-              help="Graph variant(s) to time (repeatable); default: every variant in the manifest.")
-@click.option("--floor", is_flag=True, help="Also print each cell's memory floor: the bytes the pass must read "
-              "(weights and KV cache) over the read bandwidth measured here with the same threads.")
+@click.option(
+    "--capacity",
+    type=click.IntRange(1),
+    default=None,
+    help="The cache's capacity (default: just enough). The in-place scatter attention reads all of it.",
+)
+@click.option(
+    "--cpu-time",
+    is_flag=True,
+    help="Count the process's CPU seconds instead of wall seconds: with --threads 1, "
+    "a figure that other processes on a busy machine disturb far less.",
+)
+@click.option(
+    "--graph",
+    "graphs",
+    multiple=True,
+    type=click.Choice(["portable", "inplace"]),
+    help="Graph variant(s) to time (repeatable); default: every variant in the manifest.",
+)
+@click.option(
+    "--floor",
+    is_flag=True,
+    help="Also print each cell's memory floor: the bytes the pass must read "
+    "(weights and KV cache) over the read bandwidth measured here with the same threads.",
+)
 def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_time, graphs, floor):
     """Median milliseconds per window pass, per artifact, graph variant, window and past length."""
     ws = [int(w) for w in windows.split(",")]
@@ -115,7 +134,9 @@ def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_tim
     cells = {key: [] for key in contexts}
     medians = {}  # (name, past, window) -> median ms
     for w in ws:
-        for key, seconds in time_passes(contexts, w, repeats, time.process_time if cpu_time else time.perf_counter).items():
+        for key, seconds in time_passes(
+            contexts, w, repeats, time.process_time if cpu_time else time.perf_counter
+        ).items():
             medians[(*key, w)] = statistics.median(seconds) * 1000
             cells[key].append(f"{medians[(*key, w)]:.1f} ({min(seconds) * 1000:.1f})")
     for ctx in contexts.values():
@@ -131,16 +152,20 @@ def main(artifacts, windows, pasts, threads, repeats, batches, capacity, cpu_tim
 
 def _print_floors(found: dict, names: dict, pasts: list[int], windows: list[int], threads: int, medians: dict) -> None:
     bandwidth = read_bandwidth(threads)
-    print(f"\nmemory floor, ms (the median above / floor): the bytes a pass must read at {bandwidth / 1e9:.1f} GB/s, "
-          f"the read bandwidth measured now with {threads} threads. The CPU's last-level cache can hold part of a "
-          "small model's weights between passes, so a pass may beat its floor by a little.")
+    print(
+        f"\nmemory floor, ms (the median above / floor): the bytes a pass must read at {bandwidth / 1e9:.1f} GB/s, "
+        f"the read bandwidth measured now with {threads} threads. The CPU's last-level cache can hold part of a "
+        "small model's weights between passes, so a pass may beat its floor by a little."
+    )
     print("| graph | weights MB | past | " + " | ".join(f"W={w}" for w in windows) + " |")
     print("|---|---|---|" + "---|" * len(windows))
     for (v, b), name in sorted(names.items(), key=lambda item: item[1]):
         backend, graph = found[v]
         weights = graph_bytes(graph)
         for past in pasts:
-            floors = [pass_bytes(weights, backend.manifest, backend.graph, past, w, b) / bandwidth * 1000 for w in windows]
+            floors = [
+                pass_bytes(weights, backend.manifest, backend.graph, past, w, b) / bandwidth * 1000 for w in windows
+            ]
             cells = [f"{f:.1f} ({medians[(name, past, w)] / f:.2f}x)" for f, w in zip(floors, windows)]
             print(f"| {name} | {weights / 1e6:.0f} | {past} | " + " | ".join(cells) + " |")
 
@@ -159,8 +184,10 @@ def _backends(artifacts, graphs, threads: int) -> dict:
             if v in manifest.graphs:
                 label = Path(artifact).name if short.count(Path(artifact).name) == 1 else str(artifact)
                 name = v if len(artifacts) == 1 else f"{label}/{v}"
-                out[name] = (OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v),
-                             Path(artifact) / manifest.graphs[v])
+                out[name] = (
+                    OrtBackend(artifact, manifest, device="cpu", threads=threads, graph=v),
+                    Path(artifact) / manifest.graphs[v],
+                )
     return out
 
 

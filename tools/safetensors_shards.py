@@ -91,8 +91,10 @@ def write_shards(folder: Path, shards: list[Shard], dtype: str, chunks: Chunks, 
         written.append(path)
     if len(shards) > 1:
         itemsize = DTYPES[dtype][1]
-        index = {"metadata": {"total_size": sum(s.nbytes(itemsize) for s in shards)},
-                 "weight_map": {spec.name: s.file for s in shards for _, spec in s.specs}}
+        index = {
+            "metadata": {"total_size": sum(s.nbytes(itemsize) for s in shards)},
+            "weight_map": {spec.name: s.file for s in shards for _, spec in s.specs},
+        }
         (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
         written.append(folder / INDEX_NAME)
     return written

@@ -23,9 +23,16 @@ STRATEGIES = ("greedy", "jacobi", "lookahead", "speculative", "auto")
 
 @click.command()
 @click.argument("target", type=click.Path(exists=True, file_okay=False))
-@click.option("--draft", type=click.Path(exists=True, file_okay=False), default=None, help="A draft artifact (speculative, auto).")
-@click.option("--set", "path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A JSONL set like tools/data/extraction.jsonl (default: the bundled one).")
+@click.option(
+    "--draft", type=click.Path(exists=True, file_okay=False), default=None, help="A draft artifact (speculative, auto)."
+)
+@click.option(
+    "--set",
+    "path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A JSONL set like tools/data/extraction.jsonl (default: the bundled one).",
+)
 @click.option("--threads", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(1, 2048), default=256, show_default=True)
 @click.option("--temperature", type=float, default=0.7, show_default=True, help="The seeded runs' temperature.")
@@ -50,17 +57,40 @@ def main(target, draft, path, threads, max_new_tokens, temperature, seed, out):
             messages = [{"role": "user", "content": item.prompt}]
             for strategy in strategies:
                 started = time.perf_counter()
-                result = gen.generate(messages=messages, max_new_tokens=max_new_tokens, strategy=strategy,
-                                      constraint=constraint, **sampling)
+                result = gen.generate(
+                    messages=messages,
+                    max_new_tokens=max_new_tokens,
+                    strategy=strategy,
+                    constraint=constraint,
+                    **sampling,
+                )
                 wall = time.perf_counter() - started
                 s = result.stats
-                runs.append(dict(mode=mode, item=item.id, strategy=strategy, ids=result.ids, text=result.text,
-                                 valid=follows_schema(result.text, item.schema) if s.finish_reason == "eos" else False,
-                                 finish=s.finish_reason, passes=s.target_passes, accepted=round(s.tokens_per_pass * s.target_passes),
-                                 new_tokens=s.new_tokens, decode_seconds=max(wall - s.prefill_seconds, 1e-9),
-                                 session_seconds=s.session_seconds, prefill_seconds=s.prefill_seconds, **s.constraint))
-            click.echo(f"{mode} {item.id}: " + ", ".join(f"{r['strategy']} {r['accepted'] / max(r['passes'], 1):.2f}"
-                                                        for r in runs[-len(strategies):]), err=True)
+                runs.append(
+                    dict(
+                        mode=mode,
+                        item=item.id,
+                        strategy=strategy,
+                        ids=result.ids,
+                        text=result.text,
+                        valid=follows_schema(result.text, item.schema) if s.finish_reason == "eos" else False,
+                        finish=s.finish_reason,
+                        passes=s.target_passes,
+                        accepted=round(s.tokens_per_pass * s.target_passes),
+                        new_tokens=s.new_tokens,
+                        decode_seconds=max(wall - s.prefill_seconds, 1e-9),
+                        session_seconds=s.session_seconds,
+                        prefill_seconds=s.prefill_seconds,
+                        **s.constraint,
+                    )
+                )
+            click.echo(
+                f"{mode} {item.id}: "
+                + ", ".join(
+                    f"{r['strategy']} {r['accepted'] / max(r['passes'], 1):.2f}" for r in runs[-len(strategies) :]
+                ),
+                err=True,
+            )
     for mode in ("greedy", "seeded"):
         _table(mode, [r for r in runs if r["mode"] == mode], strategies)
     if out:
@@ -72,7 +102,9 @@ def _table(mode: str, runs: list[dict], strategies: list[str]) -> None:
     reference = {r["item"]: r["ids"] for r in runs if r["strategy"] == "greedy"}
     base = None
     click.echo(f"\n{mode}: {len(reference)} items\n")
-    click.echo("| strategy | valid | = constrained greedy | tokens | passes | tokens/pass | tokens/s | vs greedy | forced sent / committed | guessed past runs | mask ms/pass | mask / one-token pass |")
+    click.echo(
+        "| strategy | valid | = constrained greedy | tokens | passes | tokens/pass | tokens/s | vs greedy | forced sent / committed | guessed past runs | mask ms/pass | mask / one-token pass |"
+    )
     click.echo("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for strategy in strategies:
         mine = [r for r in runs if r["strategy"] == strategy]
@@ -83,13 +115,19 @@ def _table(mode: str, runs: list[dict], strategies: list[str]) -> None:
         base = base or speed
         mask_ms = 1e3 * sum(r["mask_seconds"] for r in mine) / max(passes, 1)
         greedy = [r for r in runs if r["strategy"] == "greedy"]  # one-token passes: session time less the prefill
-        one_pass_ms = 1e3 * sum(r["session_seconds"] - r["prefill_seconds"] for r in greedy) / max(sum(r["passes"] for r in greedy), 1)
+        one_pass_ms = (
+            1e3
+            * sum(r["session_seconds"] - r["prefill_seconds"] for r in greedy)
+            / max(sum(r["passes"] for r in greedy), 1)
+        )
         same = sum(r["ids"] == reference[r["item"]] for r in mine)
-        click.echo(f"| {strategy} | {sum(r['valid'] for r in mine)}/{len(mine)} | {same}/{len(mine)} | {tokens} | {passes} | "
-                   f"{accepted / max(passes, 1):.2f} | {speed:.1f} | {speed / base:.2f}x | "
-                   f"{sum(r['forced_sent'] for r in mine)} / {sum(r['forced_committed'] for r in mine)} | "
-                   f"{sum(r.get('past_forced_sent', 0) for r in mine)} | {mask_ms:.2f} | "
-                   f"{100 * mask_ms / one_pass_ms:.1f}% |")
+        click.echo(
+            f"| {strategy} | {sum(r['valid'] for r in mine)}/{len(mine)} | {same}/{len(mine)} | {tokens} | {passes} | "
+            f"{accepted / max(passes, 1):.2f} | {speed:.1f} | {speed / base:.2f}x | "
+            f"{sum(r['forced_sent'] for r in mine)} / {sum(r['forced_committed'] for r in mine)} | "
+            f"{sum(r.get('past_forced_sent', 0) for r in mine)} | {mask_ms:.2f} | "
+            f"{100 * mask_ms / one_pass_ms:.1f}% |"
+        )
 
 
 if __name__ == "__main__":

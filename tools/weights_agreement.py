@@ -62,8 +62,13 @@ def compare(reference: Path, candidate: Path, prompts: list[dict], new_tokens: i
         kwargs = {"chat": bool(p.get("chat")), "strategy": "greedy", "max_new_tokens": new_tokens}
         ref = ref_gen.generate(p["prompt"], **kwargs)
         cand = cand_gen.generate(p["prompt"], **kwargs)
-        prompt_ids = ref_gen.tokenizer.encode(ref_gen.chat_prompt([{"role": "user", "content": p["prompt"]}]), add_special_tokens=False) \
-            if p.get("chat") else ref_gen.tokenizer.encode(p["prompt"])
+        prompt_ids = (
+            ref_gen.tokenizer.encode(
+                ref_gen.chat_prompt([{"role": "user", "content": p["prompt"]}]), add_special_tokens=False
+            )
+            if p.get("chat")
+            else ref_gen.tokenizer.encode(p["prompt"])
+        )
         sequence = prompt_ids + ref.ids
         start = len(prompt_ids) - 1  # the logits at start predict the first generated token
         r, c = logits_of(ref_sess, sequence)[start:-1], logits_of(cand_sess, sequence)[start:-1]
@@ -74,11 +79,26 @@ def compare(reference: Path, candidate: Path, prompts: list[dict], new_tokens: i
         total += len(ra)
         identical += ref.ids == cand.ids
         parted = next((i for i, (a, b) in enumerate(zip(ref.ids, cand.ids)) if a != b), None)
-        rows.append({"id": p["id"], "positions": len(ra), "agree": int((ra == ca).sum()), "identical": ref.ids == cand.ids,
-                     "first_divergence": parted, "gaps_where_differ": [round(float(g[1] - g[0]), 3) for g in top2]})
-    return {"reference": str(reference), "candidate": str(candidate), "prompts": len(prompts), "new_tokens": new_tokens,
-            "teacher_forced_agreement": round(agree / max(total, 1), 4), "positions": total,
-            "identical_outputs": identical, "per_prompt": rows}
+        rows.append(
+            {
+                "id": p["id"],
+                "positions": len(ra),
+                "agree": int((ra == ca).sum()),
+                "identical": ref.ids == cand.ids,
+                "first_divergence": parted,
+                "gaps_where_differ": [round(float(g[1] - g[0]), 3) for g in top2],
+            }
+        )
+    return {
+        "reference": str(reference),
+        "candidate": str(candidate),
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
+        "teacher_forced_agreement": round(agree / max(total, 1), 4),
+        "positions": total,
+        "identical_outputs": identical,
+        "per_prompt": rows,
+    }
 
 
 def main() -> None:
@@ -95,12 +115,16 @@ def main() -> None:
     report = compare(args.reference, args.candidate, prompts, args.new_tokens, args.threads)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    print(f"{args.candidate} vs {args.reference}: greedy argmax agrees on {report['teacher_forced_agreement']:.1%} of "
-          f"{report['positions']} generated positions (teacher-forced); identical outputs on "
-          f"{report['identical_outputs']}/{report['prompts']} prompts")
+    print(
+        f"{args.candidate} vs {args.reference}: greedy argmax agrees on {report['teacher_forced_agreement']:.1%} of "
+        f"{report['positions']} generated positions (teacher-forced); identical outputs on "
+        f"{report['identical_outputs']}/{report['prompts']} prompts"
+    )
     for row in report["per_prompt"]:
-        print(f"  {row['id']:10} agree {row['agree']}/{row['positions']}  first divergence {row['first_divergence']}  "
-              f"top-2 gaps where they differ {row['gaps_where_differ'][:5]}")
+        print(
+            f"  {row['id']:10} agree {row['agree']}/{row['positions']}  first divergence {row['first_divergence']}  "
+            f"top-2 gaps where they differ {row['gaps_where_differ'][:5]}"
+        )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from ..errors import BackendError
 from ..manifest import Manifest
 from .exact_rows import UNCHECKED, RowsCheck
 
-
 PREFILL_CHUNK = 256  # prompt tokens per prefill pass, unless a backend's limits allow fewer
 _TRIL = np.tril(np.ones((512, 512), dtype=bool))  # windows and prefill chunks: read, never written
 
@@ -69,9 +68,11 @@ def window_inputs(ids, positions, window_mask, past) -> tuple[np.ndarray, np.nda
         positions = past + np.arange(window, dtype=np.int64)
     if window_mask is None:
         window_mask = lower_triangular(window)
-    return (np.ascontiguousarray(ids, dtype=np.int64),
-            np.ascontiguousarray(np.broadcast_to(positions, (rows, window)), dtype=np.int64),
-            np.ascontiguousarray(np.broadcast_to(window_mask, (rows, window, window)), dtype=bool))
+    return (
+        np.ascontiguousarray(ids, dtype=np.int64),
+        np.ascontiguousarray(np.broadcast_to(positions, (rows, window)), dtype=np.int64),
+        np.ascontiguousarray(np.broadcast_to(window_mask, (rows, window, window)), dtype=bool),
+    )
 
 
 def check_kept(rows: list[int], window: int, what: str) -> bool:
@@ -185,7 +186,9 @@ class BackendContext(Closable, ABC):
     def select(self, start: int, stop: int) -> None:
         """Run the next passes on rows [start, stop) only: every row here."""
         if (start, stop) != (0, self.batch):
-            raise BackendError(f"{type(self).__name__} runs all its {self.batch} rows together, not rows {start}..{stop - 1}")
+            raise BackendError(
+                f"{type(self).__name__} runs all its {self.batch} rows together, not rows {start}..{stop - 1}"
+            )
 
     def commit_each(self, keeps: list[list[int]]) -> None:
         """Keep, for each selected row, its own window entries (ascending, distinct)."""
@@ -197,7 +200,7 @@ class BackendContext(Closable, ABC):
         """Copy row `source`'s cache and length into row `target` (a free slot)."""
         raise BackendError(f"{type(self).__name__}'s rows share one length: a row cannot move")
 
-    def load_prefix(self, source: "BackendContext", length: int, row: int = 0, source_row: int = 0) -> bool:
+    def load_prefix(self, source: BackendContext, length: int, row: int = 0, source_row: int = 0) -> bool:
         """Copy the first `length` cache entries of `source`'s row `source_row` into row `row` of this context,
         if this kind of context can; returns whether it did."""
         return False

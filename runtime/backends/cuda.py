@@ -36,7 +36,12 @@ class _Pos(ctypes.Structure):
 
 
 class _PitchedPtr(ctypes.Structure):
-    _fields_ = [("ptr", ctypes.c_void_p), ("pitch", ctypes.c_size_t), ("xsize", ctypes.c_size_t), ("ysize", ctypes.c_size_t)]
+    _fields_ = [
+        ("ptr", ctypes.c_void_p),
+        ("pitch", ctypes.c_size_t),
+        ("xsize", ctypes.c_size_t),
+        ("ysize", ctypes.c_size_t),
+    ]
 
 
 class _Extent(ctypes.Structure):
@@ -45,9 +50,14 @@ class _Extent(ctypes.Structure):
 
 class _Memcpy3DParms(ctypes.Structure):
     _fields_ = [
-        ("srcArray", ctypes.c_void_p), ("srcPos", _Pos), ("srcPtr", _PitchedPtr),
-        ("dstArray", ctypes.c_void_p), ("dstPos", _Pos), ("dstPtr", _PitchedPtr),
-        ("extent", _Extent), ("kind", ctypes.c_int),
+        ("srcArray", ctypes.c_void_p),
+        ("srcPos", _Pos),
+        ("srcPtr", _PitchedPtr),
+        ("dstArray", ctypes.c_void_p),
+        ("dstPos", _Pos),
+        ("dstPtr", _PitchedPtr),
+        ("extent", _Extent),
+        ("kind", ctypes.c_int),
     ]
 
 
@@ -96,7 +106,10 @@ class Cuda:
 
     def attribute(self, attribute: int, device: int = 0) -> int:
         value = ctypes.c_int(0)
-        self.check(self.lib.cudaDeviceGetAttribute(ctypes.byref(value), ctypes.c_int(attribute), ctypes.c_int(device)), "cudaDeviceGetAttribute")
+        self.check(
+            self.lib.cudaDeviceGetAttribute(ctypes.byref(value), ctypes.c_int(attribute), ctypes.c_int(device)),
+            "cudaDeviceGetAttribute",
+        )
         return value.value
 
     def device_name(self, device: int = 0) -> str:
@@ -109,7 +122,9 @@ class Cuda:
 
     def malloc(self, nbytes: int) -> int:
         ptr = ctypes.c_void_p()
-        self.check(self.lib.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(max(nbytes, 1))), f"cudaMalloc({nbytes} bytes)")
+        self.check(
+            self.lib.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(max(nbytes, 1))), f"cudaMalloc({nbytes} bytes)"
+        )
         return ptr.value
 
     def free(self, ptr: int) -> None:
@@ -118,7 +133,10 @@ class Cuda:
     def host_malloc(self, nbytes: int) -> tuple[int, np.ndarray]:
         """Pinned host memory (fast, truly asynchronous copies) and a uint8 numpy view of it."""
         ptr = ctypes.c_void_p()
-        self.check(self.lib.cudaMallocHost(ctypes.byref(ptr), ctypes.c_size_t(max(nbytes, 1))), f"cudaMallocHost({nbytes} bytes)")
+        self.check(
+            self.lib.cudaMallocHost(ctypes.byref(ptr), ctypes.c_size_t(max(nbytes, 1))),
+            f"cudaMallocHost({nbytes} bytes)",
+        )
         return ptr.value, np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr.value))
 
     def host_free(self, ptr: int) -> None:
@@ -126,7 +144,10 @@ class Cuda:
 
     def stream_create(self) -> int:
         stream = ctypes.c_void_p()
-        self.check(self.lib.cudaStreamCreateWithFlags(ctypes.byref(stream), ctypes.c_uint(NON_BLOCKING)), "cudaStreamCreateWithFlags")
+        self.check(
+            self.lib.cudaStreamCreateWithFlags(ctypes.byref(stream), ctypes.c_uint(NON_BLOCKING)),
+            "cudaStreamCreateWithFlags",
+        )
         return stream.value
 
     def stream_synchronize(self, stream: int) -> None:
@@ -137,7 +158,13 @@ class Cuda:
 
     def copy_async(self, dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
         if nbytes:
-            status = self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(nbytes), ctypes.c_int(kind), ctypes.c_void_p(stream))
+            status = self.lib.cudaMemcpyAsync(
+                ctypes.c_void_p(dst),
+                ctypes.c_void_p(src),
+                ctypes.c_size_t(nbytes),
+                ctypes.c_int(kind),
+                ctypes.c_void_p(stream),
+            )
             self.check(status, "cudaMemcpyAsync")
 
     def copy_3d_async(self, dst: Pitched, src: Pitched, width: int, height: int, depth: int, stream: int) -> None:

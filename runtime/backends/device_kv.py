@@ -15,7 +15,7 @@ rows are padded with a few empty blocks (at most 1 for fp16 and head_dim 64).
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -63,8 +63,11 @@ class DeviceKV:
         x = 0
         for a, b in runs:
             self.memory.copy_3d(
-                Pitched(dst_base, x * self.entry, dst_pitch, dst_ysize), Pitched(src.base, a * self.entry, src.pitch, src.ysize),
-                width=(b - a) * self.entry, height=self.blocks, depth=self.rows,
+                Pitched(dst_base, x * self.entry, dst_pitch, dst_ysize),
+                Pitched(src.base, a * self.entry, src.pitch, src.ysize),
+                width=(b - a) * self.entry,
+                height=self.blocks,
+                depth=self.rows,
             )
             x += b - a
         return new

@@ -91,7 +91,13 @@ class RowsCheck:
         return self.mode != GREEDY
 
     def line(self) -> str:
-        took = ", as checked at an earlier load" if self.cached else f", checked in {self.seconds * 1000:.0f} ms" if self.seconds else ""
+        took = (
+            ", as checked at an earlier load"
+            if self.cached
+            else f", checked in {self.seconds * 1000:.0f} ms"
+            if self.seconds
+            else ""
+        )
         return f"exactness: {self.mode}: {MODES[self.mode]} ({self.cpu}{took})"
 
 
@@ -132,16 +138,24 @@ def verdict_path(backend) -> Path | None:
     $XDG_CACHE_HOME/jacobi-rt, else ~/.cache/jacobi-rt)/exact-rows/<key>.json, the key a sha256 of every
     input the verdict depends on as far as this process can tell; None when JACOBI_RT_CACHE=off. The CPU
     is read from /proc/cpuinfo, which an emulator (qemu-user) does not change: set it off there."""
-    root = os.environ.get("JACOBI_RT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jacobi-rt"
+    root = (
+        os.environ.get("JACOBI_RT_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jacobi-rt"
+    )
     if str(root) == "off":
         return None
     import onnxruntime
 
     manifest = backend.manifest
     graph = manifest.graphs[backend.graph]
-    inputs = {"files": {name: manifest.files[name] for name in sorted(manifest.files) if name.endswith((".onnx", ".data"))},
-              "graph": graph, "cpu": cpu(), "onnxruntime": onnxruntime.__version__, "threads": backend.threads,
-              "check": [PROMPT, WINDOW, TILE]}
+    inputs = {
+        "files": {name: manifest.files[name] for name in sorted(manifest.files) if name.endswith((".onnx", ".data"))},
+        "graph": graph,
+        "cpu": cpu(),
+        "onnxruntime": onnxruntime.__version__,
+        "threads": backend.threads,
+        "check": [PROMPT, WINDOW, TILE],
+    }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     return Path(root) / "exact-rows" / f"{key}.json"
 

@@ -115,7 +115,9 @@ class OrtInplaceContext(OrtBinding):
         """Keep, for each selected row, its own window entries (ascending, distinct; [] keeps none)."""
         start, stop = self._rows
         if len(keeps) != stop - start:
-            raise BackendError(f"commit_each() needs one list of entries per selected row ({stop - start}), got {len(keeps)}")
+            raise BackendError(
+                f"commit_each() needs one list of entries per selected row ({stop - start}), got {len(keeps)}"
+            )
         for b, rows in zip(range(start, stop), keeps):
             rows = list(rows)
             if not check_kept(rows, self.pending, f"commit_each(): row {b}"):  # a side branch, gathered into place

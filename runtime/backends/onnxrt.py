@@ -43,7 +43,14 @@ def physical_cores() -> int:
 class OrtBackend(Backend):
     """One InferenceSession per artifact; `context()` gives each generation its own KV buffers."""
 
-    def __init__(self, folder: str | Path, manifest: Manifest, device: str = "auto", threads: int | None = None, graph: str = "auto"):
+    def __init__(
+        self,
+        folder: str | Path,
+        manifest: Manifest,
+        device: str = "auto",
+        threads: int | None = None,
+        graph: str = "auto",
+    ):
         """graph: "auto" (the in-place graph on the CPU when the artifact has one, else the portable
         graph), "portable" or "inplace"."""
         ort = require("onnxruntime", ORT_HINT)
@@ -57,11 +64,15 @@ class OrtBackend(Backend):
         # Threads spin within a run but not after it: a spinning target pool stole the cores from the
         # draft's pass that follows (2 cores: speculative 30.6 -> 57.6 tokens/s; greedy unchanged).
         options.add_session_config_entry("session.force_spinning_stop", "1")
-        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
+        providers = (
+            ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
+        )
         try:
             self.session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs and EPs
-            raise BackendError(f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact") from exc
+            raise BackendError(
+                f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact"
+            ) from exc
         self._check_graph()
         self.batched = self.graph == INPLACE  # its contexts hold rows of their own lengths (the batcher's slots)
         self.pad_rows = False  # pad the passes that would run a one-row kernel (exact_rows.py)
@@ -95,7 +106,7 @@ class OrtBackend(Backend):
         """The manifest's limits; windows stay one chain when the weights round activations to int8."""
         return replace(super().limits, branches=not int8_activations(self.manifest))
 
-    def context(self, capacity: int, batch: int = 1) -> "OrtContext":
+    def context(self, capacity: int, batch: int = 1) -> OrtContext:
         capacity = max(1, min(capacity, self.manifest.max_context))
         if self.graph == INPLACE:
             return OrtInplaceContext(self, capacity, batch)
@@ -143,11 +154,16 @@ def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
         why = f" ({skipped})" if skipped else "; re-export it with this jacobi-rt to add it"
         raise BackendError(f"this artifact has no in-place graph{why}; use the portable graph")
     if graph == INPLACE and device != "cpu":
-        raise BackendError("the in-place graph runs on the CPU provider only for now; use --graph portable (or auto) on CUDA")
+        raise BackendError(
+            "the in-place graph runs on the CPU provider only for now; use --graph portable (or auto) on CUDA"
+        )
     if graph == INPLACE and manifest.inplace_unchecked:
-        warnings.warn(f"this artifact's in-place graph was not checked against PyTorch ({manifest.inplace_unchecked}); "
-                      "its output is exact between strategies but unproven against the model: graph='auto' takes the "
-                      "checked portable graph", stacklevel=4)
+        warnings.warn(
+            f"this artifact's in-place graph was not checked against PyTorch ({manifest.inplace_unchecked}); "
+            "its output is exact between strategies but unproven against the model: graph='auto' takes the "
+            "checked portable graph",
+            stacklevel=4,
+        )
     return graph
 
 
@@ -255,7 +271,9 @@ class OrtDeviceContext(DeviceKVContext, OrtContext):
 
     def _allocate(self, rows: int, elements: int) -> None:
         entry = self.head_dim * self.dtype.itemsize
-        self._kv = DeviceKV(self._memory, rows, self.batch * self.heads, self.capacity + self.backend.spare_entries, entry)
+        self._kv = DeviceKV(
+            self._memory, rows, self.batch * self.heads, self.capacity + self.backend.spare_entries, entry
+        )
 
     def _addresses(self, side: int, length: int) -> list[int]:
         return self._kv.addresses(side, length)

@@ -21,11 +21,15 @@ def _binders(binding, device: str):
 
         raw = binding._iobinding
         c_device = OrtDevice.make(device, 0)._get_c_device()
-        return (lambda n, t, s, p: raw.bind_input(n, c_device, t, s, p),
-                lambda n, t, s, p: raw.bind_output(n, c_device, t, s, p))
+        return (
+            lambda n, t, s, p: raw.bind_input(n, c_device, t, s, p),
+            lambda n, t, s, p: raw.bind_output(n, c_device, t, s, p),
+        )
     except (ImportError, AttributeError, TypeError):
-        return (lambda n, t, s, p: binding.bind_input(n, device, 0, t, s, p),
-                lambda n, t, s, p: binding.bind_output(n, device, 0, t, s, p))
+        return (
+            lambda n, t, s, p: binding.bind_input(n, device, 0, t, s, p),
+            lambda n, t, s, p: binding.bind_output(n, device, 0, t, s, p),
+        )
 
 
 class OrtBinding(BackendContext):

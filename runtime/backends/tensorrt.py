@@ -34,14 +34,27 @@ from .device_kv import ALIGN, DeviceKV, DeviceKVContext, release, round_up
 from .trt_plans import Profile, Range, pick_profile, rebuild_hint, select_engine, serving_limits, verify_engine_file
 
 TENSORRT_HINT = (
-    "pip install \"tensorrt>=10\" polygraphy (from the jacobi-rt checkout: pip install \".[tensorrt]\") on a machine "
+    'pip install "tensorrt>=10" polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]") on a machine '
     "with an NVIDIA GPU (the tensorrt wheels fetch "
     "NVIDIA's libraries from pypi.nvidia.com)"
 )
-CONTRACT_TYPES = {"input_ids": np.int64, "position_ids": np.int64, "attention_mask": np.int64, "window_mask": np.bool_,
-                  "logits": np.float32}
-NUMPY_TYPES = {"FLOAT": np.float32, "HALF": np.float16, "BF16": np.uint16, "INT64": np.int64, "INT32": np.int32,
-               "BOOL": np.bool_, "INT8": np.int8, "UINT8": np.uint8}
+CONTRACT_TYPES = {
+    "input_ids": np.int64,
+    "position_ids": np.int64,
+    "attention_mask": np.int64,
+    "window_mask": np.bool_,
+    "logits": np.float32,
+}
+NUMPY_TYPES = {
+    "FLOAT": np.float32,
+    "HALF": np.float16,
+    "BF16": np.uint16,
+    "INT64": np.int64,
+    "INT32": np.int32,
+    "BOOL": np.bool_,
+    "INT8": np.int8,
+    "UINT8": np.uint8,
+}
 
 
 def load_tensorrt():
@@ -51,7 +64,9 @@ def load_tensorrt():
     except (ImportError, OSError) as exc:  # OSError: the bindings are there but not NVIDIA's libraries
         raise MissingDependencyError(f"tensorrt is not installed ({exc}); install it with: {TENSORRT_HINT}") from exc
     if int(trt.__version__.split(".")[0]) < 10:
-        raise MissingDependencyError(f"TensorRT {trt.__version__} is too old: jacobi-rt needs TensorRT 10; {TENSORRT_HINT}")
+        raise MissingDependencyError(
+            f"TensorRT {trt.__version__} is too old: jacobi-rt needs TensorRT 10; {TENSORRT_HINT}"
+        )
     return trt
 
 
@@ -63,8 +78,14 @@ def trt_logger(trt):
 class TrtBackend(Backend):
     """A deserialized engine, shared by threads; `context()` gives each generation its own state."""
 
-    def __init__(self, folder: str | Path, manifest: Manifest, precision: str | None = None, verify: bool = True,
-                 record: EngineRecord | None = None):
+    def __init__(
+        self,
+        folder: str | Path,
+        manifest: Manifest,
+        precision: str | None = None,
+        verify: bool = True,
+        record: EngineRecord | None = None,
+    ):
         """Load the newest engine of `manifest` that runs here (of `precision`, if given), or `record`."""
         trt = load_tensorrt()
         self.trt, self.manifest, self.cuda = trt, manifest, load_cudart()
@@ -97,7 +118,9 @@ class TrtBackend(Backend):
         dtypes = {n: _numpy_type(trt, engine.get_tensor_dtype(n)) for n in names}
         wrong = [f"{n} is {dtypes[n]}" for n, t in CONTRACT_TYPES.items() if dtypes[n] != np.dtype(t)]
         if wrong:
-            raise BackendError(f"the engine's tensor types differ from the contract ({', '.join(wrong)}); {self.rebuild}")
+            raise BackendError(
+                f"the engine's tensor types differ from the contract ({', '.join(wrong)}); {self.rebuild}"
+            )
         return dtypes
 
     def _profiles(self) -> list[Profile]:
@@ -107,7 +130,9 @@ class TrtBackend(Backend):
             ids = [tuple(d) for d in self.engine.get_tensor_profile_shape("input_ids", i)]  # min, opt, max of [B, W]
             past = [tuple(d) for d in self.engine.get_tensor_profile_shape(kv, i)]  # of [B, H, P, D]
             name = self.record.profiles[i]["name"] if i < len(self.record.profiles) else f"profile {i}"
-            out.append(Profile(name, Range(*(s[0] for s in ids)), Range(*(s[1] for s in ids)), Range(*(s[2] for s in past))))
+            out.append(
+                Profile(name, Range(*(s[0] for s in ids)), Range(*(s[1] for s in ids)), Range(*(s[2] for s in past)))
+            )
         return out
 
     @property
@@ -119,7 +144,7 @@ class TrtBackend(Backend):
         """The engine's profiles bound the context, the prefill chunk and the widest pass (`jacobi-rt build` limits)."""
         return serving_limits(self.profiles, self.manifest.max_context)
 
-    def context(self, capacity: int, batch: int = 1) -> "TrtContext":
+    def context(self, capacity: int, batch: int = 1) -> TrtContext:
         limit = min(self.manifest.max_context, max(p.total.max for p in self.profiles))
         return TrtContext(self, max(1, min(capacity, limit)), batch)
 
@@ -131,7 +156,9 @@ def _numpy_type(trt, dtype) -> np.dtype:
     for name, numpy_type in NUMPY_TYPES.items():
         if getattr(trt.DataType, name, None) == dtype:
             return np.dtype(numpy_type)
-    raise BackendError(f"the engine has a tensor of type {dtype}, which jacobi-rt does not handle; rebuild it from the artifact")
+    raise BackendError(
+        f"the engine has a tensor of type {dtype}, which jacobi-rt does not handle; rebuild it from the artifact"
+    )
 
 
 class TrtContext(DeviceKVContext):
@@ -160,9 +187,17 @@ class TrtContext(DeviceKVContext):
         with self.backend._lock:
             self.context = self.backend.engine.create_execution_context()
         if self.context is None:
-            raise BackendError("TensorRT could not create an execution context (out of GPU memory?); close other contexts or lower the capacity")
+            raise BackendError(
+                "TensorRT could not create an execution context (out of GPU memory?); close other contexts or lower the capacity"
+            )
         b, w, item = self.batch, self.max_window, self.dtype.itemsize
-        self._kv = DeviceKV(CudaMemory(self.cuda, self.stream), len(self.past_names), b * self.heads, self.capacity, self.head_dim * item)
+        self._kv = DeviceKV(
+            CudaMemory(self.cuda, self.stream),
+            len(self.past_names),
+            b * self.heads,
+            self.capacity,
+            self.head_dim * item,
+        )
         # ids | positions | window_mask, one region each, staged in pinned memory and sent in one copy
         ids_bytes = round_up(b * w * 8, ALIGN)
         self._offsets = {"input_ids": 0, "position_ids": ids_bytes, "window_mask": 2 * ids_bytes}
@@ -205,7 +240,9 @@ class TrtContext(DeviceKVContext):
         logits = np.empty((batch, window, self.vocab), dtype=np.float32) if want_logits else None
         self.cuda.copy_async(self._inputs, self._staging_ptr, nbytes, HOST_TO_DEVICE, self.stream)
         if not self.context.execute_async_v3(self.stream):
-            raise BackendError(f"TensorRT failed on a window of {window} after {past} cached entries (see its log above)")
+            raise BackendError(
+                f"TensorRT failed on a window of {window} after {past} cached entries (see its log above)"
+            )
         self.cuda.copy_async(self._greedy_host_ptr, self._greedy, greedy_bytes, DEVICE_TO_HOST, self.stream)
         if logits is not None:
             self.cuda.copy_async(logits.ctypes.data, self._logits, logits.nbytes, DEVICE_TO_HOST, self.stream)
@@ -245,8 +282,12 @@ class TrtContext(DeviceKVContext):
         return self._offsets["window_mask"] + batch * window * window
 
     def _set_shapes(self, batch: int, window: int, past: int, total: int) -> None:
-        shapes = {"input_ids": (batch, window), "position_ids": (batch, window), "window_mask": (batch, window, window),
-                  "attention_mask": (batch, total)}
+        shapes = {
+            "input_ids": (batch, window),
+            "position_ids": (batch, window),
+            "window_mask": (batch, window, window),
+            "attention_mask": (batch, total),
+        }
         kv_shape = (batch, self.heads, past, self.head_dim)
         for name, shape in shapes.items():
             self._shape(name, shape)
@@ -256,7 +297,9 @@ class TrtContext(DeviceKVContext):
     def _shape(self, name: str, shape: tuple) -> None:
         if self._shapes.get(name) != shape:
             if not self.context.set_input_shape(name, shape):
-                raise BackendError(f"TensorRT refused the shape {list(shape)} for {name} (outside optimization profile {self._profile})")
+                raise BackendError(
+                    f"TensorRT refused the shape {list(shape)} for {name} (outside optimization profile {self._profile})"
+                )
             self._shapes[name] = shape
 
     def _bind_kv(self, past: int, total: int) -> None:
@@ -274,9 +317,11 @@ class TrtContext(DeviceKVContext):
         device, host, stream = self._device, self._host, self.stream
         self._device, self._host, self.stream, self.context = [], [], 0, None
         cuda = self.cuda
-        release([
-            super().close,  # the KV sides
-            *(lambda ptr=ptr: cuda.free(ptr) for ptr in device),
-            *(lambda ptr=ptr: cuda.host_free(ptr) for ptr in host),
-            *([lambda: cuda.stream_destroy(stream)] if stream else []),
-        ])
+        release(
+            [
+                super().close,  # the KV sides
+                *(lambda ptr=ptr: cuda.free(ptr) for ptr in device),
+                *(lambda ptr=ptr: cuda.host_free(ptr) for ptr in host),
+                *([lambda: cuda.stream_destroy(stream)] if stream else []),
+            ]
+        )

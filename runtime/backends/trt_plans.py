@@ -34,7 +34,7 @@ class Range:
     def covers(self, value: int) -> bool:
         return self.min <= value <= self.max
 
-    def __add__(self, other: "Range") -> "Range":
+    def __add__(self, other: Range) -> Range:
         return Range(self.min + other.min, self.opt + other.opt, self.max + other.max)
 
 
@@ -63,10 +63,13 @@ class Profile:
         return out
 
     def to_dict(self) -> dict:
-        return {"name": self.name, **{k: [v["min"], v["opt"], v["max"]] for k, v in asdict(self).items() if k != "name"}}
+        return {
+            "name": self.name,
+            **{k: [v["min"], v["opt"], v["max"]] for k, v in asdict(self).items() if k != "name"},
+        }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Profile":
+    def from_dict(cls, data: dict) -> Profile:
         return cls(data["name"], *(Range(*data[axis]) for axis in ("batch", "window", "past")))
 
     def describe(self) -> str:
@@ -92,8 +95,10 @@ def serving_limits(profiles: list[Profile], max_context: int, batch: int = 1) ->
     usable = [p for p in profiles if p.batch.covers(batch) and p.window.min <= 1 and p.past.min == 0]
     if not usable:
         ranges = "; ".join(p.describe() for p in profiles)
-        raise BackendError(f"no optimization profile of the engine serves batch {batch} from an empty cache ({ranges}); "
-                           "rebuild it with `jacobi-rt build ARTIFACT`")
+        raise BackendError(
+            f"no optimization profile of the engine serves batch {batch} from an empty cache ({ranges}); "
+            "rebuild it with `jacobi-rt build ARTIFACT`"
+        )
     context = min(max_context, min(p.past.max for p in usable) + 1)
     window = min(max(p.window.max for p in usable), context)
     return BackendLimits(max_context=context, prefill_chunk=window, max_window=window)
@@ -155,7 +160,9 @@ def verify_engine_file(folder: str | Path, record: EngineRecord) -> Path:
     """The engine's path, after checking it exists and has the sha256 recorded when it was built."""
     path = Path(folder) / record.file
     if not path.is_file():
-        raise BackendError(f"the engine {path} recorded in {MANIFEST_NAME} is missing; {rebuild_hint(folder, record.precision)}")
+        raise BackendError(
+            f"the engine {path} recorded in {MANIFEST_NAME} is missing; {rebuild_hint(folder, record.precision)}"
+        )
     if sha256_file(path) != record.sha256:
         raise BackendError(
             f"the engine {path} changed after it was built (its sha256 differs from {MANIFEST_NAME}); "

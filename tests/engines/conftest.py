@@ -25,8 +25,9 @@ def trt_artifact(artifact, engine_dir):
     def get(name: str, precision: str = "fp32") -> Path:
         if (name, precision) not in built:
             tiny = not name.startswith("smollm2")
-            built[name, precision] = engine_artifact(artifact(name), engine_dir / precision, precision,
-                                                     optimization_level=1 if tiny else None, check=tiny)
+            built[name, precision] = engine_artifact(
+                artifact(name), engine_dir / precision, precision, optimization_level=1 if tiny else None, check=tiny
+            )
         return built[name, precision]
 
     return get

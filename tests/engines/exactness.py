@@ -5,12 +5,17 @@ the same backend token for token."""
 from __future__ import annotations
 
 import numpy as np
-
 from alone import tokens
+
 from jacobi_rt.runtime.allocator import Guess, Offer
 from jacobi_rt.runtime.proposers import NoProposer, Proposer
 
-PROMPTS = ["The quick brown fox", "def add(a, b):", "Numbers 0 1 2 3 4 5 6 7", "The quick brown fox jumps over the lazy dog. The quick brown fox"]
+PROMPTS = [
+    "The quick brown fox",
+    "def add(a, b):",
+    "Numbers 0 1 2 3 4 5 6 7",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+]
 
 
 def straight_kv(backend, seq: list[int]) -> list[np.ndarray]:
@@ -44,8 +49,17 @@ def assert_cache_round_trip(backend, reference, atol: float = 1e-5, logit_atol: 
         assert_kv(ctx, straight_kv(reference, seq[:7]), atol)
         # a tree window: root 12, then branches (13, 14) and (40, 41, 42); keep the second
         tree = [12, 13, 14, 40, 41, 42]
-        mask = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                         [1, 0, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 1]], dtype=bool)[None]
+        mask = np.array(
+            [
+                [1, 0, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0, 0],
+                [1, 1, 1, 0, 0, 0],
+                [1, 0, 0, 1, 0, 0],
+                [1, 0, 0, 1, 1, 0],
+                [1, 0, 0, 1, 1, 1],
+            ],
+            dtype=bool,
+        )[None]
         ctx.forward(np.array([tree]), positions=np.array([[7, 8, 9, 8, 9, 10]]), window_mask=mask)
         ctx.commit_rows([0, 3, 4])
         kept = seq[:7] + [12, 40, 41]

@@ -21,8 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PROMPTS = [
     [{"role": "user", "content": "Write a short poem about the sea."}],
     [{"role": "user", "content": "Explain what a hash table is and when to use one."}],
-    [{"role": "user", "content": "Summarise in two sentences: The Jacobi method solves a system of equations by "
-                                 "guessing every unknown at once and refining all the guesses together until they stop changing."}],
+    [
+        {
+            "role": "user",
+            "content": "Summarise in two sentences: The Jacobi method solves a system of equations by "
+            "guessing every unknown at once and refining all the guesses together until they stop changing.",
+        }
+    ],
     "def quicksort(items):\n",
 ]
 GPU_STRATEGIES = ["greedy", "jacobi", "lookahead", "speculative"]
@@ -39,7 +44,12 @@ def run(gen, strategy: str, new_tokens: int) -> dict:
         tokens += s.new_tokens - 1  # the prefill's token is not a decoding token
         passes += s.target_passes
         decode_seconds += s.wall_seconds - s.prefill_seconds
-    return {"strategy": strategy, "ids": ids, "tokens_per_second": tokens / decode_seconds, "tokens_per_pass": tokens / max(passes, 1)}
+    return {
+        "strategy": strategy,
+        "ids": ids,
+        "tokens_per_second": tokens / decode_seconds,
+        "tokens_per_pass": tokens / max(passes, 1),
+    }
 
 
 def bench(name: str, gen, strategies: list[str], new_tokens: int) -> list[dict]:
@@ -47,15 +57,19 @@ def bench(name: str, gen, strategies: list[str], new_tokens: int) -> list[dict]:
     rows = [run(gen, s, new_tokens) for s in strategies]
     greedy = rows[0]
     for row in rows:
-        row.update(backend=name, ratio=row["tokens_per_second"] / greedy["tokens_per_second"], same=row["ids"] == greedy["ids"])
+        row.update(
+            backend=name, ratio=row["tokens_per_second"] / greedy["tokens_per_second"], same=row["ids"] == greedy["ids"]
+        )
     return rows
 
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'backend':<18} {'strategy':<12} {'tokens/s':>9} {'x greedy':>9} {'tok/pass':>9}  same ids"]
     for r in rows:
-        lines.append(f"{r['backend']:<18} {r['strategy']:<12} {r['tokens_per_second']:9.1f} {r['ratio']:9.2f} "
-                     f"{r['tokens_per_pass']:9.2f}  {'yes' if r['same'] else 'NO'}")
+        lines.append(
+            f"{r['backend']:<18} {r['strategy']:<12} {r['tokens_per_second']:9.1f} {r['ratio']:9.2f} "
+            f"{r['tokens_per_pass']:9.2f}  {'yes' if r['same'] else 'NO'}"
+        )
     return "\n".join(lines)
 
 
@@ -66,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     from jacobi_rt.runtime.backends.onnxrt import physical_cores
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--artifacts", type=Path, default=Path(os.environ.get("JACOBI_RT_TEST_ARTIFACTS", "build/test-artifacts")))
+    parser.add_argument(
+        "--artifacts", type=Path, default=Path(os.environ.get("JACOBI_RT_TEST_ARTIFACTS", "build/test-artifacts"))
+    )
     parser.add_argument("--engines", type=Path, default=Path("build/gpu-check"))
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -75,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     rows, notes = [], []
     if (reason := tensorrt_missing()) is None:
         engines = args.engines / "fp16"
-        gen = Generator.load(engine_artifact(target, engines, "fp16"), draft=engine_artifact(draft, engines, "fp16"), backend="tensorrt")
+        gen = Generator.load(
+            engine_artifact(target, engines, "fp16"), draft=engine_artifact(draft, engines, "fp16"), backend="tensorrt"
+        )
         rows += bench("tensorrt-fp16", gen, GPU_STRATEGIES, args.new_tokens)
     else:
         notes.append(f"TensorRT skipped: {reason}")

@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 from jacobi_rt.engines import BuildOptions, Limits, build_engine
-from jacobi_rt.runtime.backends.trt_plans import select_engine, verify_engine_file
 from jacobi_rt.runtime.backends.cuda import gpu_facts
 from jacobi_rt.runtime.backends.tensorrt import load_tensorrt
+from jacobi_rt.runtime.backends.trt_plans import select_engine, verify_engine_file
 from jacobi_rt.runtime.errors import BackendError, MissingDependencyError
 from jacobi_rt.runtime.manifest import load_manifest
 from jacobi_rt.runtime.spec import MANIFEST_NAME
@@ -49,8 +49,15 @@ def ort_cuda_missing() -> str | None:
     return gpu_missing()
 
 
-def engine_artifact(source: Path, workdir: Path, precision: str, optimization_level: int | None = None,
-                    limits: Limits = Limits(), check: bool = False, log=print) -> Path:
+def engine_artifact(
+    source: Path,
+    workdir: Path,
+    precision: str,
+    optimization_level: int | None = None,
+    limits: Limits = Limits(),
+    check: bool = False,
+    log=print,
+) -> Path:
     """workdir/<name>: `source` linked file by file (its own jacobi.json), with a `precision` engine
     for this GPU; built only when no valid one is there yet."""
     folder = Path(workdir) / Path(source).name
@@ -67,6 +74,8 @@ def engine_artifact(source: Path, workdir: Path, precision: str, optimization_le
         return folder
     except BackendError:
         pass
-    options = BuildOptions(precision=precision, limits=limits, optimization_level=optimization_level, check=check, progress=False)
+    options = BuildOptions(
+        precision=precision, limits=limits, optimization_level=optimization_level, check=check, progress=False
+    )
     build_engine(folder, options, log=log)
     return folder

@@ -34,13 +34,24 @@ def one_line_error(result, match: str) -> None:
 def test_help_lists_the_options():
     result = run("--help")
     assert result.exit_code == 0
-    for option in ("--precision", "--max-batch", "--max-context", "--decode-window", "--prefill-window", "--timing-cache", "--check"):
+    for option in (
+        "--precision",
+        "--max-batch",
+        "--max-context",
+        "--decode-window",
+        "--prefill-window",
+        "--timing-cache",
+        "--check",
+    ):
         assert option in result.output
 
 
 @needs_no_tensorrt
 def test_missing_tensorrt_is_one_line_with_the_install_command(artifact):
-    one_line_error(run(artifact("llama")), 'tensorrt is not installed (No module named \'tensorrt\'); install it with: pip install "tensorrt>=10" polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]")')
+    one_line_error(
+        run(artifact("llama")),
+        'tensorrt is not installed (No module named \'tensorrt\'); install it with: pip install "tensorrt>=10" polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]")',
+    )
 
 
 @pytest.fixture
@@ -53,7 +64,9 @@ def quantized(artifact, tmp_path):
 
 def test_argument_errors_come_before_tensorrt(artifact, quantized, tmp_path):
     folder = artifact("llama")
-    one_line_error(run(folder, "--max-context", 100000), "--max-context must be between 2 and the artifact's max_context of 256")
+    one_line_error(
+        run(folder, "--max-context", 100000), "--max-context must be between 2 and the artifact's max_context of 256"
+    )
     one_line_error(run(folder, "--timing-cache", tmp_path / "t.cache", "--no-timing-cache"), "do not mix")
     one_line_error(run(quantized), "TensorRT cannot read; export the model without --quantize")
     one_line_error(run(tmp_path), "has no jacobi.json")
@@ -74,7 +87,9 @@ def test_plan_derives_profiles_without_a_gpu(artifact):
 def test_precisions_the_gpu_cannot_run_are_refused():
     check_gpu_precision("fp16", GpuFacts("Tesla T4", "7.5"))
     check_gpu_precision("fp8", H200)
-    with pytest.raises(InputError, match="bf16 needs compute capability 8.0 or newer; this Tesla T4 has 7.5: use --precision fp16"):
+    with pytest.raises(
+        InputError, match="bf16 needs compute capability 8.0 or newer; this Tesla T4 has 7.5: use --precision fp16"
+    ):
         check_gpu_precision("bf16", GpuFacts("Tesla T4", "7.5"))
     with pytest.raises(InputError, match="fp8 needs compute capability 8.9"):
         check_gpu_precision("fp8", GpuFacts("NVIDIA A100", "8.0"))
@@ -101,8 +116,15 @@ def test_unknown_backend_is_refused(artifact):
         Generator.load(artifact("llama"), backend="gpu")
 
 
-@pytest.mark.parametrize("module", ["jacobi_rt.runtime.backends.tensorrt", "jacobi_rt.engines", "jacobi_rt.engines.check",
-                                    "jacobi_rt.tools.cli.build"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "jacobi_rt.runtime.backends.tensorrt",
+        "jacobi_rt.engines",
+        "jacobi_rt.engines.check",
+        "jacobi_rt.tools.cli.build",
+    ],
+)
 def test_modules_import_first_in_a_fresh_process_without_tensorrt(module):
     import subprocess
     import sys

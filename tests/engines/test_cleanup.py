@@ -57,7 +57,10 @@ def trt_backend(memory: HostMemory, layers: int = 2):
     """What TrtContext reads from its TrtBackend, with CUDA on host memory (no engine is run)."""
     names = [t.name for t in kv_inputs(layers)]
     return SimpleNamespace(
-        manifest=manifest(layers=layers), cuda=HostCuda(memory), max_window=8, _lock=threading.Lock(),
+        manifest=manifest(layers=layers),
+        cuda=HostCuda(memory),
+        max_window=8,
+        _lock=threading.Lock(),
         dtypes={**{n: np.dtype(np.float16) for n in names}, "greedy_ids": np.dtype(np.int64)},
         engine=SimpleNamespace(create_execution_context=lambda: object()),
     )
@@ -104,7 +107,9 @@ class HostKVBackend(Backend):
 
     def context(self, capacity: int, batch: int = 1):
         self.memories.append(HostMemory(self.fail_alloc))
-        return OrtDeviceContext(self.inner, max(1, min(capacity, self.manifest.max_context)), batch, memory=self.memories[-1])
+        return OrtDeviceContext(
+            self.inner, max(1, min(capacity, self.manifest.max_context)), batch, memory=self.memories[-1]
+        )
 
 
 @pytest.mark.parametrize("strategy", ["speculative", "auto"])

@@ -75,7 +75,9 @@ class HostDeviceBackend(Backend):
         return self.inner.limits
 
     def context(self, capacity, batch=1):
-        return OrtDeviceContext(self.inner, max(1, min(capacity, self.manifest.max_context)), batch, memory=HostMemory())
+        return OrtDeviceContext(
+            self.inner, max(1, min(capacity, self.manifest.max_context)), batch, memory=HostMemory()
+        )
 
     def close(self):
         pass
@@ -116,7 +118,9 @@ def test_strategies_through_device_contexts_equal_cpu_greedy(artifact, family):
     manifest = load_manifest(folder)
     cpu = OrtBackend(folder, manifest, device="cpu", threads=1, graph="portable")
     draft_folder = artifact(f"{family}-draft1")
-    draft = HostDeviceBackend(OrtBackend(draft_folder, load_manifest(draft_folder), device="cpu", threads=1, graph="portable"))
+    draft = HostDeviceBackend(
+        OrtBackend(draft_folder, load_manifest(draft_folder), device="cpu", threads=1, graph="portable")
+    )
     on_device = Generator(HostDeviceBackend(cpu), Tokenizer(folder, manifest), draft=draft)
     greedy = assert_strategies_equal_greedy(on_device, new=30, draft=True)
     plain = Generator(cpu, Tokenizer(folder, manifest))
@@ -126,9 +130,10 @@ def test_strategies_through_device_contexts_equal_cpu_greedy(artifact, family):
 def test_padded_passes_through_device_contexts_equal_cpu_greedy(artifact):
     """The pad row of exact_rows.py (a one-token pass run as two rows) through DeviceKV: its entry is
     written one past the window and dropped by commit's gather; every strategy still equals greedy."""
+    from make_artifacts import TINY_GGUF
+
     from jacobi_rt.runtime import Generator
     from jacobi_rt.runtime.tokenizer import Tokenizer
-    from make_artifacts import TINY_GGUF
 
     folder = artifact(TINY_GGUF)
     manifest = load_manifest(folder)

@@ -8,9 +8,9 @@ from manifests import manifest, record
 from profiled_backend import ProfiledBackend, engine_profiles
 
 from jacobi_rt.engines.profiles import Limits, derive_profiles
-from jacobi_rt.runtime.backends.trt_plans import Profile, serving_limits
 from jacobi_rt.runtime.backends.base import BackendLimits
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+from jacobi_rt.runtime.backends.trt_plans import Profile, serving_limits
 from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
 from jacobi_rt.runtime.manifest import load_manifest
 
@@ -53,7 +53,9 @@ def small_engine(tiny):
     from jacobi_rt.runtime import Generator
     from jacobi_rt.runtime.tokenizer import Tokenizer
 
-    backend = ProfiledBackend(cpu, engine_profiles(cpu.manifest, Limits(max_context=48, decode_window=4, prefill_window=8)))
+    backend = ProfiledBackend(
+        cpu, engine_profiles(cpu.manifest, Limits(max_context=48, decode_window=4, prefill_window=8))
+    )
     return Generator(backend, Tokenizer(folder, cpu.manifest)), Generator(cpu, Tokenizer(folder, cpu.manifest))
 
 
@@ -79,7 +81,9 @@ def test_the_engine_context_is_checked_before_generating(small_engine):
 
 def test_a_speculative_draft_on_an_engine_prefills_in_its_chunks(small_engine, tiny):
     engine, plain = small_engine
-    engine.draft = ProfiledBackend(tiny[1], engine_profiles(tiny[1].manifest, Limits(max_context=48, decode_window=16, prefill_window=8)))
+    engine.draft = ProfiledBackend(
+        tiny[1], engine_profiles(tiny[1].manifest, Limits(max_context=48, decode_window=16, prefill_window=8))
+    )
     prompt = list(range(3, 33))
     result = engine.generate(prompt, max_new_tokens=10, strategy="speculative")
     assert result.ids == plain.generate(prompt, max_new_tokens=10, strategy="greedy").ids
@@ -93,7 +97,9 @@ def test_a_draft_engine_with_narrow_profiles_gets_passes_it_covers(small_engine,
     engine, plain = small_engine
     folder = artifact("qwen2")
     other = OrtBackend(folder, load_manifest(folder), device="cpu", threads=1)
-    engine.draft = ProfiledBackend(other, engine_profiles(other.manifest, Limits(max_context=48, decode_window=2, prefill_window=4)))
+    engine.draft = ProfiledBackend(
+        other, engine_profiles(other.manifest, Limits(max_context=48, decode_window=2, prefill_window=4))
+    )
     for prompt in (list(range(3, 23)), [5, 17, 33]):
         result = engine.generate(prompt, max_new_tokens=24, strategy="speculative", jacobi_tail=jacobi_tail)
         assert result.ids == plain.generate(prompt, max_new_tokens=24, strategy="greedy").ids

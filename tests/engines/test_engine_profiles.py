@@ -13,7 +13,12 @@ from jacobi_rt.runtime.spec import input_names
 
 def test_default_profiles_tune_decode_for_small_windows_and_prefill_for_chunks():
     decode, prefill = derive_profiles(manifest(max_context=8192))
-    assert (decode.name, decode.batch, decode.window, decode.past) == ("decode", Range(1, 1, 1), Range(1, 16, 32), Range(0, 1024, 8191))
+    assert (decode.name, decode.batch, decode.window, decode.past) == (
+        "decode",
+        Range(1, 1, 1),
+        Range(1, 16, 32),
+        Range(0, 1024, 8191),
+    )
     assert (prefill.name, prefill.window, prefill.past) == ("prefill", Range(1, 256, 256), Range(0, 256, 8191))
 
 
@@ -41,13 +46,16 @@ def test_small_contexts_shrink_the_profiles():
     assert only.name == "decode" and only.window.max == 64
 
 
-@pytest.mark.parametrize("limits, match", [
-    (Limits(max_context=9000), "between 2 and the artifact's max_context of 8192"),
-    (Limits(max_context=1), "between 2"),
-    (Limits(max_batch=0), "--max-batch must be at least 1"),
-    (Limits(decode_window=0), "--decode-window must be at least 1"),
-    (Limits(prefill_window=-3), "--prefill-window must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "limits, match",
+    [
+        (Limits(max_context=9000), "between 2 and the artifact's max_context of 8192"),
+        (Limits(max_context=1), "between 2"),
+        (Limits(max_batch=0), "--max-batch must be at least 1"),
+        (Limits(decode_window=0), "--decode-window must be at least 1"),
+        (Limits(prefill_window=-3), "--prefill-window must be at least 1"),
+    ],
+)
 def test_bad_limits_are_clear_errors(limits, match):
     with pytest.raises(InputError, match=match):
         derive_profiles(manifest(), limits)

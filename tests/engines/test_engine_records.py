@@ -37,14 +37,21 @@ def test_mismatches_name_both_sides():
 
 
 def test_an_artifact_without_engines_says_how_to_build_one():
-    with pytest.raises(BackendError, match=r"build/m has no TensorRT engine; build one with `jacobi-rt build build/m --precision fp16`"):
+    with pytest.raises(
+        BackendError, match=r"build/m has no TensorRT engine; build one with `jacobi-rt build build/m --precision fp16`"
+    ):
         select_engine(manifest(), H200, "10.8.0", "build/m")
-    with pytest.raises(BackendError, match=r"no bf16 TensorRT engine; build one with `jacobi-rt build build/m --precision bf16`"):
+    with pytest.raises(
+        BackendError, match=r"no bf16 TensorRT engine; build one with `jacobi-rt build build/m --precision bf16`"
+    ):
         select_engine(manifest(engines=[record()]), H200, "10.8.0", "build/m", precision="bf16")
 
 
 def test_an_engine_for_another_gpu_or_tensorrt_is_refused_with_the_rebuild_command():
-    with pytest.raises(BackendError, match=r"compute capability 8.9.*rebuild it on this machine with `jacobi-rt build build/m --precision fp16`"):
+    with pytest.raises(
+        BackendError,
+        match=r"compute capability 8.9.*rebuild it on this machine with `jacobi-rt build build/m --precision fp16`",
+    ):
         select_engine(manifest(engines=[record(L4)]), H200, "10.8.0", "build/m")
     with pytest.raises(BackendError, match=r"built with TensorRT 10.3.0, this is TensorRT 10.8.0.*--precision bf16"):
         select_engine(manifest(engines=[record(H200, "10.3.0", "bf16")]), H200, "10.8.0", "build/m")
@@ -70,7 +77,10 @@ def folder(artifact, tmp_path):
 
 def test_engine_file_must_exist_and_be_unchanged(folder):
     rec = record(file="engines/x.plan")
-    with pytest.raises(BackendError, match=r"engines/x.plan recorded in jacobi.json is missing; rebuild it on this machine with `jacobi-rt build"):
+    with pytest.raises(
+        BackendError,
+        match=r"engines/x.plan recorded in jacobi.json is missing; rebuild it on this machine with `jacobi-rt build",
+    ):
         verify_engine_file(folder, rec)
     (folder / "engines").mkdir()
     (folder / "engines/x.plan").write_bytes(b"engine bytes")

@@ -26,8 +26,12 @@ def fake_cudart(status=0, count=1, name="NVIDIA H200", capability=(9, 0)):
         ctypes.memmove(buffer, name.encode() + b"\0", len(name) + 1)
         return 0
 
-    return SimpleNamespace(cudaGetDeviceCount=get_count, cudaDeviceGetAttribute=get_attribute,
-                           cudaGetDeviceProperties=get_properties, cudaGetErrorName=lambda s: ERRORS.get(s.value))
+    return SimpleNamespace(
+        cudaGetDeviceCount=get_count,
+        cudaDeviceGetAttribute=get_attribute,
+        cudaGetDeviceProperties=get_properties,
+        cudaGetErrorName=lambda s: ERRORS.get(s.value),
+    )
 
 
 def test_facts_of_a_visible_gpu():
@@ -36,11 +40,14 @@ def test_facts_of_a_visible_gpu():
     assert gpu_facts(Cuda(fake_cudart(name="NVIDIA L4", capability=(8, 9)))).compute_capability == "8.9"
 
 
-@pytest.mark.parametrize("status, count, reason", [
-    (35, 0, r"CUDA error 35: cudaErrorInsufficientDriver"),
-    (100, 0, r"CUDA error 100: cudaErrorNoDevice"),
-    (0, 0, r"the driver lists no device"),
-])
+@pytest.mark.parametrize(
+    "status, count, reason",
+    [
+        (35, 0, r"CUDA error 35: cudaErrorInsufficientDriver"),
+        (100, 0, r"CUDA error 100: cudaErrorNoDevice"),
+        (0, 0, r"the driver lists no device"),
+    ],
+)
 def test_no_gpu_is_a_clear_error(status, count, reason):
     with pytest.raises(BackendError, match=rf"no NVIDIA GPU visible \({reason}\).*nvidia-smi"):
         gpu_facts(Cuda(fake_cudart(status, count)))

@@ -9,8 +9,10 @@ from jacobi_rt.runtime.backends.onnxrt import OrtBackend, OrtDeviceContext
 from jacobi_rt.runtime.manifest import load_manifest
 
 pytestmark = pytest.mark.gpu
-SMOL_PROMPTS = [[{"role": "user", "content": "Write a short poem about the sea."}],
-                [{"role": "user", "content": "Explain what a hash table is and when to use one."}]]
+SMOL_PROMPTS = [
+    [{"role": "user", "content": "Write a short poem about the sea."}],
+    [{"role": "user", "content": "Explain what a hash table is and when to use one."}],
+]
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,10 @@ from jacobi_rt.runtime.errors import BackendError
 from jacobi_rt.runtime.manifest import load_manifest, sha256_file
 
 pytestmark = pytest.mark.gpu
-SMOL_PROMPTS = [[{"role": "user", "content": "Write a short poem about the sea."}],
-                [{"role": "user", "content": "Explain what a hash table is and when to use one."}]]
+SMOL_PROMPTS = [
+    [{"role": "user", "content": "Write a short poem about the sea."}],
+    [{"role": "user", "content": "Explain what a hash table is and when to use one."}],
+]
 
 
 def backends(folder):
@@ -68,7 +70,9 @@ def test_every_strategy_equals_greedy_of_the_same_engine(trt_artifact):
 def test_smollm2_fp16_every_strategy_equals_greedy(trt_artifact):
     from jacobi_rt.runtime import Generator
 
-    gen = Generator.load(trt_artifact("smollm2-135m", "fp16"), draft=trt_artifact("smollm2-135m-draft6", "fp16"), backend="tensorrt")
+    gen = Generator.load(
+        trt_artifact("smollm2-135m", "fp16"), draft=trt_artifact("smollm2-135m-draft6", "fp16"), backend="tensorrt"
+    )
     assert_strategies_equal_greedy(gen, prompts=SMOL_PROMPTS, new=64, draft=True)
 
 

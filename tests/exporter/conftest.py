@@ -21,8 +21,12 @@ for folder in (TESTS, HERE):  # tiny_models.py and export_helpers.py, whatever p
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
 
-pytest.importorskip("torch", reason="the exporter tests need the export extras: pip install '.[export,cpu]' from the checkout")
-pytest.importorskip("transformers", reason="the exporter tests need the export extras: pip install '.[export,cpu]' from the checkout")
+pytest.importorskip(
+    "torch", reason="the exporter tests need the export extras: pip install '.[export,cpu]' from the checkout"
+)
+pytest.importorskip(
+    "transformers", reason="the exporter tests need the export extras: pip install '.[export,cpu]' from the checkout"
+)
 pytest.importorskip("onnxruntime", reason="the exporter tests need onnxruntime: pip install '.[cpu]' from the checkout")
 
 from tiny_models import FAMILIES, make_tiny_model  # noqa: E402
@@ -113,7 +117,9 @@ def ort_session():
 
     def get(folder: Path):
         if folder not in sessions:
-            sessions[folder] = ort.InferenceSession(str(Path(folder) / "model.onnx"), providers=["CPUExecutionProvider"])
+            sessions[folder] = ort.InferenceSession(
+                str(Path(folder) / "model.onnx"), providers=["CPUExecutionProvider"]
+            )
         return sessions[folder]
 
     return get

@@ -19,8 +19,11 @@ DYNAMIC = {"batch", "window", "past", "total"}
 
 
 def contract_inputs(layers: int) -> list[tuple[str, str, tuple]]:
-    kv = [(f"past_key_values.{i}.{kind}", "model", ("batch", "kv_heads", "past", "head_dim"))
-          for i in range(layers) for kind in ("key", "value")]
+    kv = [
+        (f"past_key_values.{i}.{kind}", "model", ("batch", "kv_heads", "past", "head_dim"))
+        for i in range(layers)
+        for kind in ("key", "value")
+    ]
     return [
         ("input_ids", "INT64", ("batch", "window")),
         ("position_ids", "INT64", ("batch", "window")),
@@ -31,8 +34,11 @@ def contract_inputs(layers: int) -> list[tuple[str, str, tuple]]:
 
 
 def contract_outputs(layers: int) -> list[tuple[str, str, tuple]]:
-    kv = [(f"present.{i}.{kind}", "model", ("batch", "kv_heads", "total", "head_dim"))
-          for i in range(layers) for kind in ("key", "value")]
+    kv = [
+        (f"present.{i}.{kind}", "model", ("batch", "kv_heads", "total", "head_dim"))
+        for i in range(layers)
+        for kind in ("key", "value")
+    ]
     return [
         ("logits", "FLOAT", ("batch", "window", "vocab_size")),
         ("greedy_ids", "INT64", ("batch", "window")),
@@ -46,8 +52,10 @@ def assert_graph_contract(onnx_path: Path, arch, kv_type: str = "FLOAT") -> None
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     fixed = {"kv_heads": arch.kv_heads, "head_dim": arch.head_dim, "vocab_size": arch.vocab_size}
-    for values, expected in ((model.graph.input, contract_inputs(arch.num_layers)),
-                             (model.graph.output, contract_outputs(arch.num_layers))):
+    for values, expected in (
+        (model.graph.input, contract_inputs(arch.num_layers)),
+        (model.graph.output, contract_outputs(arch.num_layers)),
+    ):
         assert [v.name for v in values] == [name for name, _, _ in expected]
         for value, (name, elem, axes) in zip(values, expected):
             ttype = value.type.tensor_type
@@ -58,10 +66,12 @@ def assert_graph_contract(onnx_path: Path, arch, kv_type: str = "FLOAT") -> None
             for axis, dim in zip(axes, dims):
                 if axis in DYNAMIC:
                     assert dim.WhichOneof("value") == "dim_param" and dim.dim_param == axis, (
-                        f"{name}: axis {axis!r} is {dim}, not a dim_param named {axis!r}")
+                        f"{name}: axis {axis!r} is {dim}, not a dim_param named {axis!r}"
+                    )
                 else:
                     assert dim.WhichOneof("value") == "dim_value" and dim.dim_value == fixed[axis], (
-                        f"{name}: axis {axis!r} should be fixed at {fixed[axis]}, is {dim}")
+                        f"{name}: axis {axis!r} should be fixed at {fixed[axis]}, is {dim}"
+                    )
 
 
 @dataclass
@@ -133,7 +143,9 @@ def run(session, feeds: dict) -> dict:
 
 def presents(outputs: dict) -> list:
     """present.{i}.key/value in layer order."""
-    keys = sorted((k for k in outputs if k.startswith("present.")), key=lambda k: (int(k.split(".")[1]), k.endswith("value")))
+    keys = sorted(
+        (k for k in outputs if k.startswith("present.")), key=lambda k: (int(k.split(".")[1]), k.endswith("value"))
+    )
     return [outputs[k] for k in keys]
 
 
@@ -170,10 +182,16 @@ def assert_generation_is_greedy(artifact: Path, hf_model, prompt: list[int], max
     generator = Generator.load(artifact, threads=1)
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                                eos_token_id=generator.manifest.tokens.eos_ids, pad_token_id=0)
+        out = hf_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=generator.manifest.tokens.eos_ids,
+            pad_token_id=0,
+        )
     greedy = generator.generate(prompt, max_new_tokens=max_new_tokens, strategy="greedy").ids
-    assert greedy == out[0, len(prompt):].tolist(), "runtime greedy != transformers greedy"
+    assert greedy == out[0, len(prompt) :].tolist(), "runtime greedy != transformers greedy"
     for strategy in ("jacobi", "lookahead", "auto"):
         assert generator.generate(prompt, max_new_tokens=max_new_tokens, strategy=strategy).ids == greedy, strategy
     return greedy

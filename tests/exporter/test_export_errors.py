@@ -9,14 +9,35 @@ import shutil
 from pathlib import Path
 
 import pytest
+from export_helpers import leftovers, listing, sha256
 
 from jacobi_rt.runtime.errors import ExportCheckError, JacobiError, ModelSourceError, OptionError
 
-from export_helpers import leftovers, listing, sha256
-
-SUPPORTED = sorted(["llama", "mistral", "qwen2", "qwen3", "gpt2", "phi3", "phi", "gemma", "gemma2", "gemma3_text", "granite",
-                    "olmo2", "gpt_neox", "stablelm", "smollm3", "starcoder2", "gptj", "nemotron", "olmo", "cohere",
-                    "falcon"])
+SUPPORTED = sorted(
+    [
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gpt2",
+        "phi3",
+        "phi",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "granite",
+        "olmo2",
+        "gpt_neox",
+        "stablelm",
+        "smollm3",
+        "starcoder2",
+        "gptj",
+        "nemotron",
+        "olmo",
+        "cohere",
+        "falcon",
+    ]
+)
 
 
 def smollm2_gguf() -> Path | None:
@@ -154,12 +175,15 @@ def test_builtin_with_its_file_missing(monkeypatch, out):
     assert "missing" in message and "--force-reinstall" in message
 
 
-@pytest.mark.parametrize("option,value,words", [
-    ("dtype", "bf16", ["`dtype`", "fp32", "fp16"]),
-    ("quantize", "int3", ["`quantize`", "int8", "int4"]),
-    ("role", "judge", ["`role`", "target", "draft"]),
-    ("weights", "int2", ["`weights`", "float", "gguf"]),
-])
+@pytest.mark.parametrize(
+    "option,value,words",
+    [
+        ("dtype", "bf16", ["`dtype`", "fp32", "fp16"]),
+        ("quantize", "int3", ["`quantize`", "int8", "int4"]),
+        ("role", "judge", ["`role`", "target", "draft"]),
+        ("weights", "int2", ["`weights`", "float", "gguf"]),
+    ],
+)
 def test_bad_option_values(tiny_model, out, option, value, words):
     """The library names its parameters, not the CLI's flags (the CLI translates)."""
     message = export_fails(tiny_model("llama"), out, OptionError, **{option: value})

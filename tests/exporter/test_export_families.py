@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from export_helpers import assert_generation_is_greedy, assert_greedy_equal, hf_case, run
 from tiny_models import MORE_FAMILIES
 
@@ -50,7 +49,9 @@ def test_an_int8_export_runs_and_every_strategy_equals_its_greedy(family, tmp_pa
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.runtime import Generator
 
-    manifest = export(str(family.model_dir), tmp_path / "int8", ExportOptions(quantize="int8", graphs_from=str(family.artifact)))
+    manifest = export(
+        str(family.model_dir), tmp_path / "int8", ExportOptions(quantize="int8", graphs_from=str(family.artifact))
+    )
     assert manifest.quantization == "int8" and set(manifest.graphs) == {"portable", "inplace"}
     assert manifest.check["int8_vs_fp"]["agreement"] > 0.5
     generator = Generator.load(tmp_path / "int8", threads=1)

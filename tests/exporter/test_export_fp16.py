@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from export_helpers import assert_graph_contract, assert_greedy_equal, hf_case, run
 
 FP16_TOL = 5e-2  # the exporter's own fp16 tolerance
@@ -33,8 +32,13 @@ def test_fp16_graph_has_fp16_kv_and_fp32_logits(fp16_graph):
     from jacobi_rt.runtime.manifest import Architecture
 
     path, shape = fp16_graph
-    arch = Architecture(family="llama", **{k: getattr(shape, k) for k in
-                        ("num_layers", "num_heads", "kv_heads", "head_dim", "hidden_size", "vocab_size", "max_positions")})
+    arch = Architecture(
+        family="llama",
+        **{
+            k: getattr(shape, k)
+            for k in ("num_layers", "num_heads", "kv_heads", "head_dim", "hidden_size", "vocab_size", "max_positions")
+        },
+    )
     assert_graph_contract(path, arch, kv_type="FLOAT16")
 
 

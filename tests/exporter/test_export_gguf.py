@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
-
 from export_helpers import hf_case, run
+from onnx import numpy_helper
 
 gguf = pytest.importorskip("gguf", reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'")
 
@@ -77,7 +76,10 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
             n -= sums
             assert is_indicator(q.reshape(n + sums, -1)[n:], scales[n:], block, 1 << (bits - 1))
             w = w[:n] + offsets.T.astype(np.float64)[..., None]
-        elif node.op_type == "GatherBlockQuantized" and (offsets := gathered_offsets(node, users, inits, consumers, producer)) is not None:
+        elif (
+            node.op_type == "GatherBlockQuantized"
+            and (offsets := gathered_offsets(node, users, inits, consumers, producer)) is not None
+        ):
             w = w + offsets.astype(np.float64)[..., None]  # each row's block offsets, added per block
         elif node.op_type == "MatMulNBits" and len(users) == 1 and users[0].op_type == "Add":
             other = producer.get([x for x in users[0].input if x != node.output[0]][0])
@@ -95,7 +97,12 @@ def read_blocks(graph) -> list[tuple[str, np.ndarray]]:
         elif node.op_type == "MatMulNBits" and (attention := packed_attention(tail, consumers)) is not None:
             heads = {a.name: a.i for a in attention.attribute}
             width = n // (heads["num_heads"] + 2 * heads["kv_num_heads"])  # q | k | v (gqa_packed.py)
-            out += [(node.op_type, part) for part in np.split(w, [heads["num_heads"] * width, (heads["num_heads"] + heads["kv_num_heads"]) * width])]
+            out += [
+                (node.op_type, part)
+                for part in np.split(
+                    w, [heads["num_heads"] * width, (heads["num_heads"] + heads["kv_num_heads"]) * width]
+                )
+            ]
         else:
             out.append((node.op_type, w))
     return out
@@ -121,7 +128,12 @@ def packed_attention(name: str, consumers: dict):
     users = consumers.get(name, [])
     if len(users) == 1 and users[0].op_type == "Pad":
         name, users = users[0].output[0], consumers.get(users[0].output[0], [])
-    if len(users) == 1 and users[0].op_type == "GroupQueryAttention" and users[0].input[0] == name and not users[0].input[1]:
+    if (
+        len(users) == 1
+        and users[0].op_type == "GroupQueryAttention"
+        and users[0].input[0] == name
+        and not users[0].input[1]
+    ):
         return users[0]
     return None
 
@@ -155,16 +167,25 @@ def is_blocksum(node, x: str, block: int, inits: dict, producer: dict) -> bool:
     if node.op_type == "MatMul" and node.input[1] in inits:
         return node.input[0] == x and set(np.unique(inits[node.input[1]])) <= {0.0, 1.0}
     reshape = producer.get(node.input[0])
-    return (node.op_type == "ReduceSum" and list(inits[node.input[1]]) == [-1] and reshape is not None
-            and reshape.op_type == "Reshape" and reshape.input[0] == x and inits[reshape.input[1]][-1] == block)
+    return (
+        node.op_type == "ReduceSum"
+        and list(inits[node.input[1]]) == [-1]
+        and reshape is not None
+        and reshape.op_type == "Reshape"
+        and reshape.input[0] == x
+        and inits[reshape.input[1]][-1] == block
+    )
 
 
 def gguf_dequantized(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     from gguf.quants import dequantize
 
     reader = gguf.GGUFReader(str(path))
-    return {t.name: (t.tensor_type.name, dequantize(t.data, t.tensor_type).reshape(int(t.shape[1]), int(t.shape[0])))
-            for t in reader.tensors if len(t.shape) == 2}
+    return {
+        t.name: (t.tensor_type.name, dequantize(t.data, t.tensor_type).reshape(int(t.shape[1]), int(t.shape[0])))
+        for t in reader.tensors
+        if len(t.shape) == 2
+    }
 
 
 def sorted_rows(w: np.ndarray) -> np.ndarray:
@@ -179,7 +200,11 @@ def test_blocks_equal_what_gguf_dequantizes(exported):
         found = read_blocks(onnx.load(str(exported.folder / graph_file)).graph)
         assert len([op for op, _ in found if op == "MatMulNBits"]) == 2 * 7 + 1  # 7 per layer + the LM head
         for op, w in found:
-            same = [name for name, (_, g) in tensors.items() if g.shape == w.shape and np.array_equal(sorted_rows(g), sorted_rows(w))]
+            same = [
+                name
+                for name, (_, g) in tensors.items()
+                if g.shape == w.shape and np.array_equal(sorted_rows(g), sorted_rows(w))
+            ]
             assert same, f"a {op} of {graph_file} is no GGUF tensor, bit for bit"
         assert any(op == "GatherBlockQuantized" for op, _ in found)  # a Q4_1 table too, plus its rows' offsets
 
@@ -189,7 +214,9 @@ def test_blocks_equal_the_float_export(exported):
     float_graph = onnx.load(str(exported.float_folder / "model.onnx")).graph
     inits = {i.name: numpy_helper.to_array(i) for i in float_graph.initializer}
     float_weights = [inits[n.input[1]].T for n in float_graph.node if n.op_type == "MatMul" and n.input[1] in inits]
-    quantized = [w for op, w in read_blocks(onnx.load(str(exported.folder / "model.onnx")).graph) if op == "MatMulNBits"]
+    quantized = [
+        w for op, w in read_blocks(onnx.load(str(exported.folder / "model.onnx")).graph) if op == "MatMulNBits"
+    ]
     tied = exported.qtype == "Q8_0"  # the tied LM head reads the table through a Transpose in the float graph
     assert len(float_weights) == len(quantized) - tied
     for f, q in zip(float_weights, quantized):
@@ -247,7 +274,11 @@ def test_manifest_records_the_weights(exported):
 def weight_bytes(graph_file: Path) -> int:
     """Bytes of the stored matrices (the graph's other constants are the same in both exports, but for
     the quantized graph's rotary cos/sin tables: exporter/rotary.py)."""
-    return sum(len(i.raw_data) for i in onnx.load(str(graph_file)).graph.initializer if len(i.dims) >= 2 and not i.name.startswith("rotary_"))
+    return sum(
+        len(i.raw_data)
+        for i in onnx.load(str(graph_file)).graph.initializer
+        if len(i.dims) >= 2 and not i.name.startswith("rotary_")
+    )
 
 
 def test_gguf_weights_are_smaller(exported):
@@ -263,7 +294,13 @@ def test_default_accuracy_level_is_4(tmp_path, ort_session):
     path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0")
     manifest = export(str(path), tmp_path / "art", ExportOptions(weights="gguf", inplace=False))
     graph = onnx.load(str(tmp_path / "art" / "model.onnx")).graph
-    levels = {onnx.helper.get_attribute_value(a) for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+    levels = {
+        onnx.helper.get_attribute_value(a)
+        for n in graph.node
+        if n.op_type == "MatMulNBits"
+        for a in n.attribute
+        if a.name == "accuracy_level"
+    }
     assert levels == {4} and manifest.check["weights"]["accuracy_level"] == 4
     assert 0.5 <= manifest.check["gguf_vs_fp"]["agreement"] <= 1  # int8 activations: close, not exact
 
@@ -279,7 +316,9 @@ def test_unsupported_type_stays_float_and_is_named(tmp_path):
     assert weights["kept_float"] == {"IQ4_NL": 1}
     graph = onnx.load(str(tmp_path / "art" / "model.onnx")).graph
     stored = {i.name for i in graph.initializer}
-    assert len([n for n in graph.node if n.op_type == "MatMul" and n.input[1] in stored]) == 1  # Q4_0 has no offset MatMuls
+    assert (
+        len([n for n in graph.node if n.op_type == "MatMul" and n.input[1] in stored]) == 1
+    )  # Q4_0 has no offset MatMuls
     assert weights["tensor_types"] == {"Q4_0": 15}  # 16 weights, one of them Q5_0
 
 

@@ -26,7 +26,13 @@ def test_k_quant_blocks_decode_bit_for_bit_as_gguf_dequantizes(kind):
     raw = k_quant_blocks(kind, 6, 512, np.random.default_rng(7))
     want = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(6, 512).astype(np.float32)
     blocks = from_gguf(kind, raw, 6, 512)
-    assert (blocks.bits, blocks.block) == {"Q2_K": (4, 16), "Q3_K": (4, 16), "Q4_K": (4, 32), "Q5_K": (8, 32), "Q6_K": (8, 16)}[kind]
+    assert (blocks.bits, blocks.block) == {
+        "Q2_K": (4, 16),
+        "Q3_K": (4, 16),
+        "Q4_K": (4, 32),
+        "Q5_K": (8, 32),
+        "Q6_K": (8, 16),
+    }[kind]
     assert np.array_equal(blocks.dequantize().view(np.uint32), want.view(np.uint32))
 
 
@@ -65,9 +71,15 @@ def test_an_offset_float32_cannot_hold_takes_8_bits_and_stays_exact():
 
 # Q4_K_M's mix: Q4_K by default, Q6_K for v, the LM head and half the down projections; one each of
 # Q5_K, Q3_K (4 bits in blocks of 16) and Q2_K (4 bits with offsets in blocks of 16)
-MIX = {"blk.0.attn_v.weight": "Q6_K", "blk.1.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K",
-       "output.weight": "Q6_K", "blk.1.attn_output.weight": "Q5_K", "blk.0.attn_output.weight": "Q3_K",
-       "blk.1.ffn_down.weight": "Q2_K"}
+MIX = {
+    "blk.0.attn_v.weight": "Q6_K",
+    "blk.1.attn_v.weight": "Q6_K",
+    "blk.0.ffn_down.weight": "Q6_K",
+    "output.weight": "Q6_K",
+    "blk.1.attn_output.weight": "Q5_K",
+    "blk.0.attn_output.weight": "Q3_K",
+    "blk.1.ffn_down.weight": "Q2_K",
+}
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +110,13 @@ def test_every_stored_block_is_the_ggufs_bit_for_bit(mixed):
     for graph_file in manifest.graphs.values():
         graph = onnx.load(str(folder / graph_file)).graph
         producer = {o: n for n in graph.node for o in n.output}
-        joins = [n for n in graph.node if n.op_type == "Concat" and len(n.input) == 2
-                 and all(producer[i].op_type in ("MatMulNBits", "Add") for i in n.input if i in producer)]
+        joins = [
+            n
+            for n in graph.node
+            if n.op_type == "Concat"
+            and len(n.input) == 2
+            and all(producer[i].op_type in ("MatMulNBits", "Add") for i in n.input if i in producer)
+        ]
         # the in-place graph reads q|k|v packed: per layer q|k (Q4_K, with its offset Add) and v (Q6_K), joined
         assert len(joins) == (2 if graph_file == manifest.graphs["inplace"] else 0), graph_file
         found = [w for op, w in read_blocks(graph) if op == "MatMulNBits"]

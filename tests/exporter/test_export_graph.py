@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-
 from export_helpers import assert_graph_contract, assert_greedy_equal, hf_case, presents, run
 
 # (batch, window, past, left-padded row): window 1 and past 0 included.
@@ -31,7 +30,9 @@ def test_onnxruntime_sees_contract_types(exported, ort_session):
     assert session.get_inputs()[2].shape == ["batch", "total"]
 
 
-@pytest.mark.parametrize("batch,window,past,pad", SHAPES, ids=[f"b{b}-w{w}-p{p}{'-pad' if d else ''}" for b, w, p, d in SHAPES])
+@pytest.mark.parametrize(
+    "batch,window,past,pad", SHAPES, ids=[f"b{b}-w{w}-p{p}{'-pad' if d else ''}" for b, w, p, d in SHAPES]
+)
 def test_onnx_matches_hf_forward(exported, hf_model, ort_session, batch, window, past, pad):
     model = hf_model(exported.model_dir)
     case = hf_case(model, batch, window, past, seed=100 * batch + 10 * window + past, pad_row=pad)
@@ -62,7 +63,9 @@ def test_one_session_serves_many_shapes(exported, hf_model, ort_session):
         out = run(session, case.feeds)
         assert out["logits"].shape == (batch, window, arch.vocab_size)
         assert out["present.0.key"].shape == (batch, arch.kv_heads, past + window, arch.head_dim)
-        np.testing.assert_allclose(out["logits"], case.logits, atol=LOGIT_TOL, rtol=LOGIT_TOL, err_msg=str((batch, window, past)))
+        np.testing.assert_allclose(
+            out["logits"], case.logits, atol=LOGIT_TOL, rtol=LOGIT_TOL, err_msg=str((batch, window, past))
+        )
         assert_greedy_equal(out["greedy_ids"], case.logits, where=f"{(batch, window, past)}: ")
 
 
@@ -83,18 +86,26 @@ def test_greedy_decode_loop_feeding_present_back(exported, hf_model, ort_session
             expected = torch.cat([expected, logits[:, -1:].argmax(-1)], dim=1)
 
     ids = prompt.numpy()
-    past = {f"past_key_values.{i}.{k}": np.zeros((1, exported.manifest.architecture.kv_heads, 0, exported.manifest.architecture.head_dim), np.float32)
-            for i in range(layers) for k in ("key", "value")}
+    past = {
+        f"past_key_values.{i}.{k}": np.zeros(
+            (1, exported.manifest.architecture.kv_heads, 0, exported.manifest.architecture.head_dim), np.float32
+        )
+        for i in range(layers)
+        for k in ("key", "value")
+    }
     window, start, tokens = ids, 0, list(ids[0])
     for _ in range(12):
         w = window.shape[1]
-        out = run(session, {
-            "input_ids": window,
-            "position_ids": np.arange(start, start + w)[None],
-            "attention_mask": np.ones((1, start + w), np.int64),
-            "window_mask": np.tril(np.ones((w, w), bool))[None],
-            **past,
-        })
+        out = run(
+            session,
+            {
+                "input_ids": window,
+                "position_ids": np.arange(start, start + w)[None],
+                "attention_mask": np.ones((1, start + w), np.int64),
+                "window_mask": np.tril(np.ones((w, w), bool))[None],
+                **past,
+            },
+        )
         nxt = int(out["greedy_ids"][0, -1])
         tokens.append(nxt)
         past = {f"past_key_values.{i}.{k}": out[f"present.{i}.{k}"] for i in range(layers) for k in ("key", "value")}

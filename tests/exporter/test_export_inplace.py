@@ -22,7 +22,9 @@ def test_one_group_query_attention_per_layer_and_the_contract_axes(exported):
     assert exported.manifest.check["inplace"]["attention"] == "gqa"
     gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
     assert len(gqa) == exported.manifest.architecture.num_layers
-    assert not [n for n in model.graph.node if n.op_type == "Concat" and any(i.startswith("past_key_values") for i in n.input)]
+    assert not [
+        n for n in model.graph.node if n.op_type == "Concat" and any(i.startswith("past_key_values") for i in n.input)
+    ]
     axes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
     arch = exported.manifest.architecture
     assert axes["cache_lengths"] == ["batch"]
@@ -67,15 +69,26 @@ def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytor
     model.set_attn_implementation("eager")
     # two rows (lengths 11 and 4) per window, a two-branch mask from window 4 on; plus an empty row beside a long one
     cases = [((11, 4), w) for w in range(1, 17)] + [((0, 9), 6)]
-    report = check_inplace_against_torch(model, probe(model), exported.artifact / "model-inplace.onnx", "float32", cases=cases)
+    report = check_inplace_against_torch(
+        model, probe(model), exported.artifact / "model-inplace.onnx", "float32", cases=cases
+    )
     assert report.positions == sum(len(lengths) * w for lengths, w in cases)
     assert report.greedy_agree == report.positions
     assert report.max_logit_diff < 1e-4 and report.max_present_diff < 1e-4
     # run stage by stage (as past budget.STAGED_ABOVE of weights), the graph gives the same figures (within float rounding)
-    staged = check_inplace_against_torch(model, probe(model), exported.artifact / "model-inplace.onnx", "float32", cases=cases,
-                                         layer_scope=layer_scope(model))
+    staged = check_inplace_against_torch(
+        model,
+        probe(model),
+        exported.artifact / "model-inplace.onnx",
+        "float32",
+        cases=cases,
+        layer_scope=layer_scope(model),
+    )
     assert (staged.positions, staged.greedy_agree) == (report.positions, report.greedy_agree)
-    assert abs(staged.max_logit_diff - report.max_logit_diff) < 1e-6 and abs(staged.max_present_diff - report.max_present_diff) < 1e-6
+    assert (
+        abs(staged.max_logit_diff - report.max_logit_diff) < 1e-6
+        and abs(staged.max_present_diff - report.max_present_diff) < 1e-6
+    )
 
 
 def test_multi_query_attention_in_place_matches_pytorch_and_decodes_like_greedy(tiny_artifact, hf_model):
@@ -90,7 +103,9 @@ def test_multi_query_attention_in_place_matches_pytorch_and_decodes_like_greedy(
     model = hf_model(mqa.model_dir)
     model.set_attn_implementation("eager")
     cases = [((11, 4), w) for w in range(1, 17)] + [((0, 9), 6)]
-    report = check_inplace_against_torch(model, probe(model), mqa.artifact / "model-inplace.onnx", "float32", cases=cases)
+    report = check_inplace_against_torch(
+        model, probe(model), mqa.artifact / "model-inplace.onnx", "float32", cases=cases
+    )
     assert report.greedy_agree == report.positions == sum(len(lengths) * w for lengths, w in cases)
     assert report.max_logit_diff < 1e-4 and report.max_present_diff < 1e-4
     generator = Generator.load(mqa.artifact, threads=1)
@@ -120,7 +135,9 @@ def test_the_custom_ops_eager_body_is_the_portable_attention(exported, hf_model)
         got = InplaceWindowModel(model, shape.num_layers)(*feeds.values())
     for b, r in enumerate(rows):
         with torch.no_grad():
-            want = WindowModel(model, shape.num_layers)(r["ids"], r["positions"], torch.ones(1, r["length"] + 6, dtype=torch.long), r["mask"], *r["kv"])
+            want = WindowModel(model, shape.num_layers)(
+                r["ids"], r["positions"], torch.ones(1, r["length"] + 6, dtype=torch.long), r["mask"], *r["kv"]
+            )
         np.testing.assert_allclose(got[0][b : b + 1].numpy(), want[0].numpy(), atol=1e-4)
         np.testing.assert_allclose(got[2][b : b + 1, :, : r["length"] + 6].numpy(), want[2].numpy(), atol=1e-5)
 
@@ -130,7 +147,15 @@ def test_a_head_size_gqa_cannot_take_gets_the_scatter_form_and_uneven_groups_the
     from jacobi_rt.exporter.trace import ModelShape
 
     for head_dim in (8, 12):  # onnxruntime's GroupQueryAttention: "head_size shall be a multiple of 16"
-        odd = ModelShape(num_layers=2, num_heads=4, kv_heads=2, head_dim=head_dim, hidden_size=4 * head_dim, vocab_size=10, max_positions=8)
+        odd = ModelShape(
+            num_layers=2,
+            num_heads=4,
+            kv_heads=2,
+            head_dim=head_dim,
+            hidden_size=4 * head_dim,
+            vocab_size=10,
+            max_positions=8,
+        )
         assert unsupported(odd) is None and attention_form(odd) == "scatter"
     assert attention_form(ModelShape(2, 4, 2, 16, 64, 10, 8)) == "gqa"
     assert "multiple of" in unsupported(ModelShape(2, 5, 2, 16, 80, 10, 8))

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from tiny_models import save_tiny_model, tiny_config
 
 LAYERS = 4
@@ -53,7 +52,9 @@ def test_the_manifest_records_the_check_and_its_figures(exports):
     assert (mine.check_method, theirs.check_method) == ("layer by layer", "full")
     report = mine.check["vs_pytorch"]
     assert [s["stage"] for s in report["stages"]] == ["embedding"] + [f"layer {j}" for j in range(LAYERS)] + ["tail"]
-    assert all(s["max_hidden_diff"] <= report["hidden_tolerance"] * max(1.0, s["max_abs"]) for s in report["stages"][:-1])
+    assert all(
+        s["max_hidden_diff"] <= report["hidden_tolerance"] * max(1.0, s["max_abs"]) for s in report["stages"][:-1]
+    )
     assert report["positions"] == theirs.check["vs_pytorch"]["positions"] == report["greedy_agree"]
     assert report["max_logit_diff"] == pytest.approx(theirs.check["vs_pytorch"]["max_logit_diff"], abs=1e-5)
     # The in-place graph is checked against the portable ONNX, stage by stage; auto then loads it.
@@ -84,7 +85,9 @@ def test_an_inplace_graph_unlike_the_portable_one_is_refused(exports, tmp_path):
     onnx.save(graph, str(folder / "model-inplace.onnx"))
     shape = ModelShape(**{k: v for k, v in vars(_manifest(layers).architecture).items() if k != "family"})
     with pytest.raises(ExportCheckError, match="disagrees with portable onnx"):
-        check_inplace_against_portable(folder / "model.onnx", folder / "model-inplace.onnx", shape, "float32", "model.model.layers.")
+        check_inplace_against_portable(
+            folder / "model.onnx", folder / "model-inplace.onnx", shape, "float32", "model.model.layers."
+        )
 
 
 def test_a_manifest_without_a_method_was_checked_full(exports, tmp_path):
@@ -120,7 +123,9 @@ def test_big_exports_check_stage_by_stage():
     from jacobi_rt.exporter.budget import STAGED_ABOVE, staged, staged_agreement
 
     assert staged_agreement("layers", 1) and staged_agreement("full", STAGED_ABOVE + 1) and staged(STAGED_ABOVE + 1)
-    assert not staged_agreement("full", STAGED_ABOVE) and not staged(STAGED_ABOVE)  # SmolLM2-135M's 0.54 GB: whole, as before
+    assert not staged_agreement("full", STAGED_ABOVE) and not staged(
+        STAGED_ABOVE
+    )  # SmolLM2-135M's 0.54 GB: whole, as before
 
 
 def test_full_on_a_model_too_big_is_refused_before_any_work(exports, tmp_path):
@@ -149,10 +154,10 @@ def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
     """Layer 2's weight scaled in the artifact's weights file: the export's layer-by-layer check of that
     graph (its streamed skeleton, one layer read in at a time) fails naming layer 2."""
     from jacobi_rt.exporter import sources
-    from jacobi_rt.exporter.weight_source import open_model
     from jacobi_rt.exporter.export import _check_portable
     from jacobi_rt.exporter.layer_graph import LayerGraph
     from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.weight_source import open_model
     from jacobi_rt.runtime.errors import ExportCheckError
 
     source, _, layers, _ = exports
@@ -184,7 +189,9 @@ def test_a_quantized_export_checked_layer_by_layer_records_its_agreement(exports
     from jacobi_rt.exporter import ExportOptions, export
 
     steps = []
-    manifest = export(str(exports[0]), tmp_path / "a", ExportOptions(quantize="int4", check="layers"), step=steps.append)
+    manifest = export(
+        str(exports[0]), tmp_path / "a", ExportOptions(quantize="int4", check="layers"), step=steps.append
+    )
     assert manifest.check_method == "layer by layer"
     assert manifest.check["vs_pytorch"]["greedy_agree"] == manifest.check["vs_pytorch"]["positions"]
     figures = manifest.check["int4_vs_fp"]

@@ -7,7 +7,6 @@ import re
 import shutil
 
 import pytest
-
 from export_helpers import sha256
 from tiny_models import other_tokenizer
 
@@ -89,6 +88,7 @@ def family_params():
 
     return list(FAMILIES)
 
+
 @pytest.mark.parametrize("family", family_params())
 def test_tokenizer_file_is_the_models_own(tiny_artifact, family):
     """The artifact's tokenizer.json tokenizes like the model folder's tokenizer.json, and every id it
@@ -97,7 +97,7 @@ def test_tokenizer_file_is_the_models_own(tiny_artifact, family):
     from tokenizers import Tokenizer
 
     exported = tiny_artifact(family)
-    text = "Jacobi decoding: café 東京 🙂 {\"key\": [1, 2]}  two  spaces\n\n<|im_start|>user<|im_end|>"
+    text = 'Jacobi decoding: café 東京 🙂 {"key": [1, 2]}  two  spaces\n\n<|im_start|>user<|im_end|>'
     saved = Tokenizer.from_file(str(exported.artifact / "tokenizer.json"))
     source = Tokenizer.from_file(str(exported.model_dir / "tokenizer.json"))
     assert saved.encode(text).ids == source.encode(text).ids

@@ -15,7 +15,9 @@ def optimized_ops(graph_path, tmp_path) -> collections.Counter:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")  # its weights stay in the artifact's file
     ort.InferenceSession(str(graph_path), options, providers=["CPUExecutionProvider"])
-    return collections.Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node)
+    return collections.Counter(
+        n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node
+    )
 
 
 def test_every_rms_norm_fuses_in_onnxruntime(exported, tmp_path):

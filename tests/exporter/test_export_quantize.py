@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from export_helpers import assert_graph_contract, hf_case, run, sha256
 
 BITS = {"int8": 8, "int4": 4}

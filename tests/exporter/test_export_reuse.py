@@ -26,9 +26,16 @@ def test_a_variant_from_graphs_equals_a_fresh_export(tiny_artifact, tmp_path):
 
     base = tiny_artifact("llama")
     fresh = export(str(base.model_dir), tmp_path / "fresh", ExportOptions(quantize="int8"))
-    reused = export(str(base.model_dir), tmp_path / "reused", ExportOptions(quantize="int8", graphs_from=str(base.artifact)))
+    reused = export(
+        str(base.model_dir), tmp_path / "reused", ExportOptions(quantize="int8", graphs_from=str(base.artifact))
+    )
 
-    assert reused.graphs == fresh.graphs == base.manifest.graphs == {"portable": "model.onnx", "inplace": "model-inplace.onnx"}
+    assert (
+        reused.graphs
+        == fresh.graphs
+        == base.manifest.graphs
+        == {"portable": "model.onnx", "inplace": "model-inplace.onnx"}
+    )
     for name in reused.graphs.values():
         assert contents(tmp_path / "reused" / name) == contents(tmp_path / "fresh" / name), name
     assert reused.check["vs_pytorch"] == base.manifest.check["vs_pytorch"]
@@ -36,7 +43,9 @@ def test_a_variant_from_graphs_equals_a_fresh_export(tiny_artifact, tmp_path):
     assert reused.check["int8_vs_fp"] == fresh.check["int8_vs_fp"]
     assert reused.created["graphs_from"] == str(base.artifact.resolve()) and "graphs_from" not in fresh.created
     load_manifest(tmp_path / "reused", verify=True)
-    assert contents(base.artifact / "model.onnx")[0] != contents(tmp_path / "reused" / "model.onnx")[0]  # the base kept its float graph
+    assert (
+        contents(base.artifact / "model.onnx")[0] != contents(tmp_path / "reused" / "model.onnx")[0]
+    )  # the base kept its float graph
     load_manifest(base.artifact, verify=True)
 
 
@@ -44,8 +53,11 @@ def test_an_artifact_of_another_model_is_refused(tiny_artifact, tmp_path):
     from jacobi_rt.exporter import ExportOptions, export
 
     with pytest.raises(OptionError, match=r"`graphs_from` .* has source weights \(sha256\)") as error:
-        export(str(tiny_artifact("llama").model_dir), tmp_path / "out",
-               ExportOptions(quantize="int8", graphs_from=str(tiny_artifact("mistral").artifact)))
+        export(
+            str(tiny_artifact("llama").model_dir),
+            tmp_path / "out",
+            ExportOptions(quantize="int8", graphs_from=str(tiny_artifact("mistral").artifact)),
+        )
     assert error.value.parameters == ("graphs_from",)
     assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
 
@@ -55,9 +67,17 @@ def test_an_artifact_exported_with_other_options_is_refused(tiny_artifact, tmp_p
 
     base = tiny_artifact("llama")
     with pytest.raises(OptionError, match="max_context"):
-        export(str(base.model_dir), tmp_path / "out", ExportOptions(quantize="int4", max_context=64, graphs_from=str(base.artifact)))
+        export(
+            str(base.model_dir),
+            tmp_path / "out",
+            ExportOptions(quantize="int4", max_context=64, graphs_from=str(base.artifact)),
+        )
     with pytest.raises(OptionError, match="kept layers"):
-        export(str(base.model_dir), tmp_path / "out", ExportOptions(quantize="int4", keep_layers=1, graphs_from=str(base.artifact)))
+        export(
+            str(base.model_dir),
+            tmp_path / "out",
+            ExportOptions(quantize="int4", keep_layers=1, graphs_from=str(base.artifact)),
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -87,7 +107,11 @@ def test_a_missing_artifact_is_named(tiny_artifact, tmp_path):
     from jacobi_rt.exporter import ExportOptions, export
 
     with pytest.raises(OptionError, match=r"`graphs_from`: artifact folder .*nowhere does not exist"):
-        export(str(tiny_artifact("llama").model_dir), tmp_path / "out", ExportOptions(quantize="int8", graphs_from=str(tmp_path / "nowhere")))
+        export(
+            str(tiny_artifact("llama").model_dir),
+            tmp_path / "out",
+            ExportOptions(quantize="int8", graphs_from=str(tmp_path / "nowhere")),
+        )
 
 
 def test_graphs_from_needs_a_weight_pass():
@@ -101,6 +125,19 @@ def test_the_command_names_its_flag(tiny_artifact, tmp_path, monkeypatch):
     from jacobi_rt.tools.cli.main import cli
 
     monkeypatch.delenv("JACOBI_RT_DEBUG", raising=False)
-    result = CliRunner().invoke(cli, ["export", str(tiny_artifact("llama").model_dir), "--out", str(tmp_path / "out"),
-                                      "--graphs-from", str(tiny_artifact("llama").artifact)])
-    assert result.exit_code == 1 and "--graphs-from reuses an artifact's graphs for a weight pass: add --quantize or --weights gguf" in result.output, result.output
+    result = CliRunner().invoke(
+        cli,
+        [
+            "export",
+            str(tiny_artifact("llama").model_dir),
+            "--out",
+            str(tmp_path / "out"),
+            "--graphs-from",
+            str(tiny_artifact("llama").artifact),
+        ],
+    )
+    assert (
+        result.exit_code == 1
+        and "--graphs-from reuses an artifact's graphs for a weight pass: add --quantize or --weights gguf"
+        in result.output
+    ), result.output

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from export_helpers import assert_graph_contract, run
 
 pytestmark = pytest.mark.slow
@@ -57,7 +56,9 @@ def test_manifest_complete(smollm2):
     assert manifest.tokens.eos_ids == [2] and manifest.tokens.bos_id == 1
     assert manifest.source["kind"] == "builtin" and manifest.source["name"] == "smollm2-135m"
     assert len(manifest.source["sha256"]) == 64
-    assert manifest.tokenizer["chat_template"] == "chat_template.jinja" and manifest.tokenizer["eos_token"] == "<|im_end|>"
+    assert (
+        manifest.tokenizer["chat_template"] == "chat_template.jinja" and manifest.tokenizer["eos_token"] == "<|im_end|>"
+    )
     template = (folder / "chat_template.jinja").read_text()
     assert "<|im_start|>" in template and "add_generation_prompt" in template
     assert {"model.onnx", "tokenizer.json", "chat_template.jinja"} <= set(manifest.files)
@@ -88,29 +89,38 @@ def test_prefill_then_decode_in_onnxruntime(smollm2):
 
     def window_pass(window: list[int], start: int, past: dict) -> dict:
         w = len(window)
-        return run(session, {
-            "input_ids": np.array([window], np.int64),
-            "position_ids": np.arange(start, start + w)[None],
-            "attention_mask": np.ones((1, start + w), np.int64),
-            "window_mask": np.tril(np.ones((w, w), bool))[None],
-            **past,
-        })
+        return run(
+            session,
+            {
+                "input_ids": np.array([window], np.int64),
+                "position_ids": np.arange(start, start + w)[None],
+                "attention_mask": np.ones((1, start + w), np.int64),
+                "window_mask": np.tril(np.ones((w, w), bool))[None],
+                **past,
+            },
+        )
 
     tokens, window, start = list(ids), list(ids), 0
     for _ in range(8):
         out = window_pass(window, start, past)
         tokens.append(int(out["greedy_ids"][0, -1]))
-        past = {f"past_key_values.{i}.{k}": out[f"present.{i}.{k}"] for i in range(arch.num_layers) for k in ("key", "value")}
+        past = {
+            f"past_key_values.{i}.{k}": out[f"present.{i}.{k}"]
+            for i in range(arch.num_layers)
+            for k in ("key", "value")
+        }
         start += len(window)
         window = [tokens[-1]]
     assert past["past_key_values.0.key"].shape == (1, 3, len(tokens) - 1, 64)
 
     full = window_pass(tokens[:-1], 0, {k: empty for k in past})
-    generated = tokens[len(ids):]
-    prefill_says = full["greedy_ids"][0, len(ids) - 1:].tolist()
+    generated = tokens[len(ids) :]
+    prefill_says = full["greedy_ids"][0, len(ids) - 1 :].tolist()
     if prefill_says != generated:
-        logits = full["logits"][0, len(ids) - 1:]
+        logits = full["logits"][0, len(ids) - 1 :]
         top2 = np.sort(logits, axis=-1)[:, -2:]
-        pytest.fail(f"decode {generated} vs prefill {prefill_says}; top-2 gaps {(top2[:, 1] - top2[:, 0]).round(4).tolist()}")
+        pytest.fail(
+            f"decode {generated} vs prefill {prefill_says}; top-2 gaps {(top2[:, 1] - top2[:, 0]).round(4).tolist()}"
+        )
     text = tokenizer.decode(generated)
     assert text.strip(), text

@@ -112,16 +112,20 @@ def test_a_chain_window_is_bitwise_one_token_passes(smollm2_gguf, graph):
 
 # Two bench prompts where lookahead's side branches flipped a near-tie at level 4 (top-2 gaps 0.12 and
 # 0.04 at tokens 13 and 39) before windows were kept one chain on such artifacts.
-BRANCH_SENSITIVE = ("Write a short story about a robot who learns to paint.",
-                    "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.")
+BRANCH_SENSITIVE = (
+    "Write a short story about a robot who learns to paint.",
+    "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
+)
 
 
 def _outputs(folder, strategies, graph="portable"):
     from jacobi_rt.runtime import Generator
 
     generator = Generator.load(folder, graph=graph, threads=2)
-    return [[generator.generate(prompt, max_new_tokens=48, strategy=s, chat=True).ids for s in strategies]
-            for prompt in BRANCH_SENSITIVE]
+    return [
+        [generator.generate(prompt, max_new_tokens=48, strategy=s, chat=True).ids for s in strategies]
+        for prompt in BRANCH_SENSITIVE
+    ]
 
 
 def test_tree_strategies_equal_greedy_at_level_4(smollm2_gguf):
@@ -144,7 +148,9 @@ def test_side_branches_at_level_4_are_what_the_rule_prevents(smollm2_gguf, monke
     from jacobi_rt.runtime.backends.base import Backend
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 
-    monkeypatch.setattr(OrtBackend, "limits", property(lambda self: dataclasses.replace(Backend.limits.fget(self), branches=True)))
+    monkeypatch.setattr(
+        OrtBackend, "limits", property(lambda self: dataclasses.replace(Backend.limits.fget(self), branches=True))
+    )
     folder, _ = smollm2_gguf
     assert any(lookahead != greedy for greedy, lookahead in _outputs(folder, ("greedy", "lookahead")))
 

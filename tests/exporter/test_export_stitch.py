@@ -14,7 +14,6 @@ from collections import Counter
 
 import pytest
 import torch
-
 from tiny_models import tiny_config
 
 
@@ -46,7 +45,9 @@ def computations(path) -> tuple[list[int], Counter]:
     key = {i.name: ids.setdefault(("input", i.name), len(ids)) for i in graph.input}
     for t in graph.initializer:
         a = numpy_helper.to_array(t)
-        key[t.name] = ids.setdefault(("weight", a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest()), len(ids))
+        key[t.name] = ids.setdefault(
+            ("weight", a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest()), len(ids)
+        )
     for n in graph.node:
         attributes = tuple(sorted((a.name, a.SerializeToString()) for a in n.attribute))
         inputs = tuple(key[x] if x else None for x in n.input)
@@ -85,10 +86,13 @@ def test_written_layers_are_the_graph_a_full_trace_makes(kind, tmp_path, monkeyp
     assert report.greedy_agree + report.near_ties == report.positions and report.max_logit_diff < 1e-4
 
 
-@pytest.mark.parametrize("family,fields,why", [
-    ("gemma2", {"layer_types": ["sliding_attention", "full_attention"] * 3}, "differs from layer 2"),
-    ("smollm3", {"no_rope_layers": [1, 1, 1, 1, 0, 1]}, "layer 4 differs from layer 2"),
-])
+@pytest.mark.parametrize(
+    "family,fields,why",
+    [
+        ("gemma2", {"layer_types": ["sliding_attention", "full_attention"] * 3}, "differs from layer 2"),
+        ("smollm3", {"no_rope_layers": [1, 1, 1, 1, 0, 1]}, "layer 4 differs from layer 2"),
+    ],
+)
 def test_unlike_layers_are_traced_whole(family, fields, why):
     from jacobi_rt.exporter.stitch import layers_to_trace
 

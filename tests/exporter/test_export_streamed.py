@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from tiny_models import save_tiny_model, tiny_config
 
 GRAPHS = ("model.onnx", "model-inplace.onnx")
@@ -60,8 +59,9 @@ def test_streamed_equals_loaded_whole(family, tmp_path, request):
     assert streamed.files == whole.files
     for graph in streamed.check:  # PyTorch's side of the check ran on other memory: the last bits may differ
         mine, theirs = streamed.check[graph], whole.check[graph]
-        assert {k: v for k, v in mine.items() if "diff" not in k and k != "shapes"} == \
-            {k: v for k, v in theirs.items() if "diff" not in k and k != "shapes"}
+        assert {k: v for k, v in mine.items() if "diff" not in k and k != "shapes"} == {
+            k: v for k, v in theirs.items() if "diff" not in k and k != "shapes"
+        }
         assert mine["max_logit_diff"] == pytest.approx(theirs["max_logit_diff"], abs=1e-5)
 
 
@@ -79,8 +79,12 @@ def test_one_copy_of_the_weights(streamed_llama):
     params = sum(p.numel() * 4 for p in model.parameters())
     size = (folder / "weights.data").stat().st_size
     assert size <= 1.05 * params, (size, params)
-    inline = sum(len(i.raw_data) for name in GRAPHS
-                 for i in onnx.load(str(folder / name), load_external_data=False).graph.initializer if not i.external_data)
+    inline = sum(
+        len(i.raw_data)
+        for name in GRAPHS
+        for i in onnx.load(str(folder / name), load_external_data=False).graph.initializer
+        if not i.external_data
+    )
     assert inline <= 0.05 * params, (inline, params)  # only small tensors (norms, biases) stay in the graphs
 
 

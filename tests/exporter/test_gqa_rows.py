@@ -47,7 +47,9 @@ def level0(tmp_path_factory):
     from jacobi_rt.exporter import ExportOptions, export
 
     root = tmp_path_factory.mktemp("level0")
-    manifest = export(str(write_tiny_gguf(root / "tiny.gguf", "Q4_0")), root / "out", ExportOptions(weights="gguf", accuracy_level=0))
+    manifest = export(
+        str(write_tiny_gguf(root / "tiny.gguf", "Q4_0")), root / "out", ExportOptions(weights="gguf", accuracy_level=0)
+    )
     return root / "out", manifest
 
 

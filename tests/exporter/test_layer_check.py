@@ -54,7 +54,11 @@ def test_layer_check_passes_with_the_whole_checks_figures(family, five_layers):
     whole = check_against_torch(model, shape, artifact / "model.onnx", "float32")
     staged = check_against_torch(model, shape, artifact / "model.onnx", "float32", layer_scope=layer_scope(model))
     # the graph run stage by stage: the same figures (gpt2's fused ops round a few 1e-8 differently)
-    assert (staged.positions, staged.greedy_agree, staged.near_ties) == (whole.positions, whole.greedy_agree, whole.near_ties)
+    assert (staged.positions, staged.greedy_agree, staged.near_ties) == (
+        whole.positions,
+        whole.greedy_agree,
+        whole.near_ties,
+    )
     assert staged.max_logit_diff == pytest.approx(whole.max_logit_diff, abs=1e-6)
     assert staged.max_present_diff == pytest.approx(whole.max_present_diff, abs=1e-6)
     assert len(ticks) == stage_count(LAYERS) == len(report.stages)
@@ -107,8 +111,13 @@ def test_one_layer_resident_at_a_time_with_external_data(five_layers, tmp_path):
     shape = probe(model)
     expected = check_layers(artifact / "model.onnx", model, shape, "float32")
 
-    onnx.save(onnx.load(str(artifact / "model.onnx")), str(tmp_path / "model.onnx"), save_as_external_data=True,
-              all_tensors_to_one_file=True, location="model.onnx.data")
+    onnx.save(
+        onnx.load(str(artifact / "model.onnx")),
+        str(tmp_path / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="model.onnx.data",
+    )
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "weights.safetensors"))
     layers = model.model.layers
     for layer in layers:
@@ -126,8 +135,12 @@ def test_one_layer_resident_at_a_time_with_external_data(five_layers, tmp_path):
     assert read == list(range(LAYERS))
     assert all(next(layer.parameters()).is_meta for layer in layers)
     assert streamed.greedy_agree == expected.greedy_agree == expected.positions
-    assert streamed.max_logit_diff == pytest.approx(expected.max_logit_diff, abs=1e-6)  # onnxruntime's threads: not bit-exact
-    assert [s["max_hidden_diff"] for s in streamed.stages] == pytest.approx([s["max_hidden_diff"] for s in expected.stages], abs=1e-6)
+    assert streamed.max_logit_diff == pytest.approx(
+        expected.max_logit_diff, abs=1e-6
+    )  # onnxruntime's threads: not bit-exact
+    assert [s["max_hidden_diff"] for s in streamed.stages] == pytest.approx(
+        [s["max_hidden_diff"] for s in expected.stages], abs=1e-6
+    )
     assert [s["max_abs"] for s in streamed.stages] == pytest.approx([s["max_abs"] for s in expected.stages], rel=1e-6)
     with torch.no_grad(), pytest.raises(Exception):
         model(torch.zeros(1, 2, dtype=torch.long))  # nothing left resident: the model cannot run whole

@@ -30,11 +30,16 @@ def q4_1(seed: int = 0) -> BlockMatrix:
 def graph(m: BlockMatrix, form: str, level: int, monkeypatch) -> onnx.ModelProto:
     """x [1, rows, K] -> MatMul(x, W.T) -> y, then the weight pass with the block sums in `form`."""
     weight = numpy_helper.from_array(np.ascontiguousarray(m.dequantize().T), "w")
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", K])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "rows", N])], [weight]),
-        opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", K])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "rows", N])],
+            [weight],
+        ),
+        opset_imports=[helper.make_opsetid("", 18)],
+    )
     model.graph.value_info.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", K]))
     monkeypatch.setattr(quantize, "BLOCK_SUMS", form)
     quantize.rewrite(model, {"w": m}, set(), level)

@@ -29,11 +29,17 @@ def branch_feeds(arch, past: int = 5, window: int = 6) -> dict:
     positions = np.concatenate([np.arange(past, past + half), np.arange(past, past + window - half)])
     mask = np.tril(np.ones((window, window), bool))
     mask[half:, :half] = False
-    feeds = {"input_ids": rng.integers(0, arch.vocab_size, (2, window)), "position_ids": np.stack([positions, positions + 3]),
-             "attention_mask": np.ones((2, past + window), np.int64), "window_mask": np.stack([mask, mask])}
+    feeds = {
+        "input_ids": rng.integers(0, arch.vocab_size, (2, window)),
+        "position_ids": np.stack([positions, positions + 3]),
+        "attention_mask": np.ones((2, past + window), np.int64),
+        "window_mask": np.stack([mask, mask]),
+    }
     for i in range(arch.num_layers):
         for kind in ("key", "value"):
-            feeds[f"past_key_values.{i}.{kind}"] = rng.standard_normal((2, arch.kv_heads, past, arch.head_dim)).astype(np.float32)
+            feeds[f"past_key_values.{i}.{kind}"] = rng.standard_normal((2, arch.kv_heads, past, arch.head_dim)).astype(
+                np.float32
+            )
     return feeds
 
 
@@ -99,25 +105,46 @@ def rope_graph(rotated: int = DIM, head_dim: int = DIM, second_half: float = 1.0
         helper.make_node("Mul", ["pf", "inv_freq"], ["f" if cos_reads is None else "f0"]),
         helper.make_node("Mul", ["f", "second_half"], ["f2"]),
         helper.make_node("Concat", ["f", "f2"], ["emb"], axis=-1),
-        helper.make_node("Cos", ["emb"], ["cos"]), helper.make_node("Sin", ["emb"], ["sin"]),
-        helper.make_node("Unsqueeze", ["cos", "one"], ["cos4"]), helper.make_node("Unsqueeze", ["sin", "one"], ["sin4"]),
+        helper.make_node("Cos", ["emb"], ["cos"]),
+        helper.make_node("Sin", ["emb"], ["sin"]),
+        helper.make_node("Unsqueeze", ["cos", "one"], ["cos4"]),
+        helper.make_node("Unsqueeze", ["sin", "one"], ["sin4"]),
         helper.make_node("Mul", ["x", "cos4"], ["a"]),
         helper.make_node("Slice", ["x", "zero", "half", "minus1", "one"], ["x1"]),
         helper.make_node("Slice", ["x", "half", "big", "minus1", "one"], ["x2"]),
-        helper.make_node("Neg", ["x2"], ["n"]), helper.make_node("Concat", ["n", "x1"], ["r"], axis=-1),
-        helper.make_node("Mul", ["r", "sin4"], ["b"]), helper.make_node("Add", ["a", "b"], ["y"]),
+        helper.make_node("Neg", ["x2"], ["n"]),
+        helper.make_node("Concat", ["n", "x1"], ["r"], axis=-1),
+        helper.make_node("Mul", ["r", "sin4"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
     ]
-    inputs = [helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, SEQ]),
-              helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, HEADS, SEQ, rotated]),
-              helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, [1, HEADS, 0, head_dim])]
+    inputs = [
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, SEQ]),
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, HEADS, SEQ, rotated]),
+        helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, [1, HEADS, 0, head_dim]),
+    ]
     if cos_reads is not None:
         nodes.insert(3, helper.make_node("Add", ["f0", cos_reads], ["f"]))
         inputs.append(helper.make_tensor_value_info(cos_reads, TensorProto.FLOAT, [1, 1, 1]))
-    initializers = [const("minus1", [-1]), const("one", [1]), const("zero", [0]), const("half", [half]), const("big", [2**62]),
-                    numpy_helper.from_array(inv_freq, "inv_freq"), numpy_helper.from_array(np.float32(second_half), "second_half")]
-    graph = helper.make_graph(nodes, "rope", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers,
-                              value_info=[helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
-                                          (("cos", [1, SEQ, rotated]), ("sin", [1, SEQ, rotated]))])
+    initializers = [
+        const("minus1", [-1]),
+        const("one", [1]),
+        const("zero", [0]),
+        const("half", [half]),
+        const("big", [2**62]),
+        numpy_helper.from_array(inv_freq, "inv_freq"),
+        numpy_helper.from_array(np.float32(second_half), "second_half"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rope",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializers,
+        value_info=[
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+            for n, s in (("cos", [1, SEQ, rotated]), ("sin", [1, SEQ, rotated]))
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     return onnx.shape_inference.infer_shapes(model)
 
@@ -127,16 +154,22 @@ def test_the_hand_made_pattern_fuses_exactly():
     rewritten = rope_graph()
     assert fuse_rotary(rewritten, 64).fused == 1
     assert [n.op_type for n in rewritten.graph.node] == ["RotaryEmbedding"]
-    feeds = {"position_ids": np.array([[5, 6, 5]]), "x": np.random.default_rng(0).standard_normal((1, HEADS, SEQ, DIM)).astype(np.float32),
-             "past_key_values.0.key": np.zeros((1, HEADS, 0, DIM), np.float32)}
+    feeds = {
+        "position_ids": np.array([[5, 6, 5]]),
+        "x": np.random.default_rng(0).standard_normal((1, HEADS, SEQ, DIM)).astype(np.float32),
+        "past_key_values.0.key": np.zeros((1, HEADS, 0, DIM), np.float32),
+    }
     assert np.abs(session(model).run(None, feeds)[0] - session(rewritten).run(None, feeds)[0]).max() < 1e-6
 
 
-@pytest.mark.parametrize("variant, why", [
-    (dict(rotated=4, head_dim=8), "rotates [4] of a 8-wide head"),  # partial rotary: the rest of the head unrotated
-    (dict(second_half=2.0), "halves differ"),  # not rotate-half
-    (dict(cos_reads="attention_bias"), "more than position_ids"),  # cos/sin that depend on something else
-])
+@pytest.mark.parametrize(
+    "variant, why",
+    [
+        (dict(rotated=4, head_dim=8), "rotates [4] of a 8-wide head"),  # partial rotary: the rest of the head unrotated
+        (dict(second_half=2.0), "halves differ"),  # not rotate-half
+        (dict(cos_reads="attention_bias"), "more than position_ids"),  # cos/sin that depend on something else
+    ],
+)
 def test_what_it_cannot_map_is_left_alone(variant, why):
     model = rope_graph(**variant)
     before = model.SerializeToString()

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from weight_golden import CASES, DATA, describe, export_case, kernels
 
 HERE = Path(__file__).resolve().parent
@@ -31,11 +30,15 @@ def test_the_pass_makes_the_graphs_it_made_before(case):
     name, folder, float_folder = case
     want = json.loads((DATA / f"{name}.json").read_text())
     got = describe(folder, float_folder)
-    assert got["float"] == want["float"], "the float export itself changed: these digests no longer test the weight pass"
+    assert got["float"] == want["float"], (
+        "the float export itself changed: these digests no longer test the weight pass"
+    )
     assert got["graphs"] == want["graphs"]
     if kernels() not in want["outputs"]:  # equal graphs; their outputs round by instruction set (weight_golden.py)
-        pytest.skip(f"the graphs are equal; no outputs are recorded for this CPU's kernels ({kernels()}; recorded: "
-                    f"{sorted(want['outputs'])}): python tests/exporter/weight_golden.py --outputs records them")
+        pytest.skip(
+            f"the graphs are equal; no outputs are recorded for this CPU's kernels ({kernels()}; recorded: "
+            f"{sorted(want['outputs'])}): python tests/exporter/weight_golden.py --outputs records them"
+        )
     assert got["outputs"] == want["outputs"][kernels()]
     assert got["tokens"] == want["tokens"][kernels()]
 
@@ -59,10 +62,16 @@ def test_both_graphs_read_one_weights_file_holding_one_copy(case):
     portable, inplace = (external(folder / manifest.graphs[role]) for role in ("portable", "inplace"))
     assert {loc for loc, _, _ in [*portable.values(), *inplace.values()]} == {"weights.data"}
     assert sorted(p.name for p in folder.iterdir() if p.suffix == ".data") == ["weights.data"]
-    assert "weights.data" in manifest.files and manifest.check["weights"]["graph_bytes"]["weights.data"] == (folder / "weights.data").stat().st_size
+    assert (
+        "weights.data" in manifest.files
+        and manifest.check["weights"]["graph_bytes"]["weights.data"] == (folder / "weights.data").stat().st_size
+    )
     portable_bytes = sum(length for _, _, length in portable.values())
     size = (folder / "weights.data").stat().st_size
-    assert size < 1.1 * portable_bytes, (size, portable_bytes)  # alignment padding and the in-place graph's few own tensors
+    assert size < 1.1 * portable_bytes, (
+        size,
+        portable_bytes,
+    )  # alignment padding and the in-place graph's few own tensors
     shared = {(offset, length) for _, offset, length in portable.values()}
     inplace_bytes = sum(length for _, _, length in inplace.values())
     own = sum(length for _, offset, length in inplace.values() if (offset, length) not in shared)
@@ -73,31 +82,38 @@ def test_a_legacy_float_artifact_with_a_data_file_per_graph(tiny_model, tmp_path
     """Float graphs whose weights are in model.onnx.data and model-inplace.onnx.data (as a model over
     2 GB was exported before weights.data): `graphs_from` copies both and verifies them, the pass reads them, and the
     variant has one weights.data, its graphs equal to those made from an artifact with inline weights."""
+    from weight_golden import graph_digests, to_legacy_layout
+
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.runtime import Generator
     from jacobi_rt.runtime.manifest import load_manifest
-    from weight_golden import graph_digests, to_legacy_layout
 
     model = str(tiny_model("llama"))
     export(model, tmp_path / "inline", ExportOptions())
     export(model, tmp_path / "legacy", ExportOptions())
     to_legacy_layout(tmp_path / "legacy")
     load_manifest(tmp_path / "legacy", verify="full")
-    assert sorted(p.name for p in (tmp_path / "legacy").glob("*.data")) == ["model-inplace.onnx.data", "model.onnx.data"]
+    assert sorted(p.name for p in (tmp_path / "legacy").glob("*.data")) == [
+        "model-inplace.onnx.data",
+        "model.onnx.data",
+    ]
     for base in ("inline", "legacy"):
         export(model, tmp_path / f"int4-{base}", ExportOptions(quantize="int4", graphs_from=str(tmp_path / base)))
     out = tmp_path / "int4-legacy"
     assert sorted(p.name for p in out.glob("*.data")) == ["weights.data"] and not list(out.glob(".*"))
     for graph in ("model.onnx", "model-inplace.onnx"):
         assert graph_digests(out / graph) == graph_digests(tmp_path / "int4-inline" / graph), graph
-    assert Generator.load(out).generate([5, 17, 33], max_new_tokens=4).ids == \
-        Generator.load(tmp_path / "int4-inline").generate([5, 17, 33], max_new_tokens=4).ids
+    assert (
+        Generator.load(out).generate([5, 17, 33], max_new_tokens=4).ids
+        == Generator.load(tmp_path / "int4-inline").generate([5, 17, 33], max_new_tokens=4).ids
+    )
 
 
 def test_a_changed_data_file_of_the_base_is_refused(tiny_model, tmp_path):
+    from weight_golden import to_legacy_layout
+
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.runtime.errors import ArtifactError
-    from weight_golden import to_legacy_layout
 
     model = str(tiny_model("llama"))
     export(model, tmp_path / "legacy", ExportOptions(inplace=False))
@@ -105,7 +121,9 @@ def test_a_changed_data_file_of_the_base_is_refused(tiny_model, tmp_path):
     with open(tmp_path / "legacy" / "model.onnx.data", "r+b") as f:
         f.write(b"\1\2\3\4")
     with pytest.raises(ArtifactError, match=r"model\.onnx\.data was changed after export"):
-        export(model, tmp_path / "out", ExportOptions(quantize="int8", inplace=False, graphs_from=str(tmp_path / "legacy")))
+        export(
+            model, tmp_path / "out", ExportOptions(quantize="int8", inplace=False, graphs_from=str(tmp_path / "legacy"))
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -113,8 +131,11 @@ def test_gguf_tensors_are_dequantized_once_each_however_many_share_a_shape(tmp_p
     """8 layers of like-shaped tensors, each candidate's rows in a random order: every tensor is found
     with its order, and the gguf package dequantizes each tensor once (a quadratic search would
     dequantize every tensor of a shape for every candidate of that shape)."""
-    gguf_quants = pytest.importorskip("gguf.quants", reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'")
+    gguf_quants = pytest.importorskip(
+        "gguf.quants", reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'"
+    )
     import tiny_gguf
+
     from jacobi_rt.exporter.gguf_weights import Candidate, GgufWeights
 
     monkeypatch.setattr(tiny_gguf, "LAYERS", 8)
@@ -159,17 +180,26 @@ def test_quantizing_a_mid_size_graph_holds_a_few_tensors(tmp_path):
     """A 544 MB float32 Llama (tiny_models.mid_config), traced with its weights in weights.data, through
     the int4 pass in a fresh process: its peak RSS grows by under 0.5x the float weights (the
     in-memory pass: 3x)."""
-    from jacobi_rt.exporter import ExportOptions, export
     from tiny_models import mid_config, save_tiny_model
+
+    from jacobi_rt.exporter import ExportOptions, export
 
     model = save_tiny_model(mid_config(), tmp_path / "mid")
     floats = sum(p.stat().st_size for p in model.glob("*.safetensors"))
     export(str(model), tmp_path / "float", ExportOptions())
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "float")], capture_output=True, text=True, env=env, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "float")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     growth = figures["peak"] - figures["before"]
-    print(f"peak RSS growth {growth / 2**20:.0f} MiB for {floats / 2**20:.0f} MiB of float32 weights ({growth / floats:.2f}x)")
+    print(
+        f"peak RSS growth {growth / 2**20:.0f} MiB for {floats / 2**20:.0f} MiB of float32 weights ({growth / floats:.2f}x)"
+    )
     assert growth < 0.5 * floats, figures
     embedding = mid_config().vocab_size * mid_config().hidden_size * 4  # a Gather's table stays float32
     assert figures["weights"] < embedding + 0.2 * (floats - embedding)  # int4 blocks and scales, stored once

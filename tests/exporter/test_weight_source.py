@@ -14,12 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_models import save_tiny_model, tiny_config
 
 from jacobi_rt.exporter.sources import resolve
 from jacobi_rt.exporter.weight_source import GgufSource, SafetensorsSource, open_source
 from jacobi_rt.runtime.errors import ModelSourceError
-
-from tiny_models import save_tiny_model, tiny_config
 
 FAMILIES = ["llama", "llama-mha-tied", "qwen2", "gpt2", "phi3", "gemma2"]
 
@@ -90,13 +89,16 @@ def test_checkpoint_without_base_prefix(tiny_model, tmp_path, hf_model):
 
     folder = copy_folder(tiny_model("gpt2"), tmp_path / "gpt2-old")
     weights = load_file(folder / "model.safetensors")
-    save_file({k.removeprefix("transformer."): v for k, v in weights.items()}, folder / "model.safetensors", {"format": "pt"})
+    save_file(
+        {k.removeprefix("transformer."): v for k, v in weights.items()}, folder / "model.safetensors", {"format": "pt"}
+    )
     model = skeleton(tiny_config("gpt2"))
     with open_source(resolve(str(folder)), model) as source:
         assert_reads_equal(source, hf_model(tiny_model("gpt2")).state_dict(), model)
 
 
 # --- errors: raised by open_source, naming the tensor --------------------------------------------
+
 
 def copy_folder(src: Path, dst: Path) -> Path:
     import shutil
@@ -115,12 +117,15 @@ def rewrite(folder: Path, change) -> None:
 KEY = "model.layers.1.self_attn.k_proj.weight"
 
 
-@pytest.mark.parametrize("case, change, words", [
-    ("missing", lambda w: w.pop(KEY), "not in the weight files"),
-    ("shape", lambda w: w.__setitem__(KEY, w[KEY][:-1].clone()), "has shape [31, 64]"),
-    ("int8", lambda w: w.__setitem__(KEY, w[KEY].to(torch.int8)), "is I8"),
-    ("float8", lambda w: w.__setitem__(KEY, w[KEY].to(torch.float8_e4m3fn)), "is F8_E4M3"),
-])
+@pytest.mark.parametrize(
+    "case, change, words",
+    [
+        ("missing", lambda w: w.pop(KEY), "not in the weight files"),
+        ("shape", lambda w: w.__setitem__(KEY, w[KEY][:-1].clone()), "has shape [31, 64]"),
+        ("int8", lambda w: w.__setitem__(KEY, w[KEY].to(torch.int8)), "is I8"),
+        ("float8", lambda w: w.__setitem__(KEY, w[KEY].to(torch.float8_e4m3fn)), "is F8_E4M3"),
+    ],
+)
 def test_bad_tensor_is_refused_before_reading(case, change, words, tiny_model, tmp_path):
     folder = copy_folder(tiny_model("llama"), tmp_path / case)
     rewrite(folder, change)
@@ -156,17 +161,28 @@ def test_converted_key_is_refused(tmp_path):
     not a rename): streaming refuses it, naming the fused parameter."""
     from transformers import MixtralConfig
 
-    config = MixtralConfig(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=2)
+    config = MixtralConfig(
+        vocab_size=384,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=2,
+    )
     folder = save_tiny_model(config, tmp_path / "mixtral")
-    with pytest.raises(ModelSourceError, match=r"model\.layers\.0\.mlp\.experts\.\S+ through one of transformers' weight conversions"):
+    with pytest.raises(
+        ModelSourceError, match=r"model\.layers\.0\.mlp\.experts\.\S+ through one of transformers' weight conversions"
+    ):
         SafetensorsSource(folder, skeleton(config))
 
 
 # --- GGUF ----------------------------------------------------------------------------------------
 
-needs_gguf = pytest.mark.skipif(importlib.util.find_spec("gguf") is None,
-                                reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'")
+needs_gguf = pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None,
+    reason="GGUF sources need the `gguf` package: pip install 'jacobi-rt[export]'",
+)
 
 
 def gguf_reference(path: Path):
@@ -185,7 +201,9 @@ def assert_blocks_give_reads(source: GgufSource) -> None:
         b = source.blocks(key)
         values = dequantize(b.raw, GGMLQuantizationType[b.kind]).reshape(b.shape)[b.rows]
         values = values.T if b.transposed else values
-        assert np.array_equal(np.ascontiguousarray(values).view(np.uint32), source.read(key, torch.float32).numpy().view(np.uint32)), key
+        assert np.array_equal(
+            np.ascontiguousarray(values).view(np.uint32), source.read(key, torch.float32).numpy().view(np.uint32)
+        ), key
 
 
 @needs_gguf
@@ -224,10 +242,20 @@ def write_gpt2_gguf(path: Path, hf_folder: Path) -> Path:
     writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])  # the vocabulary size transformers reads
     wpe = np.zeros((1024, config.n_embd), np.float32)
     wpe[: hf["wpe.weight"].shape[0]] = hf["wpe.weight"]
-    tensors = {"token_embd.weight": hf["wte.weight"], "position_embd.weight": wpe,
-               "output_norm.weight": hf["ln_f.weight"], "output_norm.bias": hf["ln_f.bias"]}
-    parts = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
-             "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+    tensors = {
+        "token_embd.weight": hf["wte.weight"],
+        "position_embd.weight": wpe,
+        "output_norm.weight": hf["ln_f.weight"],
+        "output_norm.bias": hf["ln_f.bias"],
+    }
+    parts = {
+        "ln_1": "attn_norm",
+        "attn.c_attn": "attn_qkv",
+        "attn.c_proj": "attn_output",
+        "ln_2": "ffn_norm",
+        "mlp.c_fc": "ffn_up",
+        "mlp.c_proj": "ffn_down",
+    }
     for i in range(config.n_layer):
         for hf_part, part in parts.items():
             for leaf in ("weight", "bias"):
@@ -298,6 +326,7 @@ def test_smollm2_gguf_reads_equal_transformers():
 
 # --- memory --------------------------------------------------------------------------------------
 
+
 def test_reading_every_tensor_keeps_memory_flat(tmp_path):
     """~100 MB of fp32 weights read twice over, one tensor at a time: the process grows by the tensor
     held plus what the allocator keeps for reuse, never by what was read. glibc serves blocks under its
@@ -306,8 +335,15 @@ def test_reading_every_tensor_keeps_memory_flat(tmp_path):
     import psutil
     from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=2048, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
-                         num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=1024,
+        intermediate_size=2048,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    )
     folder = save_tiny_model(config, tmp_path / "mid")
     gc.collect()
     process = psutil.Process()
@@ -322,6 +358,8 @@ def test_reading_every_tensor_keeps_memory_flat(tmp_path):
             peak = max(peak, process.memory_info().rss)
             del tensor
     growth = peak - before
-    print(f"read {total / 2**20:.0f} MB twice in {len(source.keys())} tensors: RSS grew {growth / 2**20:.1f} MB, "
-          f"largest tensor {largest / 2**20:.0f} MB")
+    print(
+        f"read {total / 2**20:.0f} MB twice in {len(source.keys())} tensors: RSS grew {growth / 2**20:.1f} MB, "
+        f"largest tensor {largest / 2**20:.0f} MB"
+    )
     assert total > 10 * largest and growth < 2 * largest + 16 * 2**20

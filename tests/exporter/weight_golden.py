@@ -49,7 +49,9 @@ def make_source(source: str, root: Path) -> Path:
         from tiny_gguf import LAYERS, write_tiny_gguf
 
         overrides = {f"blk.{i}.attn_v.weight": p[2:] for p in parts[2:] if p.startswith("v=") for i in range(LAYERS)}
-        return write_tiny_gguf(root / f"{source.replace(':', '-')}.gguf", parts[1], tied="tied" in parts, overrides=overrides)
+        return write_tiny_gguf(
+            root / f"{source.replace(':', '-')}.gguf", parts[1], tied="tied" in parts, overrides=overrides
+        )
     if len(parts) == 2:
         config = tiny_config(parts[0])
         config.num_hidden_layers = int(parts[1])
@@ -79,8 +81,14 @@ def to_legacy_layout(folder: Path) -> None:
     manifest = json.loads(manifest_path.read_text())
     for graph in dict.fromkeys(manifest["graphs"].values()):
         model = onnx.load(str(folder / graph))  # its weights read in from weights.data
-        onnx.save_model(model, str(folder / graph), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=f"{graph}.data", size_threshold=1024)
+        onnx.save_model(
+            model,
+            str(folder / graph),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=f"{graph}.data",
+            size_threshold=1024,
+        )
     (folder / "weights.data").unlink()
     manifest_path.unlink()
     manifest["files"], manifest["samples"] = file_records(folder)
@@ -97,12 +105,28 @@ def graph_digests(path: Path) -> dict:
     from onnx import helper, numpy_helper
 
     model = onnx.load(str(path))
-    nodes = [[n.op_type, n.domain, n.name, list(n.input), list(n.output),
-              sorted((a.name, repr(helper.get_attribute_value(a))) for a in n.attribute)] for n in model.graph.node]
-    inits = sorted([i.name, i.data_type, list(i.dims), hashlib.sha256(numpy_helper.to_array(i).tobytes()).hexdigest()]
-                   for i in model.graph.initializer)
-    return {"nodes": _digest(nodes), "node_count": len(nodes), "initializers": _digest(inits), "initializer_count": len(inits),
-            "opsets": sorted([o.domain, o.version] for o in model.opset_import)}
+    nodes = [
+        [
+            n.op_type,
+            n.domain,
+            n.name,
+            list(n.input),
+            list(n.output),
+            sorted((a.name, repr(helper.get_attribute_value(a))) for a in n.attribute),
+        ]
+        for n in model.graph.node
+    ]
+    inits = sorted(
+        [i.name, i.data_type, list(i.dims), hashlib.sha256(numpy_helper.to_array(i).tobytes()).hexdigest()]
+        for i in model.graph.initializer
+    )
+    return {
+        "nodes": _digest(nodes),
+        "node_count": len(nodes),
+        "initializers": _digest(inits),
+        "initializer_count": len(inits),
+        "opsets": sorted([o.domain, o.version] for o in model.opset_import),
+    }
 
 
 def portable_feeds(arch, seed: int = 0) -> dict[str, np.ndarray]:
@@ -117,7 +141,9 @@ def portable_feeds(arch, seed: int = 0) -> dict[str, np.ndarray]:
     }
     for i in range(arch.num_layers):
         for kind in ("key", "value"):
-            feeds[f"past_key_values.{i}.{kind}"] = rng.standard_normal((batch, arch.kv_heads, past, arch.head_dim)).astype(np.float32)
+            feeds[f"past_key_values.{i}.{kind}"] = rng.standard_normal(
+                (batch, arch.kv_heads, past, arch.head_dim)
+            ).astype(np.float32)
     return feeds
 
 
@@ -128,11 +154,22 @@ def output_digests(folder: Path, arch) -> dict[str, str]:
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    return {name: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()
-            for name, v in zip(names, session.run(names, portable_feeds(arch)))}
+    return {
+        name: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()
+        for name, v in zip(names, session.run(names, portable_feeds(arch)))
+    }
 
 
-KERNEL_ORDER = ("amx_int8", "avx512_vnni", "avx512f", "avx_vnni", "avx2", "i8mm", "asimddp", "asimd")  # most specific first
+KERNEL_ORDER = (
+    "amx_int8",
+    "avx512_vnni",
+    "avx512f",
+    "avx_vnni",
+    "avx2",
+    "i8mm",
+    "asimddp",
+    "asimd",
+)  # most specific first
 
 
 def kernels() -> str:
@@ -169,9 +206,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             folder = export_case(case, Path(tmp))
             got = describe(folder, Path(tmp) / "float")
-        record = json.loads(path.read_text()) if outputs_only else {"float": got["float"], "graphs": got["graphs"], "outputs": {}, "tokens": {}}
+        record = (
+            json.loads(path.read_text())
+            if outputs_only
+            else {"float": got["float"], "graphs": got["graphs"], "outputs": {}, "tokens": {}}
+        )
         if (record["float"], record["graphs"]) != (got["float"], got["graphs"]):
-            raise SystemExit(f"{case}: the graphs differ from the recorded ones: record everything again, not --outputs")
+            raise SystemExit(
+                f"{case}: the graphs differ from the recorded ones: record everything again, not --outputs"
+            )
         record["outputs"][kernels()], record["tokens"][kernels()] = got["outputs"], got["tokens"]
         path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
         print("wrote", case, kernels(), flush=True)

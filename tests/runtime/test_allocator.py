@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from jacobi_rt.runtime.config import CostConfig
 from jacobi_rt.runtime.acceptance import PassCosts, pass_cost
 from jacobi_rt.runtime.allocator import Guess, Offer, allocate, cut, expected_tokens
+from jacobi_rt.runtime.config import CostConfig
 
 COST = PassCosts(CostConfig(learn=False))
 
@@ -63,7 +63,9 @@ def test_a_unions_guesses_share_one_limit_best_first_and_each_part_keeps_its_bra
     assert [i for i, _ in allocation.picks] == [1, 0]  # the best copy first, the runner-up copy not (one branch a part)
     assert allocation.sent <= 12  # one limit for all
     first = allocation.picks[0][1]
-    assert 0 < allocation.picks[1][1] == cut(draft.accept, 12 - first, COST, draft.cost)[0] < 8  # the draft cut again to the room left
+    assert (
+        0 < allocation.picks[1][1] == cut(draft.accept, 12 - first, COST, draft.cost)[0] < 8
+    )  # the draft cut again to the room left
     assert allocation.production == pytest.approx(0.2 * allocation.picks[1][1])
 
 

@@ -5,24 +5,27 @@ from __future__ import annotations
 import itertools
 import threading
 
-import numpy as np
 import pytest
-
-from jacobi_rt.runtime.config import AutoConfig, CostConfig, DraftConfig
-from jacobi_rt.runtime import Generator
-from jacobi_rt.runtime.batcher import Batcher
-from jacobi_rt.runtime.row import END, Row
-from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
-from jacobi_rt.runtime.acceptance import PassCosts
-from jacobi_rt.runtime.proposers import JacobiProposer, LookaheadProposer, NoProposer
-from jacobi_rt.runtime.sampling import Sampler, SamplingParams
-from jacobi_rt.runtime.pass_budget import PassBudget
-from jacobi_rt.runtime.windows import AdaptiveWindow
-
 from recording import Recording
 
-PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13, 11, 12, 13, 11, 12], [40, 41, 42], [7, 7, 7, 7, 100, 101, 102, 7, 7, 7],
-           list(range(20, 60))]
+from jacobi_rt.runtime import Generator
+from jacobi_rt.runtime.acceptance import PassCosts
+from jacobi_rt.runtime.batcher import Batcher
+from jacobi_rt.runtime.config import AutoConfig, CostConfig, DraftConfig
+from jacobi_rt.runtime.errors import BackendError, ContextLimitError, InputError
+from jacobi_rt.runtime.pass_budget import PassBudget
+from jacobi_rt.runtime.proposers import JacobiProposer, LookaheadProposer, NoProposer
+from jacobi_rt.runtime.row import END, Row
+from jacobi_rt.runtime.sampling import Sampler, SamplingParams
+from jacobi_rt.runtime.windows import AdaptiveWindow
+
+PROMPTS = [
+    [5, 6, 7, 8, 9],
+    [11, 12, 13, 11, 12, 13, 11, 12],
+    [40, 41, 42],
+    [7, 7, 7, 7, 100, 101, 102, 7, 7, 7],
+    list(range(20, 60)),
+]
 PROPOSERS = {"greedy": (NoProposer, 1), "jacobi": (JacobiProposer, 4), "lookahead": (LookaheadProposer, 8)}
 
 
@@ -80,7 +83,11 @@ def test_rows_joining_and_leaving_mid_generation_equal_their_solo_greedy(gen, wi
     eng.step()
     assert c.slot == -1 and eng.queued == 1
     run_until_done(eng, [a, b, c])
-    assert (drained(a), drained(b), drained(c)) == (solo(gen, PROMPTS[0], 24), solo(gen, PROMPTS[1], 6), solo(gen, PROMPTS[2], 10))
+    assert (drained(a), drained(b), drained(c)) == (
+        solo(gen, PROMPTS[0], 24),
+        solo(gen, PROMPTS[1], 6),
+        solo(gen, PROMPTS[2], 10),
+    )
     assert eng.running == 0 and eng.ctx.lengths.tolist() == [0, 0]
     eng.close()
 
@@ -149,11 +156,16 @@ def test_mixed_strategies_in_one_batch_equal_solo_greedy(artifact, family):
 def test_a_sampling_row_in_a_batch_samples_what_it_samples_alone(gen):
     params = SamplingParams(temperature=0.8, top_k=20, seed=7)
     eng = batcher(gen, slots=3)
-    rows = [eng.submit(row(gen, PROMPTS[0], 12, "greedy", params)), eng.submit(row(gen, PROMPTS[1], 12)),
-            eng.submit(row(gen, PROMPTS[3], 12, "lookahead", params))]
+    rows = [
+        eng.submit(row(gen, PROMPTS[0], 12, "greedy", params)),
+        eng.submit(row(gen, PROMPTS[1], 12)),
+        eng.submit(row(gen, PROMPTS[3], 12, "lookahead", params)),
+    ]
     run_until_done(eng, rows)
-    alone = [gen.generate(p, max_new_tokens=12, strategy="greedy", temperature=0.8, top_k=20, seed=7).ids
-             for p in (PROMPTS[0], PROMPTS[3])]
+    alone = [
+        gen.generate(p, max_new_tokens=12, strategy="greedy", temperature=0.8, top_k=20, seed=7).ids
+        for p in (PROMPTS[0], PROMPTS[3])
+    ]
     assert [drained(rows[0]), drained(rows[2])] == alone
     assert drained(rows[1]) == solo(gen, PROMPTS[1], 12)
     eng.close()
@@ -177,9 +189,14 @@ def test_the_started_engine_runs_generate_stream_and_start_with_their_own_stop_s
         def run(name, **kw):
             results[name] = gen.generate(PROMPTS[0], max_new_tokens=20, **kw)
 
-        threads = [threading.Thread(target=run, args=(n,), kwargs=kw) for n, kw in
-                   [("plain", {"strategy": "greedy"}), ("stop", {"strategy": "jacobi", "stop": stop}),
-                    ("look", {"strategy": "lookahead"})]]
+        threads = [
+            threading.Thread(target=run, args=(n,), kwargs=kw)
+            for n, kw in [
+                ("plain", {"strategy": "greedy"}),
+                ("stop", {"strategy": "jacobi", "stop": stop}),
+                ("look", {"strategy": "lookahead"}),
+            ]
+        ]
         [t.start() for t in threads]
         [t.join() for t in threads]
         streamed = "".join(gen.stream(PROMPTS[0], max_new_tokens=20, strategy="lookahead"))
@@ -222,18 +239,41 @@ def test_smollm2_sixteen_rows_equal_their_solo_greedy(artifact, strategy):
     if "inplace" not in load_manifest(folder, verify=False).graphs:
         pytest.skip(f"{folder} has no in-place graph; re-export it (`python tests/make_artifacts.py DIR --smollm2`)")
     gen = Generator.load(folder, graph="inplace", verify=False)
-    topics = ["the sea", "prime numbers", "a Python function that reverses a string", "the Roman Empire", "bread",
-              "volcanoes", "a haiku about rain", "how vaccines work", "chess openings", "the moon landing", "compilers",
-              "sleep", "photosynthesis", "a limerick about a cat", "binary search", "the water cycle"]
-    prompts = [gen.tokenizer.encode(gen.chat_prompt([{"role": "user", "content": f"Tell me about {t}."}]),
-                                    add_special_tokens=False) for t in topics]
+    topics = [
+        "the sea",
+        "prime numbers",
+        "a Python function that reverses a string",
+        "the Roman Empire",
+        "bread",
+        "volcanoes",
+        "a haiku about rain",
+        "how vaccines work",
+        "chess openings",
+        "the moon landing",
+        "compilers",
+        "sleep",
+        "photosynthesis",
+        "a limerick about a cat",
+        "binary search",
+        "the water cycle",
+    ]
+    prompts = [
+        gen.tokenizer.encode(
+            gen.chat_prompt([{"role": "user", "content": f"Tell me about {t}."}]), add_special_tokens=False
+        )
+        for t in topics
+    ]
     solo = [gen.generate(p, max_new_tokens=32, strategy="greedy").ids for p in prompts]
     batched = gen.generate_batch(prompts, max_new_tokens=32, strategy=strategy)
     for i, (alone, result) in enumerate(zip(solo, batched)):
         if result.ids != alone:
-            at = next((k for k, (a, b) in enumerate(zip(alone, result.ids)) if a != b), min(len(alone), len(result.ids)))
-            pytest.fail(f"prompt {i} ({topics[i]!r}): batched differs from solo greedy first at new token {at}; "
-                        "run tools/batch_check.py for the top-2 logit gap (a gap near 1e-4 is a numerical near-tie)")
+            at = next(
+                (k for k, (a, b) in enumerate(zip(alone, result.ids)) if a != b), min(len(alone), len(result.ids))
+            )
+            pytest.fail(
+                f"prompt {i} ({topics[i]!r}): batched differs from solo greedy first at new token {at}; "
+                "run tools/batch_check.py for the top-2 logit gap (a gap near 1e-4 is a numerical near-tie)"
+            )
 
 
 def test_a_started_engine_with_a_smaller_context_sets_the_limits(gen):
@@ -253,7 +293,9 @@ def test_the_default_slot_context_is_capped_where_attention_reads_the_capacity(g
 
     monkeypatch.setattr(module, "DEFAULT_BATCH_CONTEXT", 48)
     for attention, expected in (("scatter", 48), ("gqa", gen.backend.limits.max_context)):
-        monkeypatch.setitem(gen.manifest.check, "inplace", {**gen.manifest.check.get("inplace", {}), "attention": attention})
+        monkeypatch.setitem(
+            gen.manifest.check, "inplace", {**gen.manifest.check.get("inplace", {}), "attention": attention}
+        )
         gen.start_batching(1)
         try:
             assert gen.batcher.capacity == expected
@@ -263,8 +305,18 @@ def test_the_default_slot_context_is_capped_where_attention_reads_the_capacity(g
 
 def test_each_row_gets_one_pass_result_timed_once_around_the_batched_forward(gen):
     eng = batcher(gen, 2, wide=True)
-    rows = [Row(list(p), 8, Recording(), Sampler(SamplingParams(), len(p)), 4, set(gen.manifest.tokens.eos_ids),
-                gen.limits.max_context) for p in PROMPTS[:2]]
+    rows = [
+        Row(
+            list(p),
+            8,
+            Recording(),
+            Sampler(SamplingParams(), len(p)),
+            4,
+            set(gen.manifest.tokens.eos_ids),
+            gen.limits.max_context,
+        )
+        for p in PROMPTS[:2]
+    ]
     for r in rows:
         eng.submit(r)
     run_until_done(eng, rows)
@@ -277,8 +329,8 @@ def test_each_row_gets_one_pass_result_timed_once_around_the_batched_forward(gen
 
 def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifact):
     from jacobi_rt.runtime.allocator import Offer
-    from jacobi_rt.runtime.draft import DraftProposer
     from jacobi_rt.runtime.auto import AutoProposer
+    from jacobi_rt.runtime.draft import DraftProposer
     from jacobi_rt.runtime.proposers import UnionProposer
 
     gen = Generator.load(artifact("llama"), draft=artifact("llama-draft1"), graph="inplace", threads=1)
@@ -286,13 +338,29 @@ def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifa
     def union():
         return UnionProposer({"draft": DraftProposer(gen.draft, 128), "lookahead": LookaheadProposer(1)})
 
-    proposers = [union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, AutoConfig(warmup=1, probe_every=4)),
-                 union(), AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, AutoConfig(warmup=1, probe_every=4))]
+    proposers = [
+        union(),
+        AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, AutoConfig(warmup=1, probe_every=4)),
+        union(),
+        AutoProposer({"lookahead": LookaheadProposer(), "draft": union()}, AutoConfig(warmup=1, probe_every=4)),
+    ]
     eng = batcher(gen, slots=4, wide=True)
     bids, decide = [], eng.budget.decode_window
     eng.budget.decode_window = lambda b: bids.append(b) or decide(b)
-    rows = [eng.submit(Row(list(p), 20, proposer, Sampler(SamplingParams(), len(p)), 8, set(gen.manifest.tokens.eos_ids),
-                           gen.limits.max_context)) for p, proposer in zip(PROMPTS, proposers)]
+    rows = [
+        eng.submit(
+            Row(
+                list(p),
+                20,
+                proposer,
+                Sampler(SamplingParams(), len(p)),
+                8,
+                set(gen.manifest.tokens.eos_ids),
+                gen.limits.max_context,
+            )
+        )
+        for p, proposer in zip(PROMPTS, proposers)
+    ]
     run_until_done(eng, rows)
     assert [drained(r) for r in rows] == [solo(gen, p, 20) for p in PROMPTS[:4]]
     offers = [bid.offer for pass_bids in bids for bid in pass_bids]
@@ -300,7 +368,9 @@ def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifa
     assert any(offer.parts for offer in offers)  # the unions' offers (and auto's drafting arm's) reach the budget
     assert any(r.proposer.stats["draft"]["draft_passes"] for r in rows[::2])  # the drafts' chains were sent
     for r in rows[1::2]:  # auto gave each pass with room for a guess to one arm (the last pass may have none)
-        assert r.progress.target_passes - 1 <= sum(r.proposer.stats["passes_by_arm"].values()) <= r.progress.target_passes
+        assert (
+            r.progress.target_passes - 1 <= sum(r.proposer.stats["passes_by_arm"].values()) <= r.progress.target_passes
+        )
     eng.close()
 
 
@@ -320,11 +390,23 @@ def test_speculative_rows_share_batched_draft_passes_and_equal_their_solo_output
         return DraftProposer(gen.draft, 128, DraftConfig(length=k), length=length)
 
     def batch(slotted):
-        eng = Batcher.open(gen.backend, 4, prefill_chunk=256, budget=budget, clock=clock(),
-                          draft=gen.draft if slotted else None)
-        rows = [eng.submit(Row(list(p), 16, draft(k), Sampler(params, len(p)), 8, set(gen.manifest.tokens.eos_ids),
-                               gen.limits.max_context))
-                for p, k in zip(PROMPTS, [3, 2, None, 1, 3])]  # 5 rows on 4 slots: the last takes a freed seat
+        eng = Batcher.open(
+            gen.backend, 4, prefill_chunk=256, budget=budget, clock=clock(), draft=gen.draft if slotted else None
+        )
+        rows = [
+            eng.submit(
+                Row(
+                    list(p),
+                    16,
+                    draft(k),
+                    Sampler(params, len(p)),
+                    8,
+                    set(gen.manifest.tokens.eos_ids),
+                    gen.limits.max_context,
+                )
+            )
+            for p, k in zip(PROMPTS, [3, 2, None, 1, 3])
+        ]  # 5 rows on 4 slots: the last takes a freed seat
         return eng, rows
 
     eng, rows = batch(slotted=True)

@@ -42,9 +42,11 @@ def test_mistakes_name_the_flag(tmp_path):
     bad.write_text('{"type": "foo"}')
     broken = tmp_path / "broken.json"
     broken.write_text("{")
-    for args, says in [(("--regex", "("), "--regex: invalid or unsupported regular expression"),
-                       (("--json-schema", str(bad)), f"--json-schema {bad}: invalid or unsupported schema"),
-                       (("--json-schema", str(broken)), "not a readable JSON file"),
-                       (("--regex", "a", "--choice", "b"), "--regex and --choice both constrain")]:
+    for args, says in [
+        (("--regex", "("), "--regex: invalid or unsupported regular expression"),
+        (("--json-schema", str(bad)), f"--json-schema {bad}: invalid or unsupported schema"),
+        (("--json-schema", str(broken)), "not a readable JSON file"),
+        (("--regex", "a", "--choice", "b"), "--regex and --choice both constrain"),
+    ]:
         result = run(*args)
         assert isinstance(result.exception, InputError) and says in str(result.exception), (args, result.exception)

@@ -34,7 +34,12 @@ def test_stdin_stream_and_chat(artifact, generator):
 
 def test_errors_are_one_line_and_exit_1(artifact, tmp_path):
     folder = artifact("llama")
-    for args in ([folder, "--prompt", ""], [folder], [folder, "--prompt", "x", "--chat", "y"], [tmp_path, "--prompt", "x"]):
+    for args in (
+        [folder, "--prompt", ""],
+        [folder],
+        [folder, "--prompt", "x", "--chat", "y"],
+        [tmp_path, "--prompt", "x"],
+    ):
         result = run(*args)
         assert result.exit_code == 1, result.output
         assert result.output.startswith("error: ") and "Traceback" not in result.output
@@ -42,8 +47,21 @@ def test_errors_are_one_line_and_exit_1(artifact, tmp_path):
 
 def test_jacobi_tail_option_reaches_the_draft(artifact):
     folder, draft = artifact("llama"), artifact("llama-draft1")
-    base = [folder, "--draft", draft, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "speculative"]
-    greedy = json.loads(run(folder, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "greedy").stdout)
+    base = [
+        folder,
+        "--draft",
+        draft,
+        "--prompt",
+        "The quick brown fox",
+        "-n",
+        "12",
+        "--json",
+        "--strategy",
+        "speculative",
+    ]
+    greedy = json.loads(
+        run(folder, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "greedy").stdout
+    )
     for flag, expected in (("--jacobi-tail", True), ("--no-jacobi-tail", False)):
         result = run(*base, flag)
         assert result.exit_code == 0, result.output
@@ -55,11 +73,40 @@ def test_jacobi_tail_option_reaches_the_draft(artifact):
 
 def test_sampling_options_reach_the_sampler(artifact, generator):
     folder = artifact("llama")
-    args = [folder, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "jacobi", "--temperature", "0.8",
-            "--top-k", "20", "--top-p", "0.9", "--min-p", "0.01", "--seed", "4", "--repetition-penalty", "1.1"]
+    args = [
+        folder,
+        "--prompt",
+        "The quick brown fox",
+        "-n",
+        "12",
+        "--json",
+        "--strategy",
+        "jacobi",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--min-p",
+        "0.01",
+        "--seed",
+        "4",
+        "--repetition-penalty",
+        "1.1",
+    ]
     data = json.loads(run(*args).stdout)
-    expected = generator("llama").generate("The quick brown fox", max_new_tokens=12, strategy="greedy", temperature=0.8,
-                                           top_k=20, top_p=0.9, min_p=0.01, seed=4, repetition_penalty=1.1)
+    expected = generator("llama").generate(
+        "The quick brown fox",
+        max_new_tokens=12,
+        strategy="greedy",
+        temperature=0.8,
+        top_k=20,
+        top_p=0.9,
+        min_p=0.01,
+        seed=4,
+        repetition_penalty=1.1,
+    )
     assert data["ids"] == expected.ids and data["stats"]["seed"] == 4
     refused = run(folder, "--prompt", "x", "--temperature", "-1")
     assert refused.exit_code == 1 and "temperature must be 0 (greedy) or a number >= 1e-05" in refused.output
@@ -68,13 +115,28 @@ def test_sampling_options_reach_the_sampler(artifact, generator):
 def test_decoding_fields_tune_the_run_and_bad_ones_are_one_line_errors(artifact, generator):
     folder = artifact("llama")
     expected = generator("llama").generate("The quick brown fox", max_new_tokens=12, strategy="greedy")
-    result = run(folder, "--prompt", "The quick brown fox", "-n", "12", "--json", "--strategy", "jacobi",
-                 "--decoding", "jacobi.window=4", "--decoding", "jacobi.probe_every=4")
+    result = run(
+        folder,
+        "--prompt",
+        "The quick brown fox",
+        "-n",
+        "12",
+        "--json",
+        "--strategy",
+        "jacobi",
+        "--decoding",
+        "jacobi.window=4",
+        "--decoding",
+        "jacobi.probe_every=4",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["ids"] == expected.ids and data["stats"]["window"] == 4 and data["stats"]["adaptive"]
-    for bad, message in (("lookahead.branchez=1", "field(s) lookahead.branchez (did you mean lookahead.branches?)"),
-                         ("lookahead.branches=0", "lookahead.branches must be"), ("branches", "FIELD=VALUE")):
+    for bad, message in (
+        ("lookahead.branchez=1", "field(s) lookahead.branchez (did you mean lookahead.branches?)"),
+        ("lookahead.branches=0", "lookahead.branches must be"),
+        ("branches", "FIELD=VALUE"),
+    ):
         result = run(folder, "--prompt", "x", "--decoding", bad)
         assert result.exit_code == 1 and result.output.startswith("error: ") and message in result.output, result.output
     listing = run(folder, "--decoding", "help")

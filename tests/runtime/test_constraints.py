@@ -11,16 +11,24 @@ import pytest
 pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
 
 from jacobi_rt.runtime.constraints import Constraint, ConstraintError  # noqa: E402
-from jacobi_rt.runtime.grammar import grammar_tokenizer  # noqa: E402
 from jacobi_rt.runtime.errors import InputError  # noqa: E402
+from jacobi_rt.runtime.grammar import grammar_tokenizer  # noqa: E402
 from jacobi_rt.runtime.manifest import load_manifest  # noqa: E402
 from jacobi_rt.runtime.tokenizer import Tokenizer  # noqa: E402
 from jacobi_rt.runtime.tree import build_tree  # noqa: E402
 from jacobi_rt.tools.extraction import extraction_set  # noqa: E402
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags", "kind"],
-          "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                         "tags": {"type": "array", "items": {"type": "string"}}, "kind": {"enum": ["cat", "dog"]}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "tags", "kind"],
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "kind": {"enum": ["cat", "dog"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,20 +40,26 @@ def smollm2_tokens(artifact):
     return tokenizer, grammar_tokenizer(tokenizer, manifest.architecture.vocab_size, manifest.tokens.eos_ids)
 
 
-@pytest.mark.parametrize("make, field, says", [
-    (lambda: Constraint.json_schema({"type": "foo"}, "response_format.json_schema.schema"),
-     "response_format.json_schema.schema", "Invalid type"),
-    (lambda: Constraint.json_schema({"properties": 5}), "json_schema", "properties must be an object"),
-    (lambda: Constraint.json_schema([1, 2]), "json_schema", "must be a JSON object"),
-    (lambda: Constraint.json_schema({"type": "number", "minimum": float("nan")}), "json_schema", "not plain JSON"),
-    (lambda: Constraint.regex("(", "structured_outputs.regex"), "structured_outputs.regex", "unclosed group"),
-    (lambda: Constraint.regex(""), "regex", "non-empty"),
-    (lambda: Constraint.choice([]), "choice", "non-empty list"),
-    (lambda: Constraint.choice("yes"), "choice", "non-empty list"),
-    (lambda: Constraint.choice(["yes", 3]), "choice.1", "non-empty string"),
-    (lambda: Constraint.lark("start: missing_rule"), "grammar", "missing_rule"),
-    (lambda: Constraint("xml", "<a/>"), "constraint", "json_object, json_schema"),
-])
+@pytest.mark.parametrize(
+    "make, field, says",
+    [
+        (
+            lambda: Constraint.json_schema({"type": "foo"}, "response_format.json_schema.schema"),
+            "response_format.json_schema.schema",
+            "Invalid type",
+        ),
+        (lambda: Constraint.json_schema({"properties": 5}), "json_schema", "properties must be an object"),
+        (lambda: Constraint.json_schema([1, 2]), "json_schema", "must be a JSON object"),
+        (lambda: Constraint.json_schema({"type": "number", "minimum": float("nan")}), "json_schema", "not plain JSON"),
+        (lambda: Constraint.regex("(", "structured_outputs.regex"), "structured_outputs.regex", "unclosed group"),
+        (lambda: Constraint.regex(""), "regex", "non-empty"),
+        (lambda: Constraint.choice([]), "choice", "non-empty list"),
+        (lambda: Constraint.choice("yes"), "choice", "non-empty list"),
+        (lambda: Constraint.choice(["yes", 3]), "choice.1", "non-empty string"),
+        (lambda: Constraint.lark("start: missing_rule"), "grammar", "missing_rule"),
+        (lambda: Constraint("xml", "<a/>"), "constraint", "json_object, json_schema"),
+    ],
+)
 def test_bad_constraints_are_input_errors_naming_the_field(make, field, says):
     with pytest.raises(InputError) as caught:
         make()
@@ -158,8 +172,9 @@ def test_an_offer_under_a_constraint(smollm2_tokens):
     wrong = tokenizer.encode("hello", add_special_tokens=False)  # no JSON string starts so
     bad_tail = [*past, *wrong]  # right up to the key, then not (a colon must follow it)
     draft = Guess(accept=(0.9, 0.9), tokens=None, cost=0.1)
-    offer = Offer((Guess((0.9,) * len(bad_tail), tuple(bad_tail)), Guess((0.9,) * len(wrong), tuple(wrong)), draft),
-                  branches=2)
+    offer = Offer(
+        (Guess((0.9,) * len(bad_tail), tuple(bad_tail)), Guess((0.9,) * len(wrong), tuple(wrong)), draft), branches=2
+    )
     constrained = matcher.constrain(offer, forced)
     kept, made = constrained.offer.guesses
     assert constrained.origin == (0, 2) and constrained.forced == tuple(forced)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 from alone import decode, send, tokens
+from make_artifacts import FAMILIES
 from text_helpers import clean_substring
 
-from jacobi_rt.runtime.config import DraftConfig, JacobiConfig
 from jacobi_rt.runtime.allocator import Guess, Offer
+from jacobi_rt.runtime.config import DraftConfig, JacobiConfig
 from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer, Proposer
 from jacobi_rt.runtime.tree import build_tree
-from make_artifacts import FAMILIES
 
 PROMPTS = [
     "The quick brown fox",
@@ -134,7 +134,6 @@ def test_stop_string_cuts_text_and_ids(generator):
         assert stop in gen.tokenizer.decode(result.ids) and stop not in gen.tokenizer.decode(result.ids[:-1])
 
 
-
 def _chain_result(window: int, committed: int, seconds: float):
     """A PassResult of a chain of `window` tokens of which the first committed-1 guesses were right."""
     tree = build_tree(0, [list(range(1, window))])
@@ -209,6 +208,7 @@ def test_side_branch_accepted_commits_its_kv_and_output_stays_greedy(artifact, f
     manifest = load_manifest(path)
     prompt = [5, 17, 42, 8, 99, 23]
     with OrtBackend(path, manifest, "cpu", 1, graph=graph) as backend:
+
         def run(proposer, window):
             with backend.context(64) as ctx:
                 return tokens(ctx, prompt, proposer, window, 40)
@@ -278,6 +278,7 @@ def test_a_chunked_prefill_hands_back_control_after_every_pass(artifact, graph):
     path = artifact("llama")
     prompt = [5, 17, 42, 8, 99, 23, 7, 64, 3, 11]  # 10 tokens: chunks of 4, 4 and 2
     with OrtBackend(path, load_manifest(path), "cpu", 1, graph=graph) as backend:
+
         def batches(chunk):
             with backend.context(64) as ctx:
                 return decode(ctx, prompt, NoProposer(), 1, 5, chunk=chunk)[1]

@@ -16,17 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from jacobi_rt.runtime.config import CostConfig, DraftConfig
-from jacobi_rt.runtime.backends.onnxrt import OrtBackend
-from jacobi_rt.runtime.acceptance import PassCosts, pass_cost
 from alone import decode, passes, send
+from make_artifacts import FAMILIES
+
+from jacobi_rt.runtime.acceptance import PassCosts, pass_cost
+from jacobi_rt.runtime.allocator import allocate
+from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+from jacobi_rt.runtime.config import CostConfig, DraftConfig
 from jacobi_rt.runtime.draft import DraftLength, DraftProposer, check_draft
 from jacobi_rt.runtime.errors import ArtifactError, InputError
 from jacobi_rt.runtime.manifest import load_manifest
-from jacobi_rt.runtime.allocator import allocate
 from jacobi_rt.runtime.proposers import NoProposer
-from make_artifacts import FAMILIES
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / "build" / "test-artifacts"
@@ -55,8 +55,10 @@ def _export_tiny(name: str, family: str, retokenize: bool = False) -> Path:
     try:
         import torch  # noqa: F401
     except ImportError:
-        _unavailable(f"draft artifact {name!r} not found at {folder}; export it with torch "
-                     f"(`jacobi-rt export TINY_{family.upper()} --role draft --keep-layers 1 --out {folder}`)")
+        _unavailable(
+            f"draft artifact {name!r} not found at {folder}; export it with torch "
+            f"(`jacobi-rt export TINY_{family.upper()} --role draft --keep-layers 1 --out {folder}`)"
+        )
     from make_artifacts import export_draft
 
     return export_draft(family, folder, other_vocab=retokenize)
@@ -77,7 +79,9 @@ def backend(artifact, graph):
             else:
                 folder = artifact(name)
             manifest = load_manifest(folder, verify=False)
-            variant = graph if graph in manifest.graphs else "portable"  # a real draft exported before the in-place graph
+            variant = (
+                graph if graph in manifest.graphs else "portable"
+            )  # a real draft exported before the in-place graph
             loaded[name] = OrtBackend(folder, manifest, "cpu", threads=1, graph=variant)
         return loaded[name]
 
@@ -188,7 +192,9 @@ def test_draft_equals_greedy(backend, family, kind):
 
 def test_full_acceptance_takes_one_pass_per_k_plus_one_tokens(backend):
     target = backend("llama")
-    with DraftProposer(target, 64, DraftConfig(length=3)) as proposer:  # the target drafts for itself: every guess right
+    with DraftProposer(
+        target, 64, DraftConfig(length=3)
+    ) as proposer:  # the target drafts for itself: every guess right
         ids, progress = generate(target, [5, 17, 33], 41, proposer, 4)
     assert ids == greedy(target, [5, 17, 33], 41)
     assert progress.target_passes == 10  # 1 from the prefill + 10 passes x 4 tokens
@@ -322,7 +328,9 @@ def test_adaptive_proposer_stops_drafting_when_the_draft_is_as_slow_as_the_targe
     """A draft pass that costs a target pass (pinned: on a loaded machine a measured cost curve can make
     wide passes look free, and then even rare hits pay) and guesses that are wrong: mostly greedy passes."""
     target = backend("llama")
-    length = DraftLength(PassCosts(CostConfig(learn=False)), DraftConfig(prior_cost=1.0))  # no measured costs: the priors decide
+    length = DraftLength(
+        PassCosts(CostConfig(learn=False)), DraftConfig(prior_cost=1.0)
+    )  # no measured costs: the priors decide
     with DraftProposer(backend("qwen2"), 200, length=length) as proposer:  # unrelated weights: guesses are wrong
         generate(target, [5, 17, 33], 120, proposer, 9)
     assert proposer.stats["proposed"] < 40  # mostly greedy passes, with a probe now and then
@@ -352,9 +360,20 @@ def test_check_draft_refuses_another_vocabulary_manifest(backend):
 
 def test_check_draft_refuses_a_draft_exported_with_another_tokenizer():
     folder = _export_tiny("llama-othervocab-draft1", "llama", retokenize=True)
-    target_folder = CACHE / "llama" if not os.environ.get("JACOBI_RT_TEST_ARTIFACTS") else Path(os.environ["JACOBI_RT_TEST_ARTIFACTS"]) / "llama"
-    with pytest.raises(InputError, match=re.escape(f"draft {folder} has a different vocabulary from target {target_folder}")):
-        check_draft(load_manifest(target_folder, verify=False), load_manifest(folder, verify=False), str(target_folder), str(folder))
+    target_folder = (
+        CACHE / "llama"
+        if not os.environ.get("JACOBI_RT_TEST_ARTIFACTS")
+        else Path(os.environ["JACOBI_RT_TEST_ARTIFACTS"]) / "llama"
+    )
+    with pytest.raises(
+        InputError, match=re.escape(f"draft {folder} has a different vocabulary from target {target_folder}")
+    ):
+        check_draft(
+            load_manifest(target_folder, verify=False),
+            load_manifest(folder, verify=False),
+            str(target_folder),
+            str(folder),
+        )
 
 
 # -- SmolLM2 with real drafts ---------------------------------------------------------------------
@@ -374,9 +393,12 @@ def _smol_draft(name: str) -> Path:
     try:
         load_manifest(folder, verify=False)
     except ArtifactError:
-        _unavailable(f"{name} not found at {folder}; export it with `python tests/make_artifacts.py DIR --smollm2` "
-                     "or `jacobi-rt export smollm2-135m --role draft "
-                     + ("--quantize int8" if "int8" in name else "--keep-layers 6") + f" --out {folder}`")
+        _unavailable(
+            f"{name} not found at {folder}; export it with `python tests/make_artifacts.py DIR --smollm2` "
+            "or `jacobi-rt export smollm2-135m --role draft "
+            + ("--quantize int8" if "int8" in name else "--keep-layers 6")
+            + f" --out {folder}`"
+        )
     return folder
 
 
@@ -423,7 +445,9 @@ def test_generator_speculative_and_auto_with_a_draft_equal_greedy(artifact):
         for strategy in ("speculative", "auto"):
             result = gen.generate(prompt, max_new_tokens=40, strategy=strategy)
             assert result.ids == greedy.ids, (prompt, strategy)
-            stats = result.stats.proposer if strategy == "speculative" else result.stats.proposer["arms"]["draft"]["draft"]
+            stats = (
+                result.stats.proposer if strategy == "speculative" else result.stats.proposer["arms"]["draft"]["draft"]
+            )
             benched = strategy == "auto" and result.stats.proposer["sat_out"] == ["draft"]  # lost an earlier call
             assert (stats["draft_passes"] == 0) if benched else (stats["draft_passes"] >= 1)
 
@@ -489,7 +513,9 @@ def test_a_chain_after_a_forced_run_continues_it(backend):
     target = backend("llama")
     prompt = [5, 17, 33]
     expected = greedy(target, prompt, 12)
-    with DraftProposer(target, 64, DraftConfig(length=4)) as proposer:  # the target drafts for itself: its chain is greedy's
+    with DraftProposer(
+        target, 64, DraftConfig(length=4)
+    ) as proposer:  # the target drafts for itself: its chain is greedy's
         proposer.start(prompt, expected[0])
         run = expected[1:3]
         assert proposer.offer(8, after=run).guesses[0].accept == (proposer.length.p,) * 4

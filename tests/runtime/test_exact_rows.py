@@ -19,14 +19,14 @@ import textwrap
 
 import numpy as np
 import pytest
+from chain_windows import window_and_one_token_passes
+from make_artifacts import TINY_GGUF
 
 from jacobi_rt.runtime import Generator
 from jacobi_rt.runtime.backends import exact_rows
 from jacobi_rt.runtime.backends.exact_rows import GREEDY, NATIVE, PADDED, UNCHECKED, RowsCheck
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.manifest import load_manifest
-from chain_windows import window_and_one_token_passes
-from make_artifacts import TINY_GGUF
 
 STRATEGIES = ("jacobi", "lookahead", "auto")
 PROMPT = list(range(3, 14))
@@ -134,7 +134,9 @@ def test_the_mode_is_reported_by_the_cli_and_the_server(artifact):
 
     folder = artifact(TINY_GGUF)
     loaded = backend(folder)
-    result = CliRunner().invoke(cli, ["generate", str(folder), "--prompt", "hello", "-n", "4", "--verbose", "--threads", "2"])
+    result = CliRunner().invoke(
+        cli, ["generate", str(folder), "--prompt", "hello", "-n", "4", "--verbose", "--threads", "2"]
+    )
     assert result.exit_code == 0, result.output
     assert f"exactness: {loaded.rows.mode}: " in result.stderr and exact_rows.cpu() in result.stderr
     httpx = pytest.importorskip("httpx", reason="the server test needs httpx: pip install httpx")
@@ -200,7 +202,9 @@ def test_an_avx2_only_cpu_pads_one_row_passes(artifact, tmp_path):
             out[graph] = {{"mode": loaded.rows.mode, "same": same, "native_exact": native}}
         print(json.dumps(out))
     """)
-    run = subprocess.run([qemu, "-cpu", "Haswell", sys.executable, "-c", script], capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [qemu, "-cpu", "Haswell", sys.executable, "-c", script], capture_output=True, text=True, timeout=900
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
     for graph in ("inplace", "portable"):

@@ -47,7 +47,12 @@ def outside_the_blocks(size: int) -> int:
 
 
 def test_the_offsets_cover_the_first_and_last_bytes_and_small_files_whole():
-    assert sample_offsets(10_000_000, 4, 4096) == [0, (10_000_000 - 4096) // 3, 2 * (10_000_000 - 4096) // 3, 10_000_000 - 4096]
+    assert sample_offsets(10_000_000, 4, 4096) == [
+        0,
+        (10_000_000 - 4096) // 3,
+        2 * (10_000_000 - 4096) // 3,
+        10_000_000 - 4096,
+    ]
     assert sample_offsets(16384, 4, 4096) == [0]  # no bigger than the blocks: read whole
 
 

@@ -123,12 +123,15 @@ def test_stats_are_filled(gen):
 
 
 def test_concurrent_generate_equals_sequential(gen):
-    jobs = [(p, s, n) for p in ("The quick", "def add(a, b):", "café 東京") for s in ("greedy", "jacobi") for n in (17, 33)]
+    jobs = [
+        (p, s, n) for p in ("The quick", "def add(a, b):", "café 東京") for s in ("greedy", "jacobi") for n in (17, 33)
+    ]
     sequential = [gen.generate(p, max_new_tokens=n, strategy=s).ids for p, s, n in jobs]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        threaded = list(pool.map(lambda job: gen.generate(job[0], max_new_tokens=job[2], strategy=job[1]).ids, jobs * 2))
+        threaded = list(
+            pool.map(lambda job: gen.generate(job[0], max_new_tokens=job[2], strategy=job[1]).ids, jobs * 2)
+        )
     assert threaded == sequential * 2
-
 
 
 def test_a_backend_without_branches_gets_one_chain_proposers(artifact, monkeypatch):
@@ -141,7 +144,9 @@ def test_a_backend_without_branches_gets_one_chain_proposers(artifact, monkeypat
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from jacobi_rt.runtime.proposers import UnionProposer
 
-    monkeypatch.setattr(OrtBackend, "limits", property(lambda self: dataclasses.replace(Backend.limits.fget(self), branches=False)))
+    monkeypatch.setattr(
+        OrtBackend, "limits", property(lambda self: dataclasses.replace(Backend.limits.fget(self), branches=False))
+    )
     generator = Generator.load(artifact("llama"), draft=artifact("llama-draft1"))
     from jacobi_rt.runtime.params import GenerationParams
 
@@ -163,35 +168,54 @@ def test_a_calls_config_tunes_its_proposer_and_the_output_stays_greedy(gen):
 
     prompt = "The quick brown fox jumps over the lazy dog. The quick brown fox"
     greedy = gen.generate(prompt, max_new_tokens=40, strategy="greedy").ids
-    for config in ({"lookahead": {"branches": 1, "margin": 0.0}}, {"costs.pass_costs": [[1, 1.0], [64, 1.0]]},
-                   DecodingConfig(window=4), {"jacobi.window": 4}):
+    for config in (
+        {"lookahead": {"branches": 1, "margin": 0.0}},
+        {"costs.pass_costs": [[1, 1.0], [64, 1.0]]},
+        DecodingConfig(window=4),
+        {"jacobi.window": 4},
+    ):
         for strategy in ("jacobi", "lookahead"):
-            assert gen.generate(prompt, max_new_tokens=40, strategy=strategy, config=config).ids == greedy, (config, strategy)
+            assert gen.generate(prompt, max_new_tokens=40, strategy=strategy, config=config).ids == greedy, (
+                config,
+                strategy,
+            )
     assert gen.generate(prompt, max_new_tokens=8, strategy="jacobi", config={"jacobi": {"window": 4}}).stats.window == 4
     fixed = gen.generate(prompt, max_new_tokens=8, strategy="jacobi", config={"window": 4}).stats
     assert fixed.window == 4 and not fixed.adaptive  # a window, from the argument or the config, is fixed
-    assert gen.generate(prompt, max_new_tokens=8, strategy="lookahead", window=2, config={"window": 4}).stats.window == 2
+    assert (
+        gen.generate(prompt, max_new_tokens=8, strategy="lookahead", window=2, config={"window": 4}).stats.window == 2
+    )
 
 
 def test_a_generators_config_is_its_callers_default(artifact):
     from jacobi_rt.runtime import Generator
 
-    tuned = Generator.load(artifact("llama"), verify=False, config={"window": 4, "lookahead": {"branches": 1}},
-                           prefill_chunk=8)
-    assert tuned.config.lookahead.branches == 1 and tuned.config.batch.prefill_chunk == 8 and tuned.limits.prefill_chunk == 8
+    tuned = Generator.load(
+        artifact("llama"), verify=False, config={"window": 4, "lookahead": {"branches": 1}}, prefill_chunk=8
+    )
+    assert (
+        tuned.config.lookahead.branches == 1
+        and tuned.config.batch.prefill_chunk == 8
+        and tuned.limits.prefill_chunk == 8
+    )
     result = tuned.generate("hello there", max_new_tokens=6, strategy="lookahead")
     assert result.stats.window == 4 and result.stats.prefill_passes == 1
-    assert tuned.generate("hello there", max_new_tokens=6, strategy="greedy").stats.window == 1  # its window is not an error
+    assert (
+        tuned.generate("hello there", max_new_tokens=6, strategy="greedy").stats.window == 1
+    )  # its window is not an error
     with pytest.raises(InputError, match="unknown decoding config field"):
         Generator.load(artifact("llama"), verify=False, config={"branchez": 1})
 
 
-@pytest.mark.parametrize("config, message", [
-    ({"batch": {"prefill_chunk": 8}}, "set where the generator is loaded"),
-    ({"lookahead.branches": 0}, "lookahead.branches must be from 1 to 16"),
-    ({"window": 0}, "window must be from 1 to 64"),
-    ("lookahead.branches=1", "config must be a DecodingConfig or a mapping"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"batch": {"prefill_chunk": 8}}, "set where the generator is loaded"),
+        ({"lookahead.branches": 0}, "lookahead.branches must be from 1 to 16"),
+        ({"window": 0}, "window must be from 1 to 64"),
+        ("lookahead.branches=1", "config must be a DecodingConfig or a mapping"),
+    ],
+)
 def test_a_bad_config_is_refused_before_anything_runs(gen, config, message):
     with pytest.raises(InputError, match=message):
         gen.start("hi", strategy="lookahead", config=config)

@@ -33,10 +33,21 @@ def sha256(path) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
-@pytest.mark.parametrize("name, ok", [
-    ("model.onnx", True), ("engines/a-sm90-fp16.plan", True), ("sub/../model.onnx", False), ("../x", False),
-    ("/etc/hostname", False), ("C:\\x", False), ("C:x", False), ("..\\x", False), ("\\\\server\\share\\x", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("model.onnx", True),
+        ("engines/a-sm90-fp16.plan", True),
+        ("sub/../model.onnx", False),
+        ("../x", False),
+        ("/etc/hostname", False),
+        ("C:\\x", False),
+        ("C:x", False),
+        ("..\\x", False),
+        ("\\\\server\\share\\x", False),
+        ("", False),
+    ],
+)
 def test_confined_names(name, ok):
     assert confined(name) is ok
 
@@ -63,8 +74,18 @@ def test_dot_dot_and_absolute_names_are_refused(copy, field):
         elif field == "tokenizer":
             data["tokenizer"]["file"] = "/tmp/tokenizer.json"
         else:
-            data["engines"] = [{"file": "../../engine.plan", "sha256": "0" * 64, "precision": "fp16", "tensorrt_version": "10.8.0",
-                                "gpu_name": "NVIDIA H200", "compute_capability": "9.0", "profiles": [], "build_seconds": 1.0}]
+            data["engines"] = [
+                {
+                    "file": "../../engine.plan",
+                    "sha256": "0" * 64,
+                    "precision": "fp16",
+                    "tensorrt_version": "10.8.0",
+                    "gpu_name": "NVIDIA H200",
+                    "compute_capability": "9.0",
+                    "profiles": [],
+                    "build_seconds": 1.0,
+                }
+            ]
 
     edit(copy, escape)
     with pytest.raises(ArtifactError, match="outside the artifact folder"):
@@ -92,16 +113,19 @@ def test_a_symbolic_link_out_of_the_folder_is_refused(copy, tmp_path):
         Generator.load(copy)
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda d: d.update(files=list(d["files"])), "`files` must be an object mapping file names to sha256 strings"),
-    (lambda d: d.update(max_context="8192"), "`max_context` must be a positive integer"),
-    (lambda d: d.update(graphs={"inplace": "model.onnx"}), '"portable" graph'),
-    (lambda d: d["architecture"].update(num_layers="2"), "`architecture.num_layers` must be a positive integer"),
-    (lambda d: d["tokens"].update(eos_ids=2), "`tokens.eos_ids` must be a list of integers"),
-    (lambda d: d["tokenizer"].update(chat_template=["a"]), "`tokenizer.chat_template` must be a string or null"),
-    (lambda d: d.update(engines={"file": "x"}), "`engines` must be a list"),
-    (lambda d: d.update(role="teacher"), '`role` must be "target" or "draft"'),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda d: d.update(files=list(d["files"])), "`files` must be an object mapping file names to sha256 strings"),
+        (lambda d: d.update(max_context="8192"), "`max_context` must be a positive integer"),
+        (lambda d: d.update(graphs={"inplace": "model.onnx"}), '"portable" graph'),
+        (lambda d: d["architecture"].update(num_layers="2"), "`architecture.num_layers` must be a positive integer"),
+        (lambda d: d["tokens"].update(eos_ids=2), "`tokens.eos_ids` must be a list of integers"),
+        (lambda d: d["tokenizer"].update(chat_template=["a"]), "`tokenizer.chat_template` must be a string or null"),
+        (lambda d: d.update(engines={"file": "x"}), "`engines` must be a list"),
+        (lambda d: d.update(role="teacher"), '`role` must be "target" or "draft"'),
+    ],
+)
 def test_fields_of_the_wrong_type_name_the_field(copy, change, field):
     edit(copy, change)
     with pytest.raises(ArtifactError, match="wrong type") as error:

@@ -7,14 +7,13 @@ import random
 
 import numpy as np
 import pytest
+from alone import send
 
-from jacobi_rt.runtime.config import CostConfig, LookaheadConfig
 from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, matched_prefix, pass_cost
-from jacobi_rt.runtime.allocator import cut
+from jacobi_rt.runtime.allocator import Guess, Offer, allocate, cut
+from jacobi_rt.runtime.config import CostConfig, LookaheadConfig
 from jacobi_rt.runtime.ngram import Candidate, NgramPool, PromptLookup
 from jacobi_rt.runtime.passes import pass_result
-from jacobi_rt.runtime.allocator import Guess, Offer, allocate
-from alone import send
 from jacobi_rt.runtime.proposers import LookaheadProposer
 from jacobi_rt.runtime.tree import accept_branch, ancestor_mask, build_tree, leaf_paths
 
@@ -455,8 +454,10 @@ def run_loop(proposer, model, prompt, new, window):
     while len(seq) - len(prompt) < new:
         passes += 1
         tree = build_tree(seq[-1], send(proposer, window - 1), max_nodes=window)
-        predictions = [model(seq[:-1] + [tree.tokens[j] for j in range(len(tree.tokens)) if tree.window_mask[i, j]])
-                       for i in range(len(tree.tokens))]
+        predictions = [
+            model(seq[:-1] + [tree.tokens[j] for j in range(len(tree.tokens)) if tree.window_mask[i, j]])
+            for i in range(len(tree.tokens))
+        ]
         verdict = tree.accept(predictions)
         proposer.update(pass_result(tree, predictions, verdict, 0.0))  # toy passes: no time to learn from
         seq.extend(verdict.committed)
@@ -485,7 +486,13 @@ def test_proposer_output_equals_greedy_and_saves_passes_on_copying(branches):
     prompt = source + [1001] + source[:5]  # a summarising-like prompt: the model copies the text
     greedy = greedy_oracle(model, prompt, 40)
     assert greedy == source[5:45]
-    out, passes = run_loop(LookaheadProposer(branches, AcceptanceTracker(costs=PassCosts(CostConfig(learn=False)))), model, prompt, 40, window=8)
+    out, passes = run_loop(
+        LookaheadProposer(branches, AcceptanceTracker(costs=PassCosts(CostConfig(learn=False)))),
+        model,
+        prompt,
+        40,
+        window=8,
+    )
     assert out == greedy
     assert passes <= 8  # greedy needs 39 passes, a perfect window of 8 needs 5
 
@@ -498,7 +505,9 @@ def test_proposer_sends_nothing_when_guesses_keep_failing():
         return table[(seq[-1] * 31 + len(seq)) % 1000]
 
     prompt = [rng.randrange(1000) for _ in range(200)]
-    proposer = LookaheadProposer(tracker=AcceptanceTracker(costs=PassCosts(CostConfig(learn=False))))  # toy passes take no time to learn from
+    proposer = LookaheadProposer(
+        tracker=AcceptanceTracker(costs=PassCosts(CostConfig(learn=False)))
+    )  # toy passes take no time to learn from
     out, passes = run_loop(proposer, model, prompt, 120, window=8)
     assert out == greedy_oracle(model, prompt, 120)
     sent = []

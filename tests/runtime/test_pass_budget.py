@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from jacobi_rt.runtime.config import CostConfig
 from jacobi_rt.runtime.acceptance import PassCosts
 from jacobi_rt.runtime.allocator import Guess, Offer
+from jacobi_rt.runtime.config import CostConfig
 from jacobi_rt.runtime.pass_budget import BATCH_PASS_COSTS, Bid, PassBudget
 
 SOLO = PassCosts(CostConfig(learn=False))  # a row's own one-row curve (the CPU prior)
 
 
 def budget(**costs) -> PassBudget:
-    return PassBudget(prefill_tokens=64, costs=PassCosts(CostConfig(learn=False, batch_pass_costs=costs or BATCH_PASS_COSTS)))
+    return PassBudget(
+        prefill_tokens=64, costs=PassCosts(CostConfig(learn=False, batch_pass_costs=costs or BATCH_PASS_COSTS))
+    )
 
 
 def offering(want: int, p: float, cost: float = 0.0) -> Bid:
@@ -21,7 +23,10 @@ def offering(want: int, p: float, cost: float = 0.0) -> Bid:
 
 def union(want: int, draft_p: float, copy_p: float) -> Bid:
     """A union row (runtime.proposers.UnionProposer's offer): a draft's chain (a draft pass a token) beside a free copy."""
-    guesses = (Guess((draft_p,) * (want - 1), cost=0.3, margin=0.03, part=0), Guess((copy_p,) * (want - 1), margin=0.03, part=1))
+    guesses = (
+        Guess((draft_p,) * (want - 1), cost=0.3, margin=0.03, part=0),
+        Guess((copy_p,) * (want - 1), margin=0.03, part=1),
+    )
     return Bid(want, Offer(guesses, branches=2, parts=(1, 1)), SOLO)
 
 

@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from jacobi_rt.runtime.config import PrefixCacheConfig
 from jacobi_rt.runtime import Generator
+from jacobi_rt.runtime.config import PrefixCacheConfig
 from jacobi_rt.runtime.prefix_cache import PrefixCache
 
 SYSTEM = "Be brief. "
@@ -56,7 +56,7 @@ def test_short_or_wasteful_hits_take_a_free_slot_and_the_oldest_kept_slot_is_evi
     cache.keep(1, [7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8])  # a long conversation sharing a 3-token header
     assert cache.choose([7, 7, 7, 9], range(0, 3)).slot == 0 and 1 in cache.kept  # below min_tokens: a free slot
     cache.keep(2, [5] * 30)
-    assert cache.choose([5] * 5 + [1], range(0, 3)) .slot == 0  # 5 of 30: would waste a kept conversation
+    assert cache.choose([5] * 5 + [1], range(0, 3)).slot == 0  # 5 of 30: would waste a kept conversation
     cache.keep(0, [8] * 4)
     evicted = cache.choose([6, 6], range(0, 3))  # no free slot, no hit: the least recently kept goes
     assert (evicted.slot, evicted.reuse) == (1, 0) and 1 not in cache.kept
@@ -109,8 +109,12 @@ def test_engine_rows_of_several_conversations_reuse_their_own_prefixes(artifact)
     gen.start_batching(4)
     try:
         with ThreadPoolExecutor(3) as pool:
-            runs = list(pool.map(lambda n: conversation(gen, cold, n, max_new_tokens=6 + len(n) // 4, strategy="lookahead"),
-                                 ["Fay", "Gus of the hills", "Hal"]))
+            runs = list(
+                pool.map(
+                    lambda n: conversation(gen, cold, n, max_new_tokens=6 + len(n) // 4, strategy="lookahead"),
+                    ["Fay", "Gus of the hills", "Hal"],
+                )
+            )
         cache = gen.batcher.cache
     finally:
         gen.stop_batching()
@@ -123,8 +127,9 @@ def test_engine_rows_hand_their_seated_drafts_cache_to_the_next_turn(artifact):
     gen.start_batching(2)
     try:
         assert gen.batcher.drafts is not None  # the drafts sit on the batcher's draft slots
-        stats = conversation(gen, cold, "Pia", turns=3, max_new_tokens=10, strategy="speculative",
-                             config={"draft.length": 2})
+        stats = conversation(
+            gen, cold, "Pia", turns=3, max_new_tokens=10, strategy="speculative", config={"draft.length": 2}
+        )
         free = sorted(gen.batcher.drafts.free)
     finally:
         gen.stop_batching()
@@ -137,8 +142,12 @@ def test_eviction_under_pressure_keeps_every_answer_equal(artifact):
     gen.start_batching(2)
     try:
         with ThreadPoolExecutor(5) as pool:
-            list(pool.map(lambda n: conversation(gen, cold, n, turns=3, max_new_tokens=8, strategy="greedy"),
-                          ["Ivy", "Jo", "Kai", "Lu", "Max"]))
+            list(
+                pool.map(
+                    lambda n: conversation(gen, cold, n, turns=3, max_new_tokens=8, strategy="greedy"),
+                    ["Ivy", "Jo", "Kai", "Lu", "Max"],
+                )
+            )
         cache = gen.batcher.cache
     finally:
         gen.stop_batching()

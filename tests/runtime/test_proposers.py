@@ -7,12 +7,12 @@ window token, so a W=1 pass takes 11 ms (the prior cost table's W=4 cost, 1.25, 
 from __future__ import annotations
 
 import pytest
-
-from jacobi_rt.runtime.config import AutoConfig
-from jacobi_rt.runtime.allocator import Allocation, Guess, Offer
-from jacobi_rt.runtime.passes import pass_result
 from alone import send
+
+from jacobi_rt.runtime.allocator import Allocation, Guess, Offer
 from jacobi_rt.runtime.auto import ArmHistory, AutoProposer
+from jacobi_rt.runtime.config import AutoConfig
+from jacobi_rt.runtime.passes import pass_result
 from jacobi_rt.runtime.proposers import Proposer, UnionProposer
 from jacobi_rt.runtime.tree import build_tree
 
@@ -115,7 +115,9 @@ def test_union_take_hands_each_part_its_own_share_within_one_limit():
     branches = union.take(Allocation([(0, 3), (1, 2)]), 5)
     assert branches == [[1, 2, 3], [1, 5]] and (first.asked, second.asked) == ([3], [2])
     union.offer(5)
-    assert union.take(Allocation([(1, 4)]), 5) == [[1, 5, 6, 7]] and first.asked[-1] == 0  # a part not chosen sends nothing
+    assert (
+        union.take(Allocation([(1, 4)]), 5) == [[1, 5, 6, 7]] and first.asked[-1] == 0
+    )  # a part not chosen sends nothing
     tree = build_tree(0, branches)
     predictions = [1, 5, 9, 9, 6]  # the second branch is right: 1, 5, then 6
     verdict = tree.accept([predictions[i] for i in range(len(tree.tokens))])
@@ -152,7 +154,10 @@ def test_auto_tries_every_arm_then_prefers_the_one_that_delivers_and_keeps_probi
     assert probes == [9, 19, 39]  # probed when due, the wait doubling: 10, 20
     assert len(bad.asked) == chosen.count("bad") and bad.asked[2:] == [2, 2, 2]  # only the chosen arm is taken from
     assert auto.calibration("good") > 3 * auto.calibration("bad")
-    assert auto.won == {"bad": 0, "good": 4 * chosen[4:].count("good")}  # the call's winner: warm-ups and probes not counted
+    assert auto.won == {
+        "bad": 0,
+        "good": 4 * chosen[4:].count("good"),
+    }  # the call's winner: warm-ups and probes not counted
 
 
 def test_auto_gives_each_pass_to_the_arm_whose_offer_is_worth_most():
@@ -203,10 +208,14 @@ def test_auto_history_benches_a_losing_arm_for_doubling_calls_and_a_win_resets_i
     # the same arm, now winning: one win and it is back in every call
     history.sit_out["bad"] = 0
     for _ in range(3):
-        assert "bad" in _auto_call(AutoProposer({"good": bad, "bad": Scripted([1, 2, 3])}, AutoConfig(warmup=2), history=history))
+        assert "bad" in _auto_call(
+            AutoProposer({"good": bad, "bad": Scripted([1, 2, 3])}, AutoConfig(warmup=2), history=history)
+        )
     assert history.losses["bad"] == 0
     # a short answer (fewer passes than probe_every) is no fair trial: nothing is recorded
-    _auto_call(AutoProposer({"good": good, "bad": bad}, AutoConfig(warmup=2, probe_every=16), history=history), passes=10)
+    _auto_call(
+        AutoProposer({"good": good, "bad": bad}, AutoConfig(warmup=2, probe_every=16), history=history), passes=10
+    )
     assert history.losses["bad"] == 0 and history.sit_out["bad"] == 0
 
 

@@ -19,7 +19,9 @@ from jacobi_rt.runtime.sampling import Sampler, SamplingParams, gumbel, philox_r
 @pytest.mark.parametrize("ids", [np.array([5, 49151]), np.array([0, 1, 2, 3, 4, 7, 400, 49151]), np.arange(5000)])
 def test_noise_is_numpys_philox_keyed_by_seed_position_and_token(ids):
     seed, position = 2**63 + 12345, 77
-    stream = np.random.Philox(key=np.array([seed, 0], dtype=np.uint64), counter=np.array([0, position, 0, 0], dtype=np.uint64))
+    stream = np.random.Philox(
+        key=np.array([seed, 0], dtype=np.uint64), counter=np.array([0, position, 0, 0], dtype=np.uint64)
+    )
     expected = stream.random_raw(49152)[ids]
     assert (philox_raw(seed, position, ids) == expected).all()
     assert (philox_raw(seed, position + 1, ids) != expected).mean() > 0.99  # another position, other noise
@@ -123,7 +125,9 @@ def test_top_p_over_a_large_vocabulary_equals_a_full_sort():
 
 def test_penalties_read_the_prompt_and_output_as_documented():
     logits = np.array([2.0, -1.0, 0.5, 1.0])
-    params = SamplingParams(temperature=1.0, seed=0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    params = SamplingParams(
+        temperature=1.0, seed=0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25
+    )
     sampler = Sampler(params, prompt_len=2)
     # prompt [0, 1], output [2, 2]: repetition on 0, 1, 2; frequency and presence on 2 only
     z = sampler.penalised(logits, [0, 1, 2, 2])
@@ -134,7 +138,9 @@ def test_top_k_one_is_greedy_and_temperature_zero_needs_no_seed():
     rng = np.random.default_rng(2)
     logits = rng.standard_normal(1000).astype(np.float32)
     for seed in range(10):
-        assert Sampler(SamplingParams(temperature=1.3, top_k=1, seed=seed), 0).sample(logits, [], 3) == int(np.argmax(logits))
+        assert Sampler(SamplingParams(temperature=1.3, top_k=1, seed=seed), 0).sample(logits, [], 3) == int(
+            np.argmax(logits)
+        )
     greedy = Sampler(SamplingParams(), 0)
     assert greedy.params.greedy and greedy.params.seed is None
 
@@ -154,26 +160,29 @@ def test_logprobs_are_the_models_log_softmax():
     assert [i for i, _ in record.top] == [1, 2] and record.top[0][1] == pytest.approx(logp[1])
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(temperature=-0.1), "temperature must be 0 \\(greedy\\) or a number >= 1e-05"),
-    (dict(temperature=1e-310), "temperature must be 0 \\(greedy\\) or a number >= 1e-05"),  # logits / T: inf
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(temperature="hot"), "temperature"),
-    (dict(top_p=0.0), r"top_p must be a number in \(0, 1\]"),
-    (dict(top_p=1.5), "top_p"),
-    (dict(top_k=-1), "top_k must be an integer >= 0"),
-    (dict(top_k=2.5), "top_k"),
-    (dict(min_p=1.2), "min_p"),
-    (dict(seed=1.5), "seed must be an integer"),
-    (dict(seed="7"), "seed"),
-    (dict(seed=2**64), "seed"),
-    (dict(repetition_penalty=0), "repetition_penalty must be a number from 0.01 to 100"),
-    (dict(repetition_penalty=5e-324), "repetition_penalty must be a number from 0.01 to 100"),
-    (dict(frequency_penalty=3), "frequency_penalty"),
-    (dict(logprobs=21), "logprobs must be an integer from 0 to 20"),
-    (dict(logprobs=-1), "logprobs"),
-    (dict(coupled_draft="yes"), "coupled_draft"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(temperature=-0.1), "temperature must be 0 \\(greedy\\) or a number >= 1e-05"),
+        (dict(temperature=1e-310), "temperature must be 0 \\(greedy\\) or a number >= 1e-05"),  # logits / T: inf
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature="hot"), "temperature"),
+        (dict(top_p=0.0), r"top_p must be a number in \(0, 1\]"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k must be an integer >= 0"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(min_p=1.2), "min_p"),
+        (dict(seed=1.5), "seed must be an integer"),
+        (dict(seed="7"), "seed"),
+        (dict(seed=2**64), "seed"),
+        (dict(repetition_penalty=0), "repetition_penalty must be a number from 0.01 to 100"),
+        (dict(repetition_penalty=5e-324), "repetition_penalty must be a number from 0.01 to 100"),
+        (dict(frequency_penalty=3), "frequency_penalty"),
+        (dict(logprobs=21), "logprobs must be an integer from 0 to 20"),
+        (dict(logprobs=-1), "logprobs"),
+        (dict(coupled_draft="yes"), "coupled_draft"),
+    ],
+)
 def test_bad_parameters_are_clear_errors(kwargs, match):
     with pytest.raises(InputError, match=match):
         SamplingParams(**kwargs)

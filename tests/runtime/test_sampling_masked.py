@@ -29,26 +29,34 @@ def test_masked_greedy_is_the_most_likely_allowed_token():
         masked_greedy(logits, 1, np.zeros(5, bool))
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.8, seed=11),
-    SamplingParams(temperature=1.3, top_k=40, seed=12),
-    SamplingParams(temperature=0.7, top_p=0.9, seed=13),
-    SamplingParams(temperature=1.0, min_p=0.05, seed=14),
-    SamplingParams(temperature=0.05, seed=15),  # low temperature: the pruned noise path
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, seed=11),
+        SamplingParams(temperature=1.3, top_k=40, seed=12),
+        SamplingParams(temperature=0.7, top_p=0.9, seed=13),
+        SamplingParams(temperature=1.0, min_p=0.05, seed=14),
+        SamplingParams(temperature=0.05, seed=15),  # low temperature: the pruned noise path
+    ],
+)
 def test_every_token_allowed_is_the_unconstrained_pick(params):
     sampler = Sampler(params, prompt_len=3)
     for t in range(20):
         logits, _ = logits_and_mask(t, 1.0)
-        assert sampler.sample(logits, [1, 2, 3], 100 + t, np.ones(VOCAB, bool)) == sampler.sample(logits, [1, 2, 3], 100 + t)
+        assert sampler.sample(logits, [1, 2, 3], 100 + t, np.ones(VOCAB, bool)) == sampler.sample(
+            logits, [1, 2, 3], 100 + t
+        )
 
 
 @pytest.mark.parametrize("share", [0.001, 0.1, 0.9])
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.9, seed=21),
-    SamplingParams(temperature=1.1, top_k=20, top_p=0.8, seed=22),
-    SamplingParams(temperature=0.6, min_p=0.1, seed=23, repetition_penalty=1.3, presence_penalty=0.5),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.9, seed=21),
+        SamplingParams(temperature=1.1, top_k=20, top_p=0.8, seed=22),
+        SamplingParams(temperature=0.6, min_p=0.1, seed=23, repetition_penalty=1.3, presence_penalty=0.5),
+    ],
+)
 def test_a_masked_pick_is_gumbel_max_over_the_filtered_allowed_tokens(params, share):
     """Written out the long way: penalties, temperature, the filters over the allowed tokens only,
     then argmax of z + g(s, t, i) with the whole vocabulary's noise stream indexed by token id."""

@@ -4,10 +4,10 @@ Jacobi, lookahead, speculative (coupled and independent drafts) and auto, on eve
 from __future__ import annotations
 
 import pytest
+from make_artifacts import FAMILIES
 
 from jacobi_rt.runtime import Generator
 from jacobi_rt.runtime.sampling import Sampler, SamplingParams
-from make_artifacts import FAMILIES
 
 SETTINGS = [
     dict(temperature=0.3, seed=11),
@@ -15,7 +15,13 @@ SETTINGS = [
     dict(temperature=0.8, top_p=0.9, top_k=40, seed=13),
     dict(temperature=1.2, min_p=0.05, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2, seed=14),
 ]
-STRATEGIES = [("jacobi", {}), ("lookahead", {}), ("speculative", {}), ("speculative", dict(coupled_draft=False)), ("auto", {})]
+STRATEGIES = [
+    ("jacobi", {}),
+    ("lookahead", {}),
+    ("speculative", {}),
+    ("speculative", dict(coupled_draft=False)),
+    ("auto", {}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,9 @@ def with_draft(artifact, graph):
 
     def get(family: str) -> Generator:
         if family not in loaded:
-            loaded[family] = Generator.load(artifact(family), draft=artifact(f"{family}-draft1"), verify=False, graph=graph)
+            loaded[family] = Generator.load(
+                artifact(family), draft=artifact(f"{family}-draft1"), verify=False, graph=graph
+            )
         return loaded[family]
 
     return get
@@ -46,9 +54,16 @@ def test_jacobi_window_sizes_and_streaming_sample_alike(generator):
     gen = generator("llama")
     plain = gen.generate("The quick brown fox", max_new_tokens=48, strategy="greedy", temperature=0.9, seed=3)
     for window in (2, 5, 16):
-        assert gen.generate("The quick brown fox", max_new_tokens=48, strategy="jacobi", window=window,
-                            temperature=0.9, seed=3).ids == plain.ids
-    assert "".join(gen.stream("The quick brown fox", max_new_tokens=48, strategy="lookahead", temperature=0.9, seed=3)) == plain.text
+        assert (
+            gen.generate(
+                "The quick brown fox", max_new_tokens=48, strategy="jacobi", window=window, temperature=0.9, seed=3
+            ).ids
+            == plain.ids
+        )
+    assert (
+        "".join(gen.stream("The quick brown fox", max_new_tokens=48, strategy="lookahead", temperature=0.9, seed=3))
+        == plain.text
+    )
 
 
 def test_same_seed_same_text_other_seeds_differ_top_k_one_is_greedy(generator):
@@ -73,8 +88,10 @@ def test_no_seed_draws_one_that_reproduces_the_text(generator):
 
 def test_logprobs_come_with_every_token_and_match_across_strategies(generator):
     gen = generator("gpt2")
-    results = [gen.generate("The quick brown fox", max_new_tokens=20, strategy=s, temperature=0.7, seed=2, logprobs=3)
-               for s in ("greedy", "jacobi", "lookahead")]
+    results = [
+        gen.generate("The quick brown fox", max_new_tokens=20, strategy=s, temperature=0.7, seed=2, logprobs=3)
+        for s in ("greedy", "jacobi", "lookahead")
+    ]
     for result in results:
         assert len(result.logprobs) == len(result.ids)
         assert [lp.token for lp in result.logprobs] == result.ids
@@ -102,7 +119,9 @@ def test_smollm2_every_strategy_samples_alike(artifact):
     for sampling in (dict(temperature=0.7, seed=1), dict(temperature=1.0, top_p=0.9, seed=2)):
         plain = gen.generate(messages=prompt, max_new_tokens=48, strategy="greedy", **sampling).ids
         for strategy in ("jacobi", "lookahead", "speculative", "auto"):
-            assert gen.generate(messages=prompt, max_new_tokens=48, strategy=strategy, **sampling).ids == plain, strategy
+            assert gen.generate(messages=prompt, max_new_tokens=48, strategy=strategy, **sampling).ids == plain, (
+                strategy
+            )
 
 
 class NoiseByCall(Sampler):
@@ -118,8 +137,9 @@ class NoiseByCall(Sampler):
 def test_the_equality_needs_noise_keyed_by_position(artifact):
     """The strategy test can fail: with noise keyed by draw instead of by position, Jacobi's text
     differs from one-token sampling's, though each draw is still a fair sample."""
-    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from alone import tokens
+
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from jacobi_rt.runtime.manifest import load_manifest
     from jacobi_rt.runtime.proposers import JacobiProposer, NoProposer
 
@@ -127,6 +147,7 @@ def test_the_equality_needs_noise_keyed_by_position(artifact):
     prompt = [5, 17, 42, 8, 99, 23]
     params = SamplingParams(temperature=1.0, seed=3)
     with OrtBackend(path, load_manifest(path), "cpu", 1) as backend:
+
         def run(proposer, window, sampler_class):
             with backend.context(64) as ctx:
                 return tokens(ctx, prompt, proposer, window, 40, sampler=sampler_class(params, len(prompt)))

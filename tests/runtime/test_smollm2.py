@@ -22,8 +22,10 @@ def test_smollm2_jacobi_equals_greedy(generator):
         jacobi = gen.generate(max_new_tokens=64, strategy="jacobi", window=8, **kwargs)
         if jacobi.ids != greedy.ids:
             at = next(i for i, (a, b) in enumerate(zip(jacobi.ids, greedy.ids)) if a != b)
-            pytest.fail(f"{prompt!r}: jacobi and greedy differ first at new token {at} "
-                        f"({jacobi.ids[at]} vs {greedy.ids[at]}); if the top-2 logits there are within ~1e-4 it is a numerical near-tie")
+            pytest.fail(
+                f"{prompt!r}: jacobi and greedy differ first at new token {at} "
+                f"({jacobi.ids[at]} vs {greedy.ids[at]}); if the top-2 logits there are within ~1e-4 it is a numerical near-tie"
+            )
         assert len(greedy.ids) == 64 or greedy.stats.finish_reason == "eos"
 
 
@@ -40,5 +42,7 @@ def test_smollm2_inplace_greedy_equals_portable_greedy(artifact):
         b = inplace.generate(max_new_tokens=64, strategy="greedy", **kwargs).ids
         if a != b:
             at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            pytest.fail(f"{prompt!r}: the graphs' greedy outputs differ first at new token {at}; "
-                        "`python -m jacobi_rt.tools.graph_bench` reports the top-2 gap there (a near-tie if tiny)")
+            pytest.fail(
+                f"{prompt!r}: the graphs' greedy outputs differ first at new token {at}; "
+                "`python -m jacobi_rt.tools.graph_bench` reports the top-2 gap there (a near-tie if tiny)"
+            )

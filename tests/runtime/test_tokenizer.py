@@ -17,12 +17,15 @@ def tokenizer(artifact):
     return Tokenizer(folder, load_manifest(folder, verify=False))
 
 
-@pytest.mark.parametrize("template, shown", [
-    ("{{ messages[0]['role'] + 1 }}", "TypeError"),  # the template's own expression fails
-    ("{{ messages.append(1) }}", "SecurityError"),  # the sandbox refuses
-    ("{% for m in messages %}{{ m['content'] | int | length }}{% endfor %}", "TypeError"),
-    ("{{ raise_exception('Conversation roles must alternate') }}", "roles must alternate"),
-])
+@pytest.mark.parametrize(
+    "template, shown",
+    [
+        ("{{ messages[0]['role'] + 1 }}", "TypeError"),  # the template's own expression fails
+        ("{{ messages.append(1) }}", "SecurityError"),  # the sandbox refuses
+        ("{% for m in messages %}{{ m['content'] | int | length }}{% endfor %}", "TypeError"),
+        ("{{ raise_exception('Conversation roles must alternate') }}", "roles must alternate"),
+    ],
+)
 def test_an_error_inside_the_template_is_an_input_error(tokenizer, template, shown):
     tokenizer.chat_template = template
     with pytest.raises(InputError, match="chat template") as caught:

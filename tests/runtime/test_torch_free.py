@@ -21,8 +21,10 @@ def test_runtime_import_loads_no_torch():
     assert out.stdout.strip() == ""
 
 
-@pytest.mark.skipif(os.environ.get("JACOBI_RT_TORCH_FREE") != "1",
-                    reason="only in the torch-free venv: set JACOBI_RT_TORCH_FREE=1 there")
+@pytest.mark.skipif(
+    os.environ.get("JACOBI_RT_TORCH_FREE") != "1",
+    reason="only in the torch-free venv: set JACOBI_RT_TORCH_FREE=1 there",
+)
 def test_torch_is_not_installed():
     with pytest.raises(ImportError):
         import torch  # noqa: F401

@@ -6,10 +6,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from make_artifacts import FAMILIES
 
-torch = pytest.importorskip("torch", reason="comparing with transformers needs torch (the exporter's venv); the runtime itself does not")
+torch = pytest.importorskip(
+    "torch", reason="comparing with transformers needs torch (the exporter's venv); the runtime itself does not"
+)
 transformers = pytest.importorskip("transformers", reason="comparing with transformers needs the export extras")
 
 PROMPTS = [[5, 17, 33, 90, 100, 7], list(range(40, 80))]
@@ -28,6 +29,7 @@ def artifact_of(source: Path, cached: Path, tmp: str) -> Path:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_runtime_greedy_equals_transformers_greedy(family, artifact):
     import tiny_models
+
     from jacobi_rt.runtime import Generator
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -37,8 +39,14 @@ def test_runtime_greedy_equals_transformers_greedy(family, artifact):
         for prompt in PROMPTS:
             ids = torch.tensor([prompt])
             with torch.no_grad():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24,
-                                     eos_token_id=gen.manifest.tokens.eos_ids, pad_token_id=0)
-            expected = out[0, len(prompt):].tolist()
+                out = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=24,
+                    eos_token_id=gen.manifest.tokens.eos_ids,
+                    pad_token_id=0,
+                )
+            expected = out[0, len(prompt) :].tolist()
             assert gen.generate(prompt, max_new_tokens=24, strategy="greedy").ids == expected
             assert gen.generate(prompt, max_new_tokens=24, window=8).ids == expected

@@ -12,7 +12,7 @@ def read_events(response) -> tuple[list[dict], bool]:
         if not line:
             continue
         assert line.startswith("data: "), line
-        data = line[len("data: "):]
+        data = line[len("data: ") :]
         if data == "[DONE]":
             done = True
             continue

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from sse_client import read_events, stream, streamed_text
+from sse_client import stream, streamed_text
 
 from jacobi_rt.runtime import Generator
 from jacobi_rt.runtime.errors import InputError
@@ -81,9 +81,11 @@ def test_stop_strings_and_limits_stay_per_request(batched):
     server, gen = batched(max_batch=3)
     full = gen.generate("The river", max_new_tokens=24, strategy="greedy").text
     stop = full[len(full) // 2 : len(full) // 2 + 2]
-    bodies = [{"prompt": "The river", "max_tokens": 24, "stop": stop, "jacobi": {"strategy": "lookahead"}},
-              {"prompt": "The river", "max_tokens": 5, "jacobi": {"strategy": "jacobi"}},
-              {"prompt": "The river", "max_tokens": 24}]
+    bodies = [
+        {"prompt": "The river", "max_tokens": 24, "stop": stop, "jacobi": {"strategy": "lookahead"}},
+        {"prompt": "The river", "max_tokens": 5, "jacobi": {"strategy": "jacobi"}},
+        {"prompt": "The river", "max_tokens": 24},
+    ]
     with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=server.url, timeout=60) as c:
         replies = list(pool.map(lambda b: c.post("/v1/completions", json=b).json()["choices"][0], bodies))
     assert replies[0]["text"] == full[: full.index(stop)] and replies[0]["finish_reason"] == "stop"
@@ -95,8 +97,11 @@ def test_a_prompt_over_the_context_fails_alone(batched):
     server, gen = batched(max_batch=2)
     long = "word " * (gen.limits.max_context + 10)
     with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=server.url, timeout=60) as c:
-        replies = list(pool.map(lambda p: c.post("/v1/completions", json={"prompt": p, "max_tokens": 8}),
-                                ["The river", long, "The sea"]))
+        replies = list(
+            pool.map(
+                lambda p: c.post("/v1/completions", json={"prompt": p, "max_tokens": 8}), ["The river", long, "The sea"]
+            )
+        )
     assert [r.status_code for r in replies] == [200, 400, 200]
     assert replies[1].json()["error"]["code"] == "context_length_exceeded"
     assert replies[2].json()["choices"][0]["text"] == gen.generate("The sea", max_new_tokens=8, strategy="greedy").text
@@ -106,8 +111,11 @@ def test_a_disconnect_frees_its_slot_within_a_pass(batched):
     server, gen = batched(max_batch=1, queue_size=1)
     gen.batcher.stats.observers.append(lambda record: time.sleep(0.02))  # 20 ms a pass: 240 tokens take seconds
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        with c.stream("POST", "/v1/completions", json={"prompt": "The quick", "max_tokens": 240, "stream": True,
-                                                       "jacobi": {"strategy": "greedy"}}) as response:
+        with c.stream(
+            "POST",
+            "/v1/completions",
+            json={"prompt": "The quick", "max_tokens": 240, "stream": True, "jacobi": {"strategy": "greedy"}},
+        ) as response:
             next(response.iter_lines())  # the first piece arrived; then the client leaves
         wait_until(lambda: metric(c, 'jacobi_rt_generations_total{outcome="cancelled"}') == 1)
         wait_until(lambda: gen.batcher.running == 0, seconds=1.0)

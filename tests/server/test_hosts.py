@@ -16,7 +16,10 @@ def test_a_foreign_host_header_is_refused(client, llama_server):
     for host in (f"evil.example:{port}", "evil.example", f"localhost.evil.example:{port}", f"10.1.2.3:{port}"):
         response = client.post("/v1/completions", json=BODY, headers={"host": host})
         assert response.status_code == 403, host
-        assert response.json()["error"]["code"] == "host_not_allowed" and "--allow-host" in response.json()["error"]["message"]
+        assert (
+            response.json()["error"]["code"] == "host_not_allowed"
+            and "--allow-host" in response.json()["error"]["message"]
+        )
     assert client.get("/health", headers={"host": "evil.example"}).status_code == 403
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", "127.0.0.1"):
         assert client.post("/v1/completions", json=BODY, headers={"host": host}).status_code == 200, host
@@ -32,23 +35,31 @@ def test_allow_host_names_more_hosts(start_server):
         assert c.post("/v1/completions", json=BODY, headers={"host": "evil.example"}).status_code == 200
 
 
-@pytest.mark.parametrize("header, local, allowed, ok", [
-    ("127.0.0.1:8000", "127.0.0.1", (), True),
-    ("localhost:8000", "127.0.0.1", (), True),
-    ("localhost:8000", "192.168.1.5", (), False),  # a wildcard bind reached on the LAN address: localhost is not it
-    ("192.168.1.5:8000", "192.168.1.5", (), True),
-    ("[::1]:8000", "::1", (), True),
-    ("[::1]:8000", "127.0.0.1", (), False),
-    ("evil.example", "127.0.0.1", (), False),
-    ("llm.internal:80", "10.0.0.2", ("llm.internal",), True),
-    (None, "127.0.0.1", (), True),  # HTTP/1.0 without Host: not a browser
-])
+@pytest.mark.parametrize(
+    "header, local, allowed, ok",
+    [
+        ("127.0.0.1:8000", "127.0.0.1", (), True),
+        ("localhost:8000", "127.0.0.1", (), True),
+        ("localhost:8000", "192.168.1.5", (), False),  # a wildcard bind reached on the LAN address: localhost is not it
+        ("192.168.1.5:8000", "192.168.1.5", (), True),
+        ("[::1]:8000", "::1", (), True),
+        ("[::1]:8000", "127.0.0.1", (), False),
+        ("evil.example", "127.0.0.1", (), False),
+        ("llm.internal:80", "10.0.0.2", ("llm.internal",), True),
+        (None, "127.0.0.1", (), True),  # HTTP/1.0 without Host: not a browser
+    ],
+)
 def test_host_rule(header, local, allowed, ok):
     assert host_allowed(header, local, allowed) is ok
 
 
 def test_host_name_strips_the_port_and_brackets():
-    assert [host_name(h) for h in ("Example.COM:80", "[::1]:8000", "::1", "a.b")] == ["example.com", "::1", "::1", "a.b"]
+    assert [host_name(h) for h in ("Example.COM:80", "[::1]:8000", "::1", "a.b")] == [
+        "example.com",
+        "::1",
+        "::1",
+        "a.b",
+    ]
 
 
 def test_docs_are_closed_unless_asked_for(client, start_server):

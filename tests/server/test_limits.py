@@ -21,8 +21,12 @@ def small_engine_server(artifact):
     """The tiny llama as an engine built with --max-context 48 --decode-window 4 --prefill-window 8."""
     folder = artifact("llama")
     cpu = OrtBackend(folder, load_manifest(folder), device="cpu", threads=1)
-    backend = ProfiledBackend(cpu, engine_profiles(cpu.manifest, Limits(max_context=48, decode_window=4, prefill_window=8)))
-    with BackgroundServer(Generator(backend, Tokenizer(folder, cpu.manifest)), ServerSettings(model_id="llama")) as server:
+    backend = ProfiledBackend(
+        cpu, engine_profiles(cpu.manifest, Limits(max_context=48, decode_window=4, prefill_window=8))
+    )
+    with BackgroundServer(
+        Generator(backend, Tokenizer(folder, cpu.manifest)), ServerSettings(model_id="llama")
+    ) as server:
         yield server
 
 
@@ -35,7 +39,10 @@ def test_models_report_the_engine_limits(small_engine_server):
 def test_requests_are_checked_against_the_engine_context_and_run_inside_it(small_engine_server):
     with httpx.Client(base_url=small_engine_server.url, timeout=60) as c:
         over = c.post("/v1/completions", json={"prompt": list(range(3, 33)), "max_tokens": 20})
-        fits = c.post("/v1/completions", json={"prompt": list(range(3, 23)), "max_tokens": 20, "jacobi": {"strategy": "lookahead"}})
+        fits = c.post(
+            "/v1/completions",
+            json={"prompt": list(range(3, 23)), "max_tokens": 20, "jacobi": {"strategy": "lookahead"}},
+        )
     assert over.status_code == 400 and "context holds 48 tokens" in over.json()["error"]["message"]
     assert fits.status_code == 200, fits.text
     assert fits.json()["usage"]["completion_tokens"] == 20

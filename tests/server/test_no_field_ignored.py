@@ -40,7 +40,10 @@ CASES = [
 ]
 RENAMED = {  # endpoint -> field -> (its name there, its value there); None: the endpoint refuses the field by name
     "/v1/completions": {"logprobs": ("logprobs", 2), "top_logprobs": None, "max_tokens": ("max_tokens", 3)},
-    "/v1/responses": {"max_tokens": ("max_output_tokens", 3), "response_format": ("text", {"format": {"type": "json_object"}})},
+    "/v1/responses": {
+        "max_tokens": ("max_output_tokens", 3),
+        "response_format": ("text", {"format": {"type": "json_object"}}),
+    },
 }
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
@@ -65,7 +68,9 @@ def _body(endpoint: str, fields: dict) -> dict:
 def _observable(endpoint: str, reply: dict) -> str:
     """What a client sees of the output: the choices (texts, calls, logprobs, finish reasons), not ids or timings."""
     if endpoint == "/v1/responses":
-        return json.dumps([reply["status"], reply["output"]], sort_keys=True).replace(reply["output"][0].get("id", "-"), "")
+        return json.dumps([reply["status"], reply["output"]], sort_keys=True).replace(
+            reply["output"][0].get("id", "-"), ""
+        )
     return json.dumps(reply["choices"], sort_keys=True)
 
 
@@ -90,7 +95,9 @@ def test_an_output_changing_field_changes_the_output_or_is_refused_by_name(serve
         return
     assert not refused, f"{name} on {endpoint} should be refused: {reply.text[:200]}"
     assert reply.status_code == 200, reply.text
-    assert _observable(endpoint, reply.json()) != _observable(endpoint, plain.json()), f"{name}={value!r} ignored on {endpoint}"
+    assert _observable(endpoint, reply.json()) != _observable(endpoint, plain.json()), (
+        f"{name}={value!r} ignored on {endpoint}"
+    )
 
 
 @pytest.mark.parametrize("endpoint", ("/v1/chat/completions", "/v1/completions"))

@@ -17,7 +17,9 @@ def test_models(api):
 
 
 def test_completion(api, gen):
-    reply = api.completions.create(model="llama", prompt="The quick brown fox", max_tokens=10, temperature=0, seed=7, user="u1")
+    reply = api.completions.create(
+        model="llama", prompt="The quick brown fox", max_tokens=10, temperature=0, seed=7, user="u1"
+    )
     result = gen.generate("The quick brown fox", 10)
     assert reply.choices[0].text == result.text and reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == len(result.ids) and reply.usage.prompt_tokens == result.stats.prompt_tokens
@@ -25,16 +27,20 @@ def test_completion(api, gen):
 
 
 def test_chat_and_extension_field(api, gen):
-    reply = api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=10,
-                                        extra_body={"jacobi": {"strategy": "jacobi", "window": 4}})
+    reply = api.chat.completions.create(
+        model="llama", messages=MESSAGES, max_tokens=10, extra_body={"jacobi": {"strategy": "jacobi", "window": 4}}
+    )
     assert reply.choices[0].message.content == gen.generate(messages=MESSAGES, max_new_tokens=10).text
     assert reply.choices[0].message.role == "assistant"
     assert reply.model_extra["jacobi"]["strategy"] == "jacobi" and reply.model_extra["jacobi"]["window"] == 4
 
 
 def test_streamed_chat_with_usage(api, gen):
-    chunks = list(api.chat.completions.create(model="llama", messages=MESSAGES, max_tokens=10, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        api.chat.completions.create(
+            model="llama", messages=MESSAGES, max_tokens=10, stream=True, stream_options={"include_usage": True}
+        )
+    )
     result = gen.generate(messages=MESSAGES, max_new_tokens=10)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == result.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"

@@ -9,8 +9,11 @@ import pytest
 from jacobi_rt.server.run import BackgroundServer
 from jacobi_rt.server.settings import ServerSettings
 
-GENERATING = {"/v1/chat/completions": "ChatRequest", "/v1/completions": "CompletionRequest",
-              "/v1/responses": "ResponsesRequest"}
+GENERATING = {
+    "/v1/chat/completions": "ChatRequest",
+    "/v1/completions": "CompletionRequest",
+    "/v1/responses": "ResponsesRequest",
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,9 @@ def test_each_generating_route_declares_its_body_answer_and_statuses(document, p
     assert set(operation["responses"]) == {"200", "400", "401", "403", "404", "413", "415", "429", "500", "503", "504"}
     ok = operation["responses"]["200"]["content"]
     assert set(ok) == {"application/json", "text/event-stream"} and _schema(document, ok["application/json"]["schema"])
-    assert _schema(document, operation["responses"]["400"]["content"]["application/json"]["schema"])["required"] == ["error"]
+    assert _schema(document, operation["responses"]["400"]["content"]["application/json"]["schema"])["required"] == [
+        "error"
+    ]
     assert "Retry-After" in operation["responses"]["429"]["headers"]
 
 
@@ -46,8 +51,11 @@ def test_no_route_documents_fastapis_422_and_every_ref_resolves(document):
     for path, methods in document["paths"].items():
         for operation in methods.values():
             assert "422" not in operation["responses"], path
-    for method, path in (("get", "/v1/models/{model}"), ("get", "/v1/responses/{response_id}"),
-                         ("delete", "/v1/responses/{response_id}")):
+    for method, path in (
+        ("get", "/v1/models/{model}"),
+        ("get", "/v1/responses/{response_id}"),
+        ("delete", "/v1/responses/{response_id}"),
+    ):
         assert set(document["paths"][path][method]["responses"]) == {"200", "401", "403", "404"}, (method, path)
     text, schemas = str(document), document["components"]["schemas"]
     for name in {part.split("'")[0] for part in text.split("#/components/schemas/")[1:]}:
@@ -59,11 +67,16 @@ def test_documented_refusals_stay_the_servers_own_400s(served, document):
     chat = _schema(document, {"$ref": "#/ChatRequest"})["properties"]
     assert chat["logit_bias"]["anyOf"][0]["maxProperties"] == 0 and chat["model"]["anyOf"][0]["enum"] == ["llama"]
     headers = {"Authorization": "Bearer k"}
-    reply = httpx.post(served.url + "/v1/chat/completions", headers=headers, timeout=60,
-                       json={"messages": [{"role": "user", "content": "Hi"}], "temperature": "hot"})
+    reply = httpx.post(
+        served.url + "/v1/chat/completions",
+        headers=headers,
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "Hi"}], "temperature": "hot"},
+    )
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "temperature"
     missing = httpx.get(served.url + "/v1/models/nope", headers=headers, timeout=30)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
-    falsy = httpx.post(served.url + "/v1/responses", headers=headers, timeout=60,
-                       json={"input": "Hi", "text": {"format": False}})  # only null or absent mean text
+    falsy = httpx.post(
+        served.url + "/v1/responses", headers=headers, timeout=60, json={"input": "Hi", "text": {"format": False}}
+    )  # only null or absent mean text
     assert falsy.status_code == 400 and falsy.json()["error"]["param"] == "text.format.type"

@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray Serve tests need ray: pip install '.[serve,ray]' from the checkout")
-pytest.importorskip("ray.serve", reason="the Ray Serve tests need ray[serve]: pip install '.[serve,ray]' from the checkout")
+pytest.importorskip(
+    "ray.serve", reason="the Ray Serve tests need ray[serve]: pip install '.[serve,ray]' from the checkout"
+)
 openai = pytest.importorskip("openai", reason="the Ray Serve tests use the openai package (the dev extra)")
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -42,7 +44,9 @@ def ray_url(artifact):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = _free_port()
-        spec = ReplicaSpec(PinnedArtifact.of(artifact(MODEL)), ServerSettings(model_id=MODEL, max_batch=1, queue_size=16), threads=1)
+        spec = ReplicaSpec(
+            PinnedArtifact.of(artifact(MODEL)), ServerSettings(model_id=MODEL, max_batch=1, queue_size=16), threads=1
+        )
         run(spec, RayPlan(replicas=2), host="127.0.0.1", port=port)
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -57,15 +61,21 @@ def expected(generator):
     return {p: gen.generate(p, TOKENS, strategy="greedy").text for p in PROMPTS}
 
 
-def _api(url: str, timeout: float = 60) -> "openai.OpenAI":
+def _api(url: str, timeout: float = 60) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
 
 
 def _complete(url: str, prompt: str, max_tokens: int = TOKENS) -> tuple[str, str]:
     """(text, replica id) of one streamed completion through the openai client."""
     with _api(url) as api:
-        raw = api.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                                       stream=True, extra_body={"jacobi": {"strategy": "greedy"}})
+        raw = api.completions.with_raw_response.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            extra_body={"jacobi": {"strategy": "greedy"}},
+        )
         text = "".join(chunk.choices[0].text for chunk in raw.parse() if chunk.choices)
         return text, raw.headers["x-jacobi-replica"]
 
@@ -73,13 +83,19 @@ def _complete(url: str, prompt: str, max_tokens: int = TOKENS) -> tuple[str, str
 def _metric(url: str, name: str, **labels) -> float:
     """A sample summed over replicas (and any label not given)."""
     text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def _replicas_in_metrics(url: str) -> set[str]:
     text = httpx.get(url + "/metrics", timeout=10).text
-    return {s.labels["replica"] for f in text_string_to_metric_families(text) for s in f.samples if "replica" in s.labels}
+    return {
+        s.labels["replica"] for f in text_string_to_metric_families(text) for s in f.samples if "replica" in s.labels
+    }
 
 
 def _wait_until(condition, seconds: float = 30.0) -> None:
@@ -119,8 +135,13 @@ def test_16_openai_clients_get_greedy_output_from_both_replicas(ray_url, expecte
 def test_a_client_that_leaves_cancels_its_generation_through_the_proxy(ray_url):
     cancelled = _metric(ray_url, "jacobi_rt_generations_total", outcome="cancelled")
     tokens = _metric(ray_url, "vllm:generation_tokens_total")
-    counting = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 2000, "stream": True,
-                "jacobi": {"strategy": "greedy"}}
+    counting = {
+        "model": MODEL,
+        "prompt": "1, 2, 3, 4, 5, 6, 7, 8,",
+        "max_tokens": 2000,
+        "stream": True,
+        "jacobi": {"strategy": "greedy"},
+    }
     with httpx.Client(base_url=ray_url, timeout=60) as c:
         with c.stream("POST", "/v1/completions", json=counting) as response:
             assert response.status_code == 200
@@ -134,11 +155,15 @@ def test_a_client_that_leaves_cancels_its_generation_through_the_proxy(ray_url):
 
 def test_a_non_streamed_request_whose_client_leaves_is_cancelled(ray_url):
     cancelled = _metric(ray_url, "jacobi_rt_generations_total", outcome="cancelled")
-    body = b'{"model": "%s", "prompt": "1, 2, 3,", "max_tokens": 2000, "jacobi": {"strategy": "greedy"}}' % MODEL.encode()
+    body = (
+        b'{"model": "%s", "prompt": "1, 2, 3,", "max_tokens": 2000, "jacobi": {"strategy": "greedy"}}' % MODEL.encode()
+    )
     port = int(ray_url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as leaving:
-        leaving.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        leaving.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         _wait_until(lambda: _metric(ray_url, "vllm:num_requests_running") == 1, 20)
     _wait_until(lambda: _metric(ray_url, "jacobi_rt_generations_total", outcome="cancelled") == cancelled + 1, 20)
     _wait_until(lambda: _metric(ray_url, "vllm:num_requests_running") == 0, 10)
@@ -155,8 +180,14 @@ def test_killing_a_replica_mid_load_fails_only_its_requests_and_ray_restarts_it(
         replica = None
         try:
             with _api(ray_url, timeout=120) as api:
-                raw = api.completions.with_raw_response.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0,
-                                                               stream=stream, extra_body={"jacobi": {"strategy": "greedy"}})
+                raw = api.completions.with_raw_response.create(
+                    model=MODEL,
+                    prompt=prompt,
+                    max_tokens=24,
+                    temperature=0,
+                    stream=stream,
+                    extra_body={"jacobi": {"strategy": "greedy"}},
+                )
                 replica = raw.headers["x-jacobi-replica"]
                 if not stream:
                     return "ok", raw.parse().choices[0].text, replica
@@ -168,27 +199,39 @@ def test_killing_a_replica_mid_load_fails_only_its_requests_and_ray_restarts_it(
 
     with ThreadPoolExecutor(10) as clients:
         futures = [clients.submit(one, p) for p in prompts]
-        whole = [clients.submit(one, p, False) for p in PROMPTS[:2]]  # non-streamed: the replica is known only at the end
+        whole = [
+            clients.submit(one, p, False) for p in PROMPTS[:2]
+        ]  # non-streamed: the replica is known only at the end
         _wait_until(lambda: len(set(started)) == 2, 60)  # both replicas are streaming
         victim = started[0]
-        name = next(n["name"] for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].endswith("#" + victim))
+        name = next(
+            n["name"] for n in ray.util.list_named_actors(all_namespaces=True) if n["name"].endswith("#" + victim)
+        )
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
         outcomes = [f.result(timeout=180) for f in futures]  # none hangs
         whole_outcomes = [f.result(timeout=180) for f in whole]
 
     for prompt, (status, text, replica) in zip(PROMPTS[:2], whole_outcomes):
         # done (on either replica), or failed with a server or connection error (it was on the killed one)
-        assert (status == "ok" and text.startswith(expected[prompt])) or "InternalServerError" in text \
-            or "APIConnectionError" in text or "APIStatusError" in text, text
+        assert (
+            (status == "ok" and text.startswith(expected[prompt]))
+            or "InternalServerError" in text
+            or "APIConnectionError" in text
+            or "APIStatusError" in text
+        ), text
     print("non-streamed requests:", whole_outcomes)
     for prompt, (status, text, replica) in zip(prompts, outcomes):
-        if replica is None:  # refused before its headers: it may have been queued on the victim (a slow machine queues more)
+        if (
+            replica is None
+        ):  # refused before its headers: it may have been queued on the victim (a slow machine queues more)
             assert "InternalServerError" in text or "APIConnectionError" in text or "APIStatusError" in text, text
         elif replica != victim:
             assert status == "ok", text  # every request on the other replica completes
             assert text.startswith(expected[prompt])  # 24 tokens: the first 8 are the reference's
         else:
-            assert status == "failed" or text.startswith(expected[prompt])  # cut off with an error, or done before the kill
+            assert status == "failed" or text.startswith(
+                expected[prompt]
+            )  # cut off with an error, or done before the kill
     assert any(status == "failed" for status, _, _ in outcomes)
 
     print("the killed replica's clients saw:", [text for status, text, _ in outcomes if status == "failed"][:2])
@@ -231,8 +274,10 @@ def test_a_full_deployment_answers_429_with_retry_after_and_still_serves_metrics
     """Each replica takes 1 running + 16 queued generations; more requests, one by one, until one is
     refused at once with 429 and Retry-After; /health and /metrics still answer (the replicas' headroom)."""
     body = b'{"model": "%s", "prompt": "1, 2, 3,", "max_tokens": 2000, "stream": true}' % MODEL.encode()
-    request = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     port = int(ray_url.rsplit(":", 1)[1])
     holding, statuses = [], []
     try:
@@ -247,8 +292,12 @@ def test_a_full_deployment_answers_429_with_retry_after_and_still_serves_metrics
         assert len(statuses) > 17  # a whole replica's places at least
         print(f"admitted {len(statuses) - 1} before the 429")
         assert httpx.get(ray_url + "/health", timeout=10).status_code == 200
-        _wait_until(lambda: _metric(ray_url, "vllm:num_requests_running") == 2, 10)  # other replicas' reports: <= 2 s old
+        _wait_until(
+            lambda: _metric(ray_url, "vllm:num_requests_running") == 2, 10
+        )  # other replicas' reports: <= 2 s old
     finally:
         for s in holding:
             s.close()
-    _wait_until(lambda: _metric(ray_url, "vllm:num_requests_waiting") + _metric(ray_url, "vllm:num_requests_running") == 0, 30)
+    _wait_until(
+        lambda: _metric(ray_url, "vllm:num_requests_waiting") + _metric(ray_url, "vllm:num_requests_running") == 0, 30
+    )

@@ -10,13 +10,33 @@ HI = [{"role": "user", "content": "Tell me a story"}]
 
 
 def test_a_seed_reproduces_the_text_and_equals_the_api(client, gen):
-    body = {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0.9, "top_p": 0.95, "top_k": 50,
-            "min_p": 0.01, "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.1, "seed": 42}
+    body = {
+        "prompt": "The quick brown fox",
+        "max_tokens": 16,
+        "temperature": 0.9,
+        "top_p": 0.95,
+        "top_k": 50,
+        "min_p": 0.01,
+        "repetition_penalty": 1.1,
+        "frequency_penalty": 0.2,
+        "presence_penalty": 0.1,
+        "seed": 42,
+    }
     first, again = client.post(COMPLETIONS, json=body).json(), client.post(COMPLETIONS, json=body).json()
     assert first["choices"][0]["text"] == again["choices"][0]["text"]
     assert first["jacobi"]["seed"] == 42
-    expected = gen.generate("The quick brown fox", max_new_tokens=16, temperature=0.9, top_p=0.95, top_k=50, min_p=0.01,
-                            repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1, seed=42)
+    expected = gen.generate(
+        "The quick brown fox",
+        max_new_tokens=16,
+        temperature=0.9,
+        top_p=0.95,
+        top_k=50,
+        min_p=0.01,
+        repetition_penalty=1.1,
+        frequency_penalty=0.2,
+        presence_penalty=0.1,
+        seed=42,
+    )
     assert first["choices"][0]["text"] == expected.text
     other = client.post(COMPLETIONS, json={**body, "seed": 43, "jacobi": {"strategy": "jacobi"}}).json()
     assert other["choices"][0]["text"] != first["choices"][0]["text"]
@@ -33,13 +53,17 @@ def test_no_seed_draws_one_and_returns_it(client):
 
 
 def test_n_choices_are_seeds_seed_plus_i(client, gen):
-    reply = client.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 10, "temperature": 1.0, "seed": 7, "n": 3}).json()
+    reply = client.post(
+        COMPLETIONS, json={"prompt": "The quick", "max_tokens": 10, "temperature": 1.0, "seed": 7, "n": 3}
+    ).json()
     assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
     assert reply["jacobi"]["seeds"] == [7, 8, 9]
     for choice, seed in zip(reply["choices"], (7, 8, 9)):
         assert choice["text"] == gen.generate("The quick", max_new_tokens=10, temperature=1.0, seed=seed).text
     assert reply["usage"]["completion_tokens"] == 30
-    events, done = stream(client, COMPLETIONS, {"prompt": "The quick", "max_tokens": 10, "temperature": 1.0, "seed": 7, "n": 2})
+    events, done = stream(
+        client, COMPLETIONS, {"prompt": "The quick", "max_tokens": 10, "temperature": 1.0, "seed": 7, "n": 2}
+    )
     assert done
     texts = {0: "", 1: ""}
     for event in events:
@@ -50,8 +74,9 @@ def test_n_choices_are_seeds_seed_plus_i(client, gen):
 
 
 def test_chat_logprobs_shape(client):
-    reply = client.post(CHAT, json={"messages": HI, "max_tokens": 6, "temperature": 0.7, "seed": 1, "logprobs": True,
-                                    "top_logprobs": 3}).json()
+    reply = client.post(
+        CHAT, json={"messages": HI, "max_tokens": 6, "temperature": 0.7, "seed": 1, "logprobs": True, "top_logprobs": 3}
+    ).json()
     content = reply["choices"][0]["logprobs"]["content"]
     assert len(content) == reply["usage"]["completion_tokens"]
     for entry in content:
@@ -59,7 +84,9 @@ def test_chat_logprobs_shape(client):
         assert len(entry["top_logprobs"]) == 3 and entry["top_logprobs"][0]["logprob"] >= entry["logprob"] - 1e-9
         assert entry["bytes"] == list(entry["token"].encode())
     plain = client.post(CHAT, json={"messages": HI, "max_tokens": 6, "logprobs": True}).json()
-    assert all(e["top_logprobs"] == [] for e in plain["choices"][0]["logprobs"]["content"])  # top_logprobs defaults to 0
+    assert all(
+        e["top_logprobs"] == [] for e in plain["choices"][0]["logprobs"]["content"]
+    )  # top_logprobs defaults to 0
     assert client.post(CHAT, json={"messages": HI, "max_tokens": 2}).json()["choices"][0]["logprobs"] is None
 
 
@@ -79,7 +106,9 @@ def test_completion_logprobs_shape_and_streamed(client):
 def test_openai_client_sampling(llama_server):
     openai = pytest.importorskip("openai", reason="the client tests need the openai package (the dev extra)")
     with openai.OpenAI(base_url=llama_server.url + "/v1", api_key="unused", max_retries=0) as api:
-        kwargs = dict(model="llama", messages=HI, max_tokens=8, temperature=0.8, seed=5, n=2, logprobs=True, top_logprobs=2)
+        kwargs = dict(
+            model="llama", messages=HI, max_tokens=8, temperature=0.8, seed=5, n=2, logprobs=True, top_logprobs=2
+        )
         a, b = api.chat.completions.create(**kwargs), api.chat.completions.create(**kwargs)
         assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
         assert len(a.choices[0].logprobs.content[0].top_logprobs) == 2

@@ -14,8 +14,11 @@ def test_shutdown_lets_an_in_flight_stream_finish(start_server, generator):
     server = start_server(shutdown_grace=30)
     expected = generator("llama").generate("The quick", 200, strategy="greedy").text
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        with c.stream("POST", "/v1/completions", json={"prompt": "The quick", "max_tokens": 200, "stream": True,
-                                                       "jacobi": {"strategy": "greedy"}}) as response:
+        with c.stream(
+            "POST",
+            "/v1/completions",
+            json={"prompt": "The quick", "max_tokens": 200, "stream": True, "jacobi": {"strategy": "greedy"}},
+        ) as response:
             lines = response.iter_lines()
             first = next(lines)
             stopper = threading.Thread(target=server.stop)
@@ -31,7 +34,12 @@ def test_shutdown_lets_an_in_flight_stream_finish(start_server, generator):
 @pytest.mark.slow
 def test_shutdown_cancels_what_outlives_the_grace_period(start_server):
     server = start_server("smollm2-135m", shutdown_grace=0.5)
-    counting = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 500, "stream": True, "jacobi": {"strategy": "greedy"}}
+    counting = {
+        "prompt": "1, 2, 3, 4, 5, 6, 7, 8,",
+        "max_tokens": 500,
+        "stream": True,
+        "jacobi": {"strategy": "greedy"},
+    }
     with httpx.Client(base_url=server.url, timeout=60) as c:
         with c.stream("POST", "/v1/completions", json=counting) as response:
             lines = response.iter_lines()

@@ -16,9 +16,14 @@ from jacobi_rt.server.schemas import parse_chat, parse_completion  # noqa: E402
 
 HI = [{"role": "user", "content": "Hi"}]
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "today's weather",
-                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                            "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "today's weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 
 
@@ -34,20 +39,34 @@ def refused(parse, body: dict, param: str, says: str = "") -> APIError:
     return error
 
 
-@pytest.mark.parametrize("fields, kind, where", [
-    ({"response_format": {"type": "json_object"}}, "json_object", "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA, "strict": True}}},
-     "json_schema", "response_format.json_schema.schema"),
-    ({"structured_outputs": {"json": SCHEMA}}, "json_schema", "structured_outputs.json"),
-    ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, "json_schema", "structured_outputs.json"),
-    ({"structured_outputs": {"regex": "[a-z]+"}}, "regex", "structured_outputs.regex"),
-    ({"structured_outputs": {"choice": ["yes", "no"]}}, "choice", "structured_outputs.choice"),
-    ({"structured_outputs": {"grammar": 'start: "a"+'}}, "grammar", "structured_outputs.grammar"),
-    ({"structured_outputs": {"json_object": True}}, "json_object", "structured_outputs.json_object"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "json_schema",
-     "tools.0.function.parameters"),
-    ({"tools": [WEATHER, TIME], "tool_choice": "required"}, "json_schema", "tools"),
-])
+@pytest.mark.parametrize(
+    "fields, kind, where",
+    [
+        ({"response_format": {"type": "json_object"}}, "json_object", "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "city", "schema": SCHEMA, "strict": True},
+                }
+            },
+            "json_schema",
+            "response_format.json_schema.schema",
+        ),
+        ({"structured_outputs": {"json": SCHEMA}}, "json_schema", "structured_outputs.json"),
+        ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, "json_schema", "structured_outputs.json"),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, "regex", "structured_outputs.regex"),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, "choice", "structured_outputs.choice"),
+        ({"structured_outputs": {"grammar": 'start: "a"+'}}, "grammar", "structured_outputs.grammar"),
+        ({"structured_outputs": {"json_object": True}}, "json_object", "structured_outputs.json_object"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            "json_schema",
+            "tools.0.function.parameters",
+        ),
+        ({"tools": [WEATHER, TIME], "tool_choice": "required"}, "json_schema", "tools"),
+    ],
+)
 def test_each_field_becomes_a_constraint(fields, kind, where):
     call = chat(**fields)
     assert call.constraint is not None and call.constraint.kind == kind and call.constraint.where == where
@@ -64,50 +83,140 @@ def test_no_constraint():
 
 
 def test_tool_choice_shapes_the_reply():
-    assert chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}).tools == ToolCalls("get_weather")
+    assert chat(
+        tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    ).tools == ToolCalls("get_weather")
     call = chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
     assert call.tools == ToolCalls(None, names=("get_weather", "get_time"), parallel=False)
     schema = call.constraint.value
-    assert schema["maxItems"] == 1 and [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]] == ["get_weather", "get_time"]
+    assert schema["maxItems"] == 1 and [c["properties"]["name"]["const"] for c in schema["items"]["anyOf"]] == [
+        "get_weather",
+        "get_time",
+    ]
 
 
-@pytest.mark.parametrize("parse, body, param, says", [
-    (parse_chat, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
-     "response_format.json_schema.schema", "Invalid type"),
-    (parse_chat, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-     "response_format.json_schema.schema", "required"),
-    (parse_chat, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
-     "response_format.json_schema.name", "name"),
-    (parse_chat, {"messages": HI, "response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
-    (parse_chat, {"messages": HI, "response_format": {"type": "json_object", "schema": SCHEMA}}, "response_format.schema", ""),
-    (parse_completion, {"prompt": "hi", "structured_outputs": {"regex": "("}}, "structured_outputs.regex", "unclosed group"),
-    (parse_completion, {"prompt": "hi", "structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty"),
-    (parse_completion, {"prompt": "hi", "structured_outputs": {"grammar": "start: nowhere"}}, "structured_outputs.grammar", "nowhere"),
-    (parse_completion, {"prompt": "hi", "structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "must be JSON"),
-    (parse_completion, {"prompt": "hi", "structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "exactly one"),
-    (parse_completion, {"prompt": "hi", "structured_outputs": {}}, "structured_outputs", "exactly one"),
-    (parse_completion, {"prompt": "hi", "structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag", ""),
-    (parse_completion, {"prompt": "hi", "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
-     "structured_outputs", "send one"),
-    (parse_chat, {"messages": HI, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "tool_choice.function.name", "not among"),
-    (parse_chat, {"messages": HI, "tools": [{"type": "function", "function": {"name": "bad name"}}], "tool_choice": "required"},
-     "tools.0.function.name", ""),
-    (parse_chat, {"messages": HI, "tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools.1.function.name", "twice"),
-    (parse_chat, {"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}],
-                  "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools.0.function.parameters", ""),
-    (parse_chat, {"messages": HI, "tool_choice": "required"}, "tool_choice", "no tools"),
-])
+@pytest.mark.parametrize(
+    "parse, body, param, says",
+    [
+        (
+            parse_chat,
+            {
+                "messages": HI,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}},
+            },
+            "response_format.json_schema.schema",
+            "Invalid type",
+        ),
+        (
+            parse_chat,
+            {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format.json_schema.schema",
+            "required",
+        ),
+        (
+            parse_chat,
+            {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+            "response_format.json_schema.name",
+            "name",
+        ),
+        (parse_chat, {"messages": HI, "response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
+        (
+            parse_chat,
+            {"messages": HI, "response_format": {"type": "json_object", "schema": SCHEMA}},
+            "response_format.schema",
+            "",
+        ),
+        (
+            parse_completion,
+            {"prompt": "hi", "structured_outputs": {"regex": "("}},
+            "structured_outputs.regex",
+            "unclosed group",
+        ),
+        (
+            parse_completion,
+            {"prompt": "hi", "structured_outputs": {"choice": []}},
+            "structured_outputs.choice",
+            "non-empty",
+        ),
+        (
+            parse_completion,
+            {"prompt": "hi", "structured_outputs": {"grammar": "start: nowhere"}},
+            "structured_outputs.grammar",
+            "nowhere",
+        ),
+        (
+            parse_completion,
+            {"prompt": "hi", "structured_outputs": {"json": "{not json"}},
+            "structured_outputs.json",
+            "must be JSON",
+        ),
+        (
+            parse_completion,
+            {"prompt": "hi", "structured_outputs": {"regex": "a", "choice": ["a"]}},
+            "structured_outputs",
+            "exactly one",
+        ),
+        (parse_completion, {"prompt": "hi", "structured_outputs": {}}, "structured_outputs", "exactly one"),
+        (
+            parse_completion,
+            {"prompt": "hi", "structured_outputs": {"structural_tag": "x"}},
+            "structured_outputs.structural_tag",
+            "",
+        ),
+        (
+            parse_completion,
+            {"prompt": "hi", "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+            "structured_outputs",
+            "send one",
+        ),
+        (
+            parse_chat,
+            {"messages": HI, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice.function.name",
+            "not among",
+        ),
+        (
+            parse_chat,
+            {
+                "messages": HI,
+                "tools": [{"type": "function", "function": {"name": "bad name"}}],
+                "tool_choice": "required",
+            },
+            "tools.0.function.name",
+            "",
+        ),
+        (
+            parse_chat,
+            {"messages": HI, "tools": [WEATHER, WEATHER], "tool_choice": "required"},
+            "tools.1.function.name",
+            "twice",
+        ),
+        (
+            parse_chat,
+            {
+                "messages": HI,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tools.0.function.parameters",
+            "",
+        ),
+        (parse_chat, {"messages": HI, "tool_choice": "required"}, "tool_choice", "no tools"),
+    ],
+)
 def test_mistakes_are_400s_naming_the_field(parse, body, param, says):
     refused(parse, body, param, says)
 
 
-@pytest.mark.parametrize("parse, body, param", [
-    (parse_chat, {"messages": HI, "response_format": {"type": "json_object"}}, "response_format"),
-    (parse_completion, {"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
-    (parse_completion, {"prompt": "hi", "structured_outputs": {"regex": "a"}}, "structured_outputs"),
-    (parse_chat, {"messages": HI, "tools": [WEATHER], "tool_choice": "required"}, "tools"),
-])
+@pytest.mark.parametrize(
+    "parse, body, param",
+    [
+        (parse_chat, {"messages": HI, "response_format": {"type": "json_object"}}, "response_format"),
+        (parse_completion, {"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
+        (parse_completion, {"prompt": "hi", "structured_outputs": {"regex": "a"}}, "structured_outputs"),
+        (parse_chat, {"messages": HI, "tools": [WEATHER], "tool_choice": "required"}, "tools"),
+    ],
+)
 def test_a_server_that_does_not_constrain_refuses_them(parse, body, param):
     with pytest.raises(APIError) as caught:
         parse(body)
@@ -117,9 +226,22 @@ def test_a_server_that_does_not_constrain_refuses_them(parse, body, param):
 def result(text: str, finish: str = "eos") -> GenerationResult:
     from types import SimpleNamespace
 
-    stats = SimpleNamespace(finish_reason=finish, prompt_tokens=3, new_tokens=5, strategy="auto", window=8, adaptive=False,
-                            target_passes=2, tokens_per_pass=2.5, prefill_passes=1, decode_tokens_per_second=10.0,
-                            wall_seconds=0.5, seed=None, cached_tokens=0, constraint=None)
+    stats = SimpleNamespace(
+        finish_reason=finish,
+        prompt_tokens=3,
+        new_tokens=5,
+        strategy="auto",
+        window=8,
+        adaptive=False,
+        target_passes=2,
+        tokens_per_pass=2.5,
+        prefill_passes=1,
+        decode_tokens_per_second=10.0,
+        wall_seconds=0.5,
+        seed=None,
+        cached_tokens=0,
+        constraint=None,
+    )
     return SimpleNamespace(text=text, stats=stats, logprobs=None)
 
 
@@ -131,7 +253,8 @@ def test_tool_calls_in_openais_shape():
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     required = Reply("m", chat=True, tools=ToolCalls(None)).whole(
-        [result('[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]')])
+        [result('[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]')]
+    )
     calls = required["choices"][0]["message"]["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
     assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Rome"}
@@ -152,15 +275,18 @@ def test_streamed_tool_calls_come_as_openais_deltas():
     later = [c["choices"][0]["delta"] for c in reply.piece('ty": "Oslo"}')]
     closing = reply.closing(result('{"city": "Oslo"}'))
     assert later == [{"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}]
-    assert [c["choices"][0]["finish_reason"] for c in closing] == ["tool_calls"] and closing[0]["choices"][0]["delta"] == {}
+    assert [c["choices"][0]["finish_reason"] for c in closing] == ["tool_calls"] and closing[0]["choices"][0][
+        "delta"
+    ] == {}
 
 
 def test_generic_auto_reads_a_call_an_array_or_a_plain_answer():
     generic = ToolCalls(None, names=("get_weather", "get_time"), generic=True)
     one = generic.message('{"name": "get_time", "arguments": {}}', cut=False)
     assert one[0] is None and [c["function"] for c in one[1]] == [{"name": "get_time", "arguments": "{}"}]
-    two = generic.message('[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]',
-                          cut=False)
+    two = generic.message(
+        '[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]', cut=False
+    )
     assert [c["function"]["arguments"] for c in two[1]] == ["{}", '{"city": "Oslo"}']
     assert generic.message("It is sunny.", cut=False) == ("It is sunny.", None)
     assert generic.message('{"name": "get_w', cut=True)[1][0]["function"] == {"name": "get_weather", "arguments": ""}
@@ -173,14 +299,22 @@ def test_auto_reads_calls_between_the_templates_tags():
     them the content; a tagged block that is no call of an offered tool leaves the whole reply as text."""
     auto = ToolCalls(None, ("<tool_call>", "</tool_call>"), ("get_weather", "get_time"))
     plain = Reply("m", chat=True, tools=auto).whole([result("It is sunny.")])
-    assert plain["choices"][0]["finish_reason"] == "stop" and plain["choices"][0]["message"]["content"] == "It is sunny."
-    text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' \
-           '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    assert (
+        plain["choices"][0]["finish_reason"] == "stop" and plain["choices"][0]["message"]["content"] == "It is sunny."
+    )
+    text = (
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
     choice = Reply("m", chat=True, tools=auto).whole([result(text)])["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Let me look."
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]] == \
-        [("get_weather", {"city": "Oslo"}), ("get_time", {})]
-    for bad in ('<tool_call>{"name": "launch", "arguments": {}}</tool_call>', "<tool_call>{not json}</tool_call>",
-                '<tool_call>{"name": "get_time", "arguments": 3}</tool_call>'):
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]
+    ] == [("get_weather", {"city": "Oslo"}), ("get_time", {})]
+    for bad in (
+        '<tool_call>{"name": "launch", "arguments": {}}</tool_call>',
+        "<tool_call>{not json}</tool_call>",
+        '<tool_call>{"name": "get_time", "arguments": 3}</tool_call>',
+    ):
         choice = Reply("m", chat=True, tools=auto).whole([result(bad)])["choices"][0]
         assert choice["finish_reason"] == "stop" and choice["message"]["content"] == bad

@@ -26,14 +26,32 @@ from jacobi_rt.server.tool_calls import ToolCalls  # noqa: E402
 from jacobi_rt.server.tool_protocol import described, grammar  # noqa: E402
 
 MODEL = "smollm2-135m"
-MULTIPLY = {"type": "function", "function": {
-    "name": "multiply", "description": "a times b",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["a", "b"],
-                   "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
-                   "properties": {"city": {"type": "string"}}}}}
+MULTIPLY = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "description": "a times b",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["a", "b"],
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        },
+    },
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city"],
+            "properties": {"city": {"type": "string"}},
+        },
+    },
+}
 TOOLS = [WEATHER, MULTIPLY]
 CALLS = [{"role": "user", "content": "Call multiply with a=6 and b=7."}]  # SmolLM2 calls here (greedy)
 CHAT = [{"role": "user", "content": "Hi! Who are you?"}]  # and answers here
@@ -94,8 +112,10 @@ def test_a_two_turn_round_trip_with_the_official_client(api):
     """Call, tool result, answer, each turn tool_choice "auto" (the default with tools), as agents send it."""
     first = api.chat.completions.create(model=MODEL, messages=CALLS, tools=TOOLS, max_tokens=40)
     (call,) = first.choices[0].message.tool_calls
-    history = CALLS + [first.choices[0].message.model_dump(exclude_none=True),
-                       {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    history = CALLS + [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "42"},
+    ]
     second = api.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=40)
     message = second.choices[0].message
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result are in the prompt
@@ -130,9 +150,16 @@ def joined(chunks) -> tuple[str | None, list[tuple[str, str]], list, str]:
     return content, [tuple(calls[i]) for i in sorted(calls)], logprobs, finish
 
 
-@pytest.mark.parametrize("messages, tool_choice", [
-    (CALLS, "auto"), (CHAT, "auto"), (CALLS, "required"), (CALLS, {"type": "function", "function": {"name": "multiply"}}),
-], ids=["auto-call", "auto-answer", "required", "named"])
+@pytest.mark.parametrize(
+    "messages, tool_choice",
+    [
+        (CALLS, "auto"),
+        (CHAT, "auto"),
+        (CALLS, "required"),
+        (CALLS, {"type": "function", "function": {"name": "multiply"}}),
+    ],
+    ids=["auto-call", "auto-answer", "required", "named"],
+)
 def test_streamed_deltas_join_to_the_whole_reply(api, messages, tool_choice):
     body = dict(model=MODEL, messages=messages, tools=TOOLS, tool_choice=tool_choice, max_tokens=40, logprobs=True)
     whole = api.chat.completions.create(**body).choices[0]
@@ -154,7 +181,10 @@ def test_a_call_cut_by_max_tokens_streams_as_far_as_written(api):
     whole = api.chat.completions.create(**body).choices[0]
     content, calls, _, finish = joined(api.chat.completions.create(**body, stream=True))
     assert whole.finish_reason == finish == "length" and content is None is whole.message.content
-    assert calls == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] and calls[0][0] == "multiply"
+    assert (
+        calls == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        and calls[0][0] == "multiply"
+    )
 
 
 @pytest.mark.parametrize("messages", [CALLS, CHAT], ids=["call", "answer"])
@@ -162,18 +192,27 @@ def test_every_strategy_gives_greedys_output(api, served, messages):
     """The same reply under every strategy, equal to greedy decoding of the same constrained request."""
     _, gen = served
     strategies = [s for s in STRATEGIES if s != "speculative" or gen.draft is not None]
-    replies = {s: api.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=40,
-                                              extra_body={"jacobi": {"strategy": s}}) for s in strategies}
+    replies = {
+        s: api.chat.completions.create(
+            model=MODEL, messages=messages, tools=TOOLS, max_tokens=40, extra_body={"jacobi": {"strategy": s}}
+        )
+        for s in strategies
+    }
     functions = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    expected = gen.generate(messages=described(messages, [t["function"] for t in TOOLS], True), max_new_tokens=40,
-                            params=GenerationParams(constraint=Constraint.lark(grammar(functions, True))), strategy="greedy")
+    expected = gen.generate(
+        messages=described(messages, [t["function"] for t in TOOLS], True),
+        max_new_tokens=40,
+        params=GenerationParams(constraint=Constraint.lark(grammar(functions, True))),
+        strategy="greedy",
+    )
     content, calls = ToolCalls(None, names=tuple(functions), generic=True).message(expected.text, cut=False)
     for strategy, reply in replies.items():
         message = reply.choices[0].message
         assert reply.model_extra["jacobi"]["strategy"] == strategy
         assert reply.usage.completion_tokens == expected.stats.new_tokens, strategy
         assert message.content == content, strategy
-        assert [(c.function.name, c.function.arguments) for c in message.tool_calls or ()] == \
-            [(c["function"]["name"], c["function"]["arguments"]) for c in calls or ()], strategy
+        assert [(c.function.name, c.function.arguments) for c in message.tool_calls or ()] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in calls or ()
+        ], strategy
     if gen.draft is None:
         pytest.skip("speculative untested: no smollm2-135m-draft6 artifact (the others were)")

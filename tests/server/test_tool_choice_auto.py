@@ -53,7 +53,9 @@ def test_auto_renders_the_tools_and_answers_the_models_own_text(tools_server):
     assert "<tool_call>" not in expected.text  # a random model writes no call: the reply is its text
     assert reply.choices[0].message.content == expected.text and not reply.choices[0].message.tool_calls
     with client(server) as api:  # streamed, the content comes as it is written (tool_stream._sure_content)
-        chunks = list(api.chat.completions.create(model="qwen2", messages=MESSAGES, tools=[WEATHER], max_tokens=12, stream=True))
+        chunks = list(
+            api.chat.completions.create(model="qwen2", messages=MESSAGES, tools=[WEATHER], max_tokens=12, stream=True)
+        )
     contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert "".join(contents) == expected.text and (len(contents) > 2 or expected.text[:1].isspace())
 
@@ -61,8 +63,14 @@ def test_auto_renders_the_tools_and_answers_the_models_own_text(tools_server):
 def test_auto_reads_a_call_between_the_templates_tags(tools_server):
     """The call is the model's (here held to the call's shape by a regex, as a client may ask), read from its text."""
     server, gen = tools_server
-    body = dict(model="qwen2", messages=MESSAGES, tools=[WEATHER], tool_choice="auto", max_tokens=90,
-                extra_body={"structured_outputs": {"regex": CALL}})
+    body = dict(
+        model="qwen2",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice="auto",
+        max_tokens=90,
+        extra_body={"structured_outputs": {"regex": CALL}},
+    )
     with client(server) as api:
         reply = api.chat.completions.create(**body)
         chunks = list(api.chat.completions.create(**body, stream=True))
@@ -71,13 +79,17 @@ def test_auto_reads_a_call_between_the_templates_tags(tools_server):
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"c"}
     streamed = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])] if chunks else []
-    assert [(d.function.name, d.function.arguments) for d in streamed] == [(call.function.name, call.function.arguments)]
+    assert [(d.function.name, d.function.arguments) for d in streamed] == [
+        (call.function.name, call.function.arguments)
+    ]
     assert chunks[-1].choices[0].finish_reason == "tool_calls" or chunks[-2].choices[0].finish_reason == "tool_calls"
 
 
 def test_auto_on_a_template_without_tools_gets_the_generic_protocol(api):
     """The tiny llama's template renders no tools: "auto" is served by the generic protocol (tool_protocol.py)."""
     assert api.models.list().data[0].model_extra["jacobi"]["tools"] == "generic"
-    reply = api.chat.completions.create(model="llama", messages=MESSAGES, tools=[WEATHER], max_tokens=2)  # 256-token context
+    reply = api.chat.completions.create(
+        model="llama", messages=MESSAGES, tools=[WEATHER], max_tokens=2
+    )  # 256-token context
     assert reply.usage.prompt_tokens > 100  # the tools described in a system message
     assert (reply.choices[0].message.content or "-")[0] not in "{["  # a call is never content

@@ -13,37 +13,69 @@ import pytest
 openai = pytest.importorskip("openai", reason="the client tests need the openai package (the dev extra)")
 pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
 
-from jacobi_rt.server.replies import ToolCalls  # noqa: E402
 from templated import template_server  # noqa: E402
 
-MULTIPLY = {"type": "function", "function": {
-    "name": "multiply", "description": "a times b",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["a", "b"],
-                   "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+from jacobi_rt.server.replies import ToolCalls  # noqa: E402
+
+MULTIPLY = {
+    "type": "function",
+    "function": {
+        "name": "multiply",
+        "description": "a times b",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["a", "b"],
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        },
+    },
+}
 QUESTION = [{"role": "user", "content": "What is 6 times 7? Use the tool."}]
 
 
 def test_a_tool_round_trip_on_smollm2_with_the_official_client(start_server, generator):
     server = start_server("smollm2-135m")
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as api:
-        first = api.chat.completions.create(model="smollm2-135m", messages=QUESTION, tools=[MULTIPLY],
-                                            tool_choice="required", parallel_tool_calls=False, max_tokens=40)
+        first = api.chat.completions.create(
+            model="smollm2-135m",
+            messages=QUESTION,
+            tools=[MULTIPLY],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=40,
+        )
         choice = first.choices[0]
         assert choice.finish_reason == "tool_calls"
         (call,) = choice.message.tool_calls
         arguments = json.loads(call.function.arguments)
         assert call.function.name == "multiply" and set(arguments) == {"a", "b"}
         # as LangChain / openai-agents send it (content null), and as the client echoes the message back
-        sent_back = [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": call.id, "type": "function", "function": {"name": "multiply", "arguments": call.function.arguments}}]},
-            {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+        sent_back = [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": "multiply", "arguments": call.function.arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": "42"},
+        ]
         echoed = [choice.message.model_dump(), sent_back[1]]
-        replies = [api.chat.completions.create(model="smollm2-135m", messages=QUESTION + history, tools=[MULTIPLY],
-                                               tool_choice="none", max_tokens=12) for history in (sent_back, echoed)]
+        replies = [
+            api.chat.completions.create(
+                model="smollm2-135m", messages=QUESTION + history, tools=[MULTIPLY], tool_choice="none", max_tokens=12
+            )
+            for history in (sent_back, echoed)
+        ]
     # the generic rendering, written out: the call as the JSON "required" makes the model write, the result a user turn
     rendered = QUESTION + [
         {"role": "assistant", "content": json.dumps([{"name": "multiply", "arguments": arguments}])},
-        {"role": "user", "content": "Tool result of multiply:\n42\n\nAnswer the question with this result."}]
+        {"role": "user", "content": "Tool result of multiply:\n42\n\nAnswer the question with this result."},
+    ]
     expected = generator("smollm2-135m").generate(messages=rendered, max_new_tokens=12, strategy="greedy")
     for reply in replies:
         assert reply.usage.prompt_tokens == expected.stats.prompt_tokens
@@ -68,15 +100,23 @@ def history_server(artifact, tmp_path_factory):
 
 def test_a_template_that_knows_tools_renders_the_calls_and_results(history_server):
     server, gen = history_server
-    messages = [{"role": "user", "content": "6*7?"},
-                {"role": "assistant", "tool_calls": [  # pydantic-ai leaves content out
-                    {"id": "call_7", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 6, "b": 7}'}}]},
-                {"role": "tool", "tool_call_id": "call_7", "content": "42"}]
+    messages = [
+        {"role": "user", "content": "6*7?"},
+        {
+            "role": "assistant",
+            "tool_calls": [  # pydantic-ai leaves content out
+                {"id": "call_7", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 6, "b": 7}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_7", "content": "42"},
+    ]
     body = {"model": "qwen2", "messages": messages, "max_tokens": 4}
     reply = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
-    written = ('<|im_start|>user\n6*7?<|im_end|>\n<|im_start|>assistant\n<tool_call>{"name": "multiply", "arguments": '
-               '{"a": 6, "b": 7}}</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response id=call_7>42</tool_response>'
-               '<|im_end|>\n<|im_start|>assistant\n')
+    written = (
+        '<|im_start|>user\n6*7?<|im_end|>\n<|im_start|>assistant\n<tool_call>{"name": "multiply", "arguments": '
+        '{"a": 6, "b": 7}}</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response id=call_7>42</tool_response>'
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = gen.tokenizer.encode(written, add_special_tokens=False)
     assert reply["usage"]["prompt_tokens"] == len(ids)
     assert reply["choices"][0]["message"]["content"] == gen.generate(ids, 4).text
@@ -84,11 +124,14 @@ def test_a_template_that_knows_tools_renders_the_calls_and_results(history_serve
 
 def test_a_legacy_function_result_is_rendered_by_name(history_server):
     server, gen = history_server
-    messages = [{"role": "user", "content": "6*7?"},
-                {"role": "assistant", "content": None, "function_call": {"name": "multiply", "arguments": "{}"}},
-                {"role": "function", "name": "multiply", "content": "42"}]
-    response = httpx.post(server.url + "/v1/chat/completions", json={"model": "qwen2", "messages": messages, "max_tokens": 2},
-                          timeout=60)
+    messages = [
+        {"role": "user", "content": "6*7?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "multiply", "arguments": "{}"}},
+        {"role": "function", "name": "multiply", "content": "42"},
+    ]
+    response = httpx.post(
+        server.url + "/v1/chat/completions", json={"model": "qwen2", "messages": messages, "max_tokens": 2}, timeout=60
+    )
     assert response.status_code == 200, response.text
 
 
@@ -106,7 +149,9 @@ def test_a_call_cut_by_max_tokens_comes_back_in_tool_calls(start_server):
     named = {"type": "function", "function": {"name": "multiply"}}
     with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as api:
         for choice, tokens in (("required", 14), (named, 4)):
-            body = dict(model="smollm2-135m", messages=QUESTION, tools=[MULTIPLY], tool_choice=choice, max_tokens=tokens)
+            body = dict(
+                model="smollm2-135m", messages=QUESTION, tools=[MULTIPLY], tool_choice=choice, max_tokens=tokens
+            )
             whole = api.chat.completions.create(**body).choices[0]
             chunks = list(api.chat.completions.create(**body, stream=True))
             assert whole.finish_reason == "length" and whole.message.content is None, whole
@@ -115,10 +160,14 @@ def test_a_call_cut_by_max_tokens_comes_back_in_tool_calls(start_server):
             with pytest.raises(ValueError):
                 json.loads(call.function.arguments)
             streamed = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
-            assert {d.index for d in streamed} == {0} and streamed[0].function.name == "multiply"  # the first delta names it
+            assert {d.index for d in streamed} == {0} and streamed[
+                0
+            ].function.name == "multiply"  # the first delta names it
             assert "".join(d.function.arguments for d in streamed) == call.function.arguments  # then its arguments
             assert not any(c.choices[0].delta.content for c in chunks if c.choices)
-            assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+            assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+                "length"
+            ]
 
 
 def test_the_generic_rendering_names_calls_by_place_not_by_their_random_ids():
@@ -127,14 +176,26 @@ def test_the_generic_rendering_names_calls_by_place_not_by_their_random_ids():
     from jacobi_rt.server.history import for_template
 
     def conversation(ids: list[str]) -> list[dict]:
-        calls = [{"id": i, "type": "function", "function": {"name": "multiply", "arguments": {"a": n, "b": 7}}}
-                 for n, i in enumerate(ids)]
-        return [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "", "tool_calls": calls},
-                *({"role": "tool", "content": str(7 * n), "tool_call_id": i, "name": "multiply"} for n, i in enumerate(ids))]
+        calls = [
+            {"id": i, "type": "function", "function": {"name": "multiply", "arguments": {"a": n, "b": 7}}}
+            for n, i in enumerate(ids)
+        ]
+        return [
+            {"role": "user", "content": "Q"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            *(
+                {"role": "tool", "content": str(7 * n), "tool_call_id": i, "name": "multiply"}
+                for n, i in enumerate(ids)
+            ),
+        ]
 
     two = for_template(conversation(["call_x", "call_y"]), None)
     assert two == for_template(conversation(["call_p", "call_q"]), None)
-    assert two[-1] == {"role": "user", "content": "Tool result of multiply (call 1):\n0\n\nTool result of multiply (call 2):\n7"
-                                                  "\n\nAnswer the question with these results."}
-    assert for_template(conversation(["call_z"]), None)[-1]["content"] == ("Tool result of multiply:\n0\n\n"
-                                                                           "Answer the question with this result.")
+    assert two[-1] == {
+        "role": "user",
+        "content": "Tool result of multiply (call 1):\n0\n\nTool result of multiply (call 2):\n7"
+        "\n\nAnswer the question with these results.",
+    }
+    assert for_template(conversation(["call_z"]), None)[-1]["content"] == (
+        "Tool result of multiply:\n0\n\nAnswer the question with this result."
+    )

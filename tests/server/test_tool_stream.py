@@ -22,13 +22,16 @@ def streamed(text: str, cut: bool = False) -> tuple[list[str], str, list[dict]]:
     return pieces, content, [c for d in closing for c in d.get("tool_calls", [])]
 
 
-@pytest.mark.parametrize("text", [
-    "Let me check. " + CALL,                      # content beside a call: stripped
-    "  Leading space. " + CALL,                   # nothing streams: the content beside the call has no space
-    "No call at all, ends in a tag's start <tool",
-    "A block that is no call " + "<tool_call>{oops}</tool_call>",  # all of it is content
-    "Cut in the call " + CALL[:30],
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Let me check. " + CALL,  # content beside a call: stripped
+        "  Leading space. " + CALL,  # nothing streams: the content beside the call has no space
+        "No call at all, ends in a tag's start <tool",
+        "A block that is no call " + "<tool_call>{oops}</tool_call>",  # all of it is content
+        "Cut in the call " + CALL[:30],
+    ],
+)
 def test_the_deltas_join_to_the_whole_reply(text):
     cut = text.endswith(CALL[:30])
     content, calls = TAGS.message(text, cut)

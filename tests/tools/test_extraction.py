@@ -15,7 +15,9 @@ def test_an_answers_schema_follows_its_keys_types_and_whitespace():
     schema = answer_schema(compact)
     jsonschema.validate(json.loads(compact), schema)
     assert schema["required"] == ["name", "year", "tags", "score", "ok", "city"]  # in the answer's order
-    assert schema["properties"]["year"] == {"type": "integer"} and schema["properties"]["tags"]["items"] == {"type": "string"}
+    assert schema["properties"]["year"] == {"type": "integer"} and schema["properties"]["tags"]["items"] == {
+        "type": "string"
+    }
     assert "x-guidance" not in schema  # the one-line form: the constraint's default separators
     assert answer_schema('{\n  "name": "Ada"\n}')["x-guidance"]["whitespace_flexible"] is True
     with pytest.raises(jsonschema.ValidationError):  # a wrong type is refused: the schema constrains the values
@@ -29,4 +31,6 @@ def test_answers_no_schema_can_ask_for_have_none():
 
 def test_a_form_prompt_names_the_items_fields():
     item = extraction_set()[0]
-    assert form_prompt(item).startswith(item.prompt) and all(f'"{key}": null' in form_prompt(item) for key in item.schema["properties"])
+    assert form_prompt(item).startswith(item.prompt) and all(
+        f'"{key}": null' in form_prompt(item) for key in item.schema["properties"]
+    )

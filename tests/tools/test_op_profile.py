@@ -29,7 +29,9 @@ def test_profile_counts_every_kernel_of_a_pass(artifact, graph, tmp_path):
 
 def test_the_table_lists_each_folder(artifact):
     folder = artifact("llama")
-    out = CliRunner().invoke(op_profile.main, [str(folder), str(folder), "--window", "2", "--past", "3", "--warmup", "1", "--runs", "2"])
+    out = CliRunner().invoke(
+        op_profile.main, [str(folder), str(folder), "--window", "2", "--past", "3", "--warmup", "1", "--runs", "2"]
+    )
     assert out.exit_code == 0, out.output
     header = out.output.splitlines()[1]
     assert header.count("llama/portable ms") == 2

@@ -68,16 +68,27 @@ def test_bf16_shards_load_in_transformers_with_their_config(tmp_path):
     assert len(shards) > 1 and set(index["weight_map"].values()) == set(shards)
     model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
     assert (model.config.num_hidden_layers, model.config.hidden_size, model.config.num_key_value_heads) == (3, 576, 3)
-    assert model.config.vocab_size == 49152 and model.config.tie_word_embeddings and model.config.rope_parameters["rope_theta"] == 100000.0
+    assert (
+        model.config.vocab_size == 49152
+        and model.config.tie_word_embeddings
+        and model.config.rope_parameters["rope_theta"] == 100000.0
+    )
     specs = tensor_shapes(config_for("smollm2-135m", layers=3))
     assert {n: tuple(p.shape) for n, p in model.named_parameters()} == {s.name: s.shape for s in specs}
     q = model.model.layers[1].self_attn.q_proj.weight.detach().view(torch.int16).numpy().view(np.uint16)
     index_q = next(i for i, s in enumerate(specs) if s.name == "model.layers.1.self_attn.q_proj.weight")
-    assert np.array_equal(q, encode(tensor_values(specs[index_q], index_q, 0, config_for("smollm2-135m")["initializer_range"]), "bf16"))
+    assert np.array_equal(
+        q, encode(tensor_values(specs[index_q], index_q, 0, config_for("smollm2-135m")["initializer_range"]), "bf16")
+    )
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-    assert len(tokenizer) == 49152 and tokenizer.eos_token == "<|im_end|>" and tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
-    assert "<|im_start|>assistant" in tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                                                     add_generation_prompt=True)
+    assert (
+        len(tokenizer) == 49152
+        and tokenizer.eos_token == "<|im_end|>"
+        and tokenizer.convert_tokens_to_ids("<|im_end|>") == 2
+    )
+    assert "<|im_start|>assistant" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert report.parameters == sum(p.numel() for p in model.parameters())
 
 
@@ -89,7 +100,11 @@ def test_q4_0_gguf_is_the_same_model_quantized_in_llamacpp_layout(tmp_path):
     make_random_model("smollm2-135m", out, "fp32", gguf="Q4_0", layers=2, quiet=True)
     reader = gguf.GGUFReader(out / "model-Q4_0.gguf")
     types = {t.name: t.tensor_type.name for t in reader.tensors}
-    assert types["token_embd.weight"] == "Q4_0" and types["blk.1.attn_norm.weight"] == "F32" and "output.weight" not in types
+    assert (
+        types["token_embd.weight"] == "Q4_0"
+        and types["blk.1.attn_norm.weight"] == "F32"
+        and "output.weight" not in types
+    )
     assert str(bytes(reader.fields["tokenizer.ggml.model"].parts[-1]), "utf-8") == "gpt2"
     assert len(reader.fields["tokenizer.ggml.tokens"].data) == 49152
     float_model = transformers.AutoModelForCausalLM.from_pretrained(out)
@@ -109,7 +124,11 @@ def test_q4_k_m_gguf_has_llamacpps_mix_and_loads(tmp_path):
     make_random_model("tinyllama-1.1b", path, gguf="Q4_K_M", layers=8, quiet=True)
     reader = gguf.GGUFReader(path)
     types = {t.name: t.tensor_type.name for t in reader.tensors}
-    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q4_K" and types["blk.3.attn_q.weight"] == "Q4_K"
+    assert (
+        types["output.weight"] == "Q6_K"
+        and types["token_embd.weight"] == "Q4_K"
+        and types["blk.3.attn_q.weight"] == "Q4_K"
+    )
     # use_more_bits over 8 layers: layers 0 and 7, and (i - 1) % 3 == 2 -> 3 and 6
     assert [i for i in range(8) if types[f"blk.{i}.ffn_down.weight"] == "Q6_K"] == [0, 3, 6, 7]
     assert Counter(types.values()) == {"Q4_K": 8 * 7 - 8 + 1, "Q6_K": 8 + 1, "F32": 8 * 2 + 1}
@@ -126,7 +145,7 @@ def test_rows_that_are_not_whole_k_blocks_fall_back_like_llamacpp():
     assert types["model.layers.0.mlp.down_proj.weight"] == "Q6_K"  # rows of 1536 values: whole K blocks
 
 
-_MEASURE = textwrap.dedent("""
+_MEASURE = textwrap.dedent(r"""
     import json, re, sys
     from pathlib import Path
     from jacobi_rt.tools.random_model import write_gguf_file
@@ -154,7 +173,9 @@ _MEASURE = textwrap.dedent("""
 def test_writing_memory_stays_far_below_the_models_size(tmp_path, kind):
     # tinyllama's width, 2 layers: 290M parameters, 1.16 GB in fp32; its largest tensor (the 49152 x 2048
     # embedding) is 403 MB in fp32. Shards are written a 32 MB chunk at a time; a GGUF a tensor at a time.
-    done = subprocess.run([sys.executable, "-c", _MEASURE, str(tmp_path), kind], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(tmp_path), kind], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     grew = json.loads(done.stdout.strip().splitlines()[-1])["grew"]
     written = sum(p.stat().st_size for p in tmp_path.iterdir())

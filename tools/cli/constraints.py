@@ -21,13 +21,26 @@ FLAGS = ("json_schema", "json_object", "regex", "choice", "grammar")
 def constraint_options(command):
     """Add the five flags and hand the command one `constraint` argument instead of them."""
     options = [
-        click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="Output a JSON value following the JSON schema in this file."),
+        click.option(
+            "--json-schema",
+            "json_schema",
+            type=click.Path(exists=True, dir_okay=False),
+            default=None,
+            help="Output a JSON value following the JSON schema in this file.",
+        ),
         click.option("--json-object", "json_object", is_flag=True, default=False, help="Output a JSON object."),
-        click.option("--regex", default=None, help="Output text the whole of which matches this regular expression (Rust syntax)."),
+        click.option(
+            "--regex",
+            default=None,
+            help="Output text the whole of which matches this regular expression (Rust syntax).",
+        ),
         click.option("--choice", multiple=True, help="Output exactly one of these strings (repeat the flag for each)."),
-        click.option("--grammar", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="Output text in the grammar in this file (Lark, in llguidance's dialect, or GBNF)."),
+        click.option(
+            "--grammar",
+            type=click.Path(exists=True, dir_okay=False),
+            default=None,
+            help="Output text in the grammar in this file (Lark, in llguidance's dialect, or GBNF).",
+        ),
     ]
 
     def wrapped(*args, **kwargs):
@@ -40,14 +53,28 @@ def constraint_options(command):
     return wrapped
 
 
-def constraint_from(json_schema: str | None = None, json_object: bool = False, regex: str | None = None,
-                    choice: tuple[str, ...] = (), grammar: str | None = None):
+def constraint_from(
+    json_schema: str | None = None,
+    json_object: bool = False,
+    regex: str | None = None,
+    choice: tuple[str, ...] = (),
+    grammar: str | None = None,
+):
     """The Constraint the flags describe (None when none is given); an InputError naming the flag otherwise."""
     from jacobi_rt.runtime.constraints import Constraint
     from jacobi_rt.runtime.errors import InputError
 
-    given = [name for name, value in (("--json-schema", json_schema), ("--json-object", json_object), ("--regex", regex),
-                                      ("--choice", choice), ("--grammar", grammar)) if value]
+    given = [
+        name
+        for name, value in (
+            ("--json-schema", json_schema),
+            ("--json-object", json_object),
+            ("--regex", regex),
+            ("--choice", choice),
+            ("--grammar", grammar),
+        )
+        if value
+    ]
     if len(given) > 1:
         raise InputError(f"{' and '.join(given)} both constrain the output; pass one of them")
     if json_schema:

@@ -16,10 +16,15 @@ def _show_fields(ctx: click.Context, param: click.Parameter, values: tuple[str, 
 
 
 decoding_option = click.option(
-    "--decoding", "decoding", multiple=True, metavar="FIELD=VALUE", callback=_show_fields,
+    "--decoding",
+    "decoding",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    callback=_show_fields,
     help="Set a decoding tuning constant (runtime.config.DecodingConfig; repeatable; VALUE is JSON): e.g. "
-         "--decoding lookahead.branches=1 --decoding draft.max_length=4. None of them changes the output. "
-         "`--decoding help` lists every field with its default and why.")
+    "--decoding lookahead.branches=1 --decoding draft.max_length=4. None of them changes the output. "
+    "`--decoding help` lists every field with its default and why.",
+)
 
 
 def decoding_config(values: tuple[str, ...]):

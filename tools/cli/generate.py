@@ -16,44 +16,159 @@ from .decoding import decoding_config, decoding_option
 @click.command("generate")
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
 @click.option("--prompt", "-p", default=None, help="Text to continue. Use '-' to read it from stdin.")
-@click.option("--chat", "-c", default=None, help="A user message, wrapped in the model's chat template (for instruct models).")
-@click.option("--strategy", type=click.Choice(STRATEGIES), default="auto", show_default=True,
-              help="How guesses are made (the output is the same): greedy = one token per pass; jacobi = the last pass's "
-                   "predictions; lookahead = n-grams from the prompt, the output and the Jacobi trajectories; speculative = "
-                   "the --draft model; auto = the best of these, sending guesses only when they pay.")
-@click.option("--draft", "-d", type=click.Path(exists=True, file_okay=False), default=None,
-              help="A draft artifact (`jacobi-rt export MODEL --role draft`) with the same vocabulary, for speculative/auto.")
-@click.option("--window", "-w", type=click.IntRange(1, 64), default=None, help="Widest pass, in tokens (last token + guesses). Default: adaptive up to 8 for jacobi, up to 16 for the others.")
-@click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=128, show_default=True, help="Most tokens to generate.")
+@click.option(
+    "--chat", "-c", default=None, help="A user message, wrapped in the model's chat template (for instruct models)."
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(STRATEGIES),
+    default="auto",
+    show_default=True,
+    help="How guesses are made (the output is the same): greedy = one token per pass; jacobi = the last pass's "
+    "predictions; lookahead = n-grams from the prompt, the output and the Jacobi trajectories; speculative = "
+    "the --draft model; auto = the best of these, sending guesses only when they pay.",
+)
+@click.option(
+    "--draft",
+    "-d",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="A draft artifact (`jacobi-rt export MODEL --role draft`) with the same vocabulary, for speculative/auto.",
+)
+@click.option(
+    "--window",
+    "-w",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Widest pass, in tokens (last token + guesses). Default: adaptive up to 8 for jacobi, up to 16 for the others.",
+)
+@click.option(
+    "--max-new-tokens",
+    "-n",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Most tokens to generate.",
+)
 @click.option("--stop", multiple=True, help="Stop when this text appears (repeatable); the text is cut before it.")
 @click.option("--stream/--no-stream", default=False, help="Print text as it is generated.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: ids, text and stats (passes, tokens per pass, timings).")
-@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda", "tensorrt"]), default="auto", show_default=True,
-              help="auto: onnxruntime on CUDA when onnxruntime-gpu and a GPU are present, else CPU. "
-                   "tensorrt: the artifact's engine from `jacobi-rt build` (draft too).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads for onnxruntime. Default: the physical cores.")
-@click.option("--graph", type=click.Choice(["auto", "inplace", "portable"]), default="auto", show_default=True,
-              help="onnxruntime graph variant: the in-place KV cache (CPU default when the artifact has it) or the portable one.")
-@click.option("--jacobi-tail/--no-jacobi-tail", default=None,
-              help="speculative (and auto's draft arm): the target's predictions past a rejected guess seed the draft's "
-                   "next window (speculative Jacobi decoding). Default: the runtime's (see the README).")
-@click.option("--temperature", "-t", type=float, default=0.0, show_default=True,
-              help="0: greedy. Above 0: sample from softmax(logits / T); every strategy gives the same text for a --seed.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="Sample from the k most likely tokens only (0: all).")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="Sample from the smallest set holding this probability (1: all).")
-@click.option("--min-p", type=float, default=0.0, show_default=True, help="Drop tokens less likely than this times the top token (0: none).")
-@click.option("--seed", type=int, default=None, help="Sampling seed (the same seed gives the same text). Default: drawn, and printed with the stats.")
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="Divide the logits of tokens already in the prompt or output (1: none).")
-@click.option("--verify", "verify", type=click.Choice(["sampled", "full", "none"]), default="sampled", show_default=True,
-              help="How the artifact's files are checked before loading: sampled = size and a digest of 64 blocks of each "
-                   "(a few MB read); full = every byte's sha256 (as `jacobi-rt verify`); none = no check.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object: ids, text and stats (passes, tokens per pass, timings).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "cpu", "cuda", "tensorrt"]),
+    default="auto",
+    show_default=True,
+    help="auto: onnxruntime on CUDA when onnxruntime-gpu and a GPU are present, else CPU. "
+    "tensorrt: the artifact's engine from `jacobi-rt build` (draft too).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="CPU threads for onnxruntime. Default: the physical cores.",
+)
+@click.option(
+    "--graph",
+    type=click.Choice(["auto", "inplace", "portable"]),
+    default="auto",
+    show_default=True,
+    help="onnxruntime graph variant: the in-place KV cache (CPU default when the artifact has it) or the portable one.",
+)
+@click.option(
+    "--jacobi-tail/--no-jacobi-tail",
+    default=None,
+    help="speculative (and auto's draft arm): the target's predictions past a rejected guess seed the draft's "
+    "next window (speculative Jacobi decoding). Default: the runtime's (see the README).",
+)
+@click.option(
+    "--temperature",
+    "-t",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="0: greedy. Above 0: sample from softmax(logits / T); every strategy gives the same text for a --seed.",
+)
+@click.option(
+    "--top-k", type=int, default=0, show_default=True, help="Sample from the k most likely tokens only (0: all)."
+)
+@click.option(
+    "--top-p",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Sample from the smallest set holding this probability (1: all).",
+)
+@click.option(
+    "--min-p",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Drop tokens less likely than this times the top token (0: none).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Sampling seed (the same seed gives the same text). Default: drawn, and printed with the stats.",
+)
+@click.option(
+    "--repetition-penalty",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Divide the logits of tokens already in the prompt or output (1: none).",
+)
+@click.option(
+    "--verify",
+    "verify",
+    type=click.Choice(["sampled", "full", "none"]),
+    default="sampled",
+    show_default=True,
+    help="How the artifact's files are checked before loading: sampled = size and a digest of 64 blocks of each "
+    "(a few MB read); full = every byte's sha256 (as `jacobi-rt verify`); none = no check.",
+)
 @click.option("--no-verify", is_flag=True, help="The same as --verify none.")
-@click.option("--verbose", "-v", is_flag=True, help="Also print to stderr what was loaded: the backend, graph and threads, and how "
-                                                    "this CPU keeps every strategy's output equal to greedy's (the load-time exactness check).")
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Also print to stderr what was loaded: the backend, graph and threads, and how "
+    "this CPU keeps every strategy's output equal to greedy's (the load-time exactness check).",
+)
 @decoding_option
 @constraint_options
-def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_tokens, stop, stream, as_json, backend, threads, graph, jacobi_tail, temperature,
-                     top_k, top_p, min_p, seed, repetition_penalty, verify, no_verify, verbose, decoding, constraint):
+def generate_command(
+    artifact,
+    prompt,
+    chat,
+    strategy,
+    draft,
+    window,
+    max_new_tokens,
+    stop,
+    stream,
+    as_json,
+    backend,
+    threads,
+    graph,
+    jacobi_tail,
+    temperature,
+    top_k,
+    top_p,
+    min_p,
+    seed,
+    repetition_penalty,
+    verify,
+    no_verify,
+    verbose,
+    decoding,
+    constraint,
+):
     """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
 
     The output is token-for-token the model's greedy output (or, with --temperature, the same
@@ -79,16 +194,29 @@ def generate_command(artifact, prompt, chat, strategy, draft, window, max_new_to
     if stream and as_json:
         raise InputError("--stream and --json do not mix; pick one")
     config = decoding_config(decoding)
-    generator = Generator.load(artifact, draft=draft, backend=backend, threads=threads, verify="none" if no_verify else verify, graph=graph,
-                               config=config)
+    generator = Generator.load(
+        artifact,
+        draft=draft,
+        backend=backend,
+        threads=threads,
+        verify="none" if no_verify else verify,
+        graph=graph,
+        config=config,
+    )
     if verbose:
         loaded = generator.backend
-        click.echo(f"loaded {artifact}: {loaded.name}, {getattr(loaded, 'graph', 'engine')} graph, "
-                   f"{getattr(loaded, 'threads', '-')} threads", err=True)
+        click.echo(
+            f"loaded {artifact}: {loaded.name}, {getattr(loaded, 'graph', 'engine')} graph, "
+            f"{getattr(loaded, 'threads', '-')} threads",
+            err=True,
+        )
         click.echo(loaded.rows.line(), err=True)
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                              repetition_penalty=repetition_penalty)
-    params = GenerationParams(max_new_tokens, strategy, window, tuple(stop), jacobi_tail, sampling, constraint=constraint)
+    sampling = SamplingParams(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, repetition_penalty=repetition_penalty
+    )
+    params = GenerationParams(
+        max_new_tokens, strategy, window, tuple(stop), jacobi_tail, sampling, constraint=constraint
+    )
     options = dict(params=params, chat=chat is not None)
     if stream:
         for piece in generator.stream(text, **options):

@@ -24,5 +24,7 @@ def verify_command(artifact):
 
         for record in manifest.engines:
             verify_engine_file(artifact, record)
-    click.echo(f"{artifact}: {len(manifest.files) + len(manifest.engines)} files match their sha256 "
-               f"({time.perf_counter() - start:.1f} s)")
+    click.echo(
+        f"{artifact}: {len(manifest.files) + len(manifest.engines)} files match their sha256 "
+        f"({time.perf_counter() - start:.1f} s)"
+    )

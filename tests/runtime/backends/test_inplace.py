@@ -16,8 +16,17 @@ FAMILIES = ["llama", "llama-mha-tied", "mistral", "qwen2", "qwen3", "gpt2"]
 PREFIX = [5, 17, 33, 90]
 # a tree window: root 7, then the branches (11, 12) and (40, 41, 42)
 TREE = [7, 11, 12, 40, 41, 42]
-TREE_MASK = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                      [1, 0, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 1]], dtype=bool)
+TREE_MASK = np.array(
+    [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 0, 0, 1, 1, 0],
+        [1, 0, 0, 1, 1, 1],
+    ],
+    dtype=bool,
+)
 TREE_DEPTHS = np.array([0, 1, 2, 1, 2, 3])
 
 
@@ -62,13 +71,26 @@ def test_auto_is_inplace_on_cpu(artifact):
     assert OrtBackend(folder, load_manifest(folder), "cpu", 1).graph == "inplace"
 
 
-@pytest.mark.parametrize("quantization, weights, graph, branches", [
-    ("gguf", {"accuracy_level": 4}, "portable", False),  # int8 activations: this in-place graph is not window-consistent
-    ("gguf", {"accuracy_level": 4, "attention_extra_row": True}, "inplace", False),  # exact with the extra row (gqa_rows.py)
-    ("int4", {"accuracy_level": 4}, "portable", False),
-    ("int8", None, "portable", False),  # an artifact from before the weight pass recorded its level (level 4 then)
-    ("gguf", {"accuracy_level": 0}, "inplace", True),  # float activations: the in-place graph stays exact
-])
+@pytest.mark.parametrize(
+    "quantization, weights, graph, branches",
+    [
+        (
+            "gguf",
+            {"accuracy_level": 4},
+            "portable",
+            False,
+        ),  # int8 activations: this in-place graph is not window-consistent
+        (
+            "gguf",
+            {"accuracy_level": 4, "attention_extra_row": True},
+            "inplace",
+            False,
+        ),  # exact with the extra row (gqa_rows.py)
+        ("int4", {"accuracy_level": 4}, "portable", False),
+        ("int8", None, "portable", False),  # an artifact from before the weight pass recorded its level (level 4 then)
+        ("gguf", {"accuracy_level": 0}, "inplace", True),  # float activations: the in-place graph stays exact
+    ],
+)
 def test_auto_runs_the_inplace_graph_only_where_it_is_exact(artifact, quantization, weights, graph, branches):
     folder = artifact("llama")
     manifest = load_manifest(folder)
@@ -125,7 +147,12 @@ def test_each_row_of_a_batch_has_its_own_length(backends):
         both = ctx.forward(window, positions=positions, window_mask=np.stack([TREE_MASK, TREE_MASK]), want_logits=True)
         for row, length in enumerate([3, 6]):
             with prefill(inplace, prompts[row, :length].tolist()) as alone:
-                one = alone.forward(window[row : row + 1], positions=length + TREE_DEPTHS[None], window_mask=TREE_MASK[None], want_logits=True)
+                one = alone.forward(
+                    window[row : row + 1],
+                    positions=length + TREE_DEPTHS[None],
+                    window_mask=TREE_MASK[None],
+                    want_logits=True,
+                )
             np.testing.assert_allclose(both.logits[row], one.logits[0], atol=1e-4)
             assert (both.greedy_ids[row] == one.greedy_ids[0]).all()
         ctx.commit_rows([0, 3], row=1)  # only row 1 keeps a side branch
@@ -144,7 +171,10 @@ def test_logits_can_be_asked_for_then_not_then_again(backends):
     inplace, portable = backends("llama")
     with prefill(inplace, PREFIX) as ctx, prefill(portable, PREFIX) as ref:
         for want in (True, False, True):
-            got, expected = ctx.forward(np.array([[7, 8]]), want_logits=want), ref.forward(np.array([[7, 8]]), want_logits=True)
+            got, expected = (
+                ctx.forward(np.array([[7, 8]]), want_logits=want),
+                ref.forward(np.array([[7, 8]]), want_logits=True),
+            )
             assert (got.logits is not None) == want
             if want:
                 np.testing.assert_allclose(got.logits, expected.logits, atol=1e-4)
@@ -192,13 +222,18 @@ def test_a_selected_range_of_rows_runs_alone_and_each_row_commits_its_own(backen
         ctx.commit_each([[0, 1, 2, 3], [0, 1], []])
         assert ctx.lengths.tolist() == [0, 4, 2, 0]
         ctx.select(1, 3)
-        out = ctx.forward(np.array([TREE, TREE]), positions=ctx.lengths[1:3, None] + TREE_DEPTHS[None],
-                          window_mask=np.stack([TREE_MASK, TREE_MASK]))
+        out = ctx.forward(
+            np.array([TREE, TREE]),
+            positions=ctx.lengths[1:3, None] + TREE_DEPTHS[None],
+            window_mask=np.stack([TREE_MASK, TREE_MASK]),
+        )
         ctx.commit_each([[0, 3, 4], [0, 1]])  # row 1 an accepted side branch, row 2 a prefix
         assert ctx.lengths.tolist() == [0, 7, 4, 0]
         for row, kept, before in ((1, [7, 40, 41], prompts[0]), (2, [7, 11], prompts[1][:2])):
             with prefill(inplace, before) as alone:
-                alone_out = alone.forward(np.array([TREE]), positions=len(before) + TREE_DEPTHS[None], window_mask=TREE_MASK[None])
+                alone_out = alone.forward(
+                    np.array([TREE]), positions=len(before) + TREE_DEPTHS[None], window_mask=TREE_MASK[None]
+                )
                 assert (alone_out.greedy_ids[0] == out.greedy_ids[row - 1]).all()
             with prefill(inplace, before + kept) as fresh:
                 for layer in range(inplace.manifest.architecture.num_layers):

@@ -13,15 +13,21 @@ from jacobi_rt.runtime.manifest import load_manifest
 @pytest.fixture(scope="module")
 def backend(artifact):
     folder = artifact("llama")
-    return OrtBackend(folder, load_manifest(folder), device="cpu", threads=1, graph="portable")  # test_inplace.py: the other
+    return OrtBackend(
+        folder, load_manifest(folder), device="cpu", threads=1, graph="portable"
+    )  # test_inplace.py: the other
 
 
 def full_pass(backend, seq):
     """Reference: the whole sequence in one pass, with session.run and no cache."""
     arch = backend.manifest.architecture
     n = len(seq)
-    feeds = {"input_ids": np.array([seq]), "position_ids": np.arange(n)[None], "attention_mask": np.ones((1, n), np.int64),
-             "window_mask": np.tril(np.ones((n, n), bool))[None]}
+    feeds = {
+        "input_ids": np.array([seq]),
+        "position_ids": np.arange(n)[None],
+        "attention_mask": np.ones((1, n), np.int64),
+        "window_mask": np.tril(np.ones((n, n), bool))[None],
+    }
     for i in range(arch.num_layers):
         for kind in ("key", "value"):
             feeds[f"past_key_values.{i}.{kind}"] = np.zeros((1, arch.kv_heads, 0, arch.head_dim), np.float32)
@@ -60,8 +66,17 @@ def test_commit_rows_keeps_a_branch(backend):
         ctx.commit(4)
         # a tree window: root 7, then two branches (11, 12) and (40, 41, 42); the second one is kept
         tree = [7, 11, 12, 40, 41, 42]
-        mask = np.array([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                         [1, 0, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 1]], dtype=bool)[None]
+        mask = np.array(
+            [
+                [1, 0, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0, 0],
+                [1, 1, 1, 0, 0, 0],
+                [1, 0, 0, 1, 0, 0],
+                [1, 0, 0, 1, 1, 0],
+                [1, 0, 0, 1, 1, 1],
+            ],
+            dtype=bool,
+        )[None]
         positions = np.array([[4, 5, 6, 5, 6, 7]])
         ctx.forward(np.array([tree]), positions=positions, window_mask=mask)
         ctx.commit_rows([0, 3, 4])
