@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from .acceptance import PassCosts
 from .allocator import Cost, Offer, allocate
-from .config import DecodingConfig  # BATCH_PASS_COSTS: the prior, re-exported
+from .config import BATCH_PASS_COSTS as BATCH_PASS_COSTS  # the prior, re-exported
+from .config import DecodingConfig
 
 
 @dataclass

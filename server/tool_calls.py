@@ -12,10 +12,14 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Literal
 
 _DECODER = json.JSONDecoder()
 _CALL_START = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
 _CUT_NAME = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)(?:"[\s,":a-z]*)?$')  # cut in or just after a name
+_JSON_CALL, _JSON_ANSWER = '{"tool_call": ', '{"response": "'  # the generic json form, its separators fixed
+
+GenericForm = Literal["json", "text"]  # the generic protocol's two forms (server/tool_protocol.py)
 
 
 @dataclass(frozen=True)
@@ -40,8 +44,9 @@ class ToolCalls:
 
     name: the named function (tool_choice {"type": "function", ...}): the output is its arguments
     object. None (tool_choice "required"): the output is a JSON array of {"name", "arguments"}.
-    generic (tool_choice "auto" by the generic protocol, server/tool_protocol.py): the output is a
-    call object, an array of them, or a plain answer (text that starts with neither "{" nor "[").
+    generic (tool_choice "auto" by the generic protocol, server/tool_protocol.py): in its "json" form the
+    output is {"tool_call": CALL} or {"response": TEXT} (the content: TEXT decoded as it is written); in its
+    "text" form a call object, an array of them, or a plain answer (text that starts with neither "{" nor "[").
     tags (tool_choice "auto", where the chat template renders the tools): the output is free text, a
     call being a JSON {"name", "arguments"} object between the two tags the template announced
     (`names`: the functions offered); the text before the first call is the message's content.
@@ -54,7 +59,7 @@ class ToolCalls:
     tags: tuple[str, str] | None = None
     names: tuple[str, ...] = ()
     parallel: bool = True  # parallel_tool_calls: false keeps the first call only (the grammar holds "required" to one)
-    generic: bool = False
+    generic: GenericForm | None = None
 
     @property
     def streams(self) -> bool:
@@ -66,7 +71,13 @@ class ToolCalls:
         """What `text` (an output, or its beginning) says; not for `tags`."""
         if self.name is not None:
             return Progress(None, (Call(self.name, text),))
-        if self.generic:
+        if self.generic == "json":
+            if text.startswith(_JSON_CALL):
+                return Progress(None, self._begun(text[len(_JSON_CALL) :])[:1])
+            if text.startswith(_JSON_ANSWER):
+                return Progress(_string_so_far(text[len(_JSON_ANSWER) :]), ())
+            return Progress(None, ())
+        if self.generic == "text":
             if not text:
                 return Progress(None, ())
             if text[0] == "{":
@@ -145,6 +156,23 @@ def _value_text(text: str) -> str:
     except ValueError:
         return text
     return text[:end]
+
+
+def _string_so_far(text: str) -> str:
+    """The JSON string whose body starts `text`, decoded up to its closing quote, or, unfinished, up to its last
+    whole character (an escape cut short is held back, so that each later text's string extends this one)."""
+    i = 0
+    while i < len(text) and text[i] != '"':
+        if text[i] != "\\":
+            i += 1
+            continue
+        step = 6 if text[i + 1 : i + 2] == "u" else 2
+        if step == 6 and 0xD800 <= int(text[i + 2 : i + 6].ljust(4, "0"), 16) < 0xDC00:
+            step = 12  # a surrogate pair: both halves or neither
+        if i + step > len(text):
+            break
+        i += step
+    return json.loads('"' + text[:i] + '"')
 
 
 def call_id() -> str:

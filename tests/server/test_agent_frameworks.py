@@ -94,3 +94,34 @@ def test_openai_agents_output_type_with_defs(smollm2):
     mode = "openai-agents ChatCompletions output_type"
     schema = RECORDED["modes"][mode][0]["body"]["response_format"]["json_schema"]["schema"]
     jsonschema.validate(json.loads(replay(smollm2, mode, 0)["choices"][0]["message"]["content"]), schema)
+
+
+AUTO_CHAT = [
+    "langchain-openai bind_tools (auto)",
+    "pydantic-ai-slim[openai] tools (auto)",
+    "openai-agents ChatCompletions tools (auto)",
+]
+
+
+@pytest.mark.parametrize("mode", AUTO_CHAT)
+def test_the_default_tool_choice_calls_then_answers(smollm2, mode):
+    """Each framework's default ("auto") on a template that renders no tools: the generic protocol's json form
+    calls multiply(6, 7) (SmolLM2 wrote a Python code block instead before it), its text form answers with the
+    result the tool message brought back."""
+    (call,) = valid_calls(mode, 0, replay(smollm2, mode, 0))
+    assert call["function"]["name"] == "multiply" and json.loads(call["function"]["arguments"]) == {"a": 6, "b": 7}
+    answer = replay(smollm2, mode, 1)["choices"][0]["message"]
+    assert "42" in answer["content"] and not answer.get("tool_calls")
+
+
+def test_the_responses_models_default_tool_choice_calls_then_answers(smollm2):
+    """The openai-agents SDK's default model (the Responses API) with a function tool: a function_call item,
+    then, after its function_call_output, a message."""
+    mode = "openai-agents Responses tools (auto)"
+    (call,) = [item for item in replay(smollm2, mode, 0)["output"] if item["type"] == "function_call"]
+    (tool,) = RECORDED["modes"][mode][0]["body"]["tools"]
+    assert call["name"] == "multiply" and json.loads(call["arguments"]) == {"a": 6, "b": 7}
+    jsonschema.validate(json.loads(call["arguments"]), tool["parameters"])
+    output = replay(smollm2, mode, 1)["output"]
+    assert [item["type"] for item in output] == ["message"]
+    assert "42" in output[0]["content"][0]["text"]

@@ -281,7 +281,8 @@ def test_streamed_tool_calls_come_as_openais_deltas():
 
 
 def test_generic_auto_reads_a_call_an_array_or_a_plain_answer():
-    generic = ToolCalls(None, names=("get_weather", "get_time"), generic=True)
+    """The generic protocol's text form (the turn after tool results)."""
+    generic = ToolCalls(None, names=("get_weather", "get_time"), generic="text")
     one = generic.message('{"name": "get_time", "arguments": {}}', cut=False)
     assert one[0] is None and [c["function"] for c in one[1]] == [{"name": "get_time", "arguments": "{}"}]
     two = generic.message(
@@ -292,6 +293,24 @@ def test_generic_auto_reads_a_call_an_array_or_a_plain_answer():
     assert generic.message('{"name": "get_w', cut=True)[1][0]["function"] == {"name": "get_weather", "arguments": ""}
     reply = Reply("m", chat=True, tools=generic)
     assert reply.piece("") == [] and [c["choices"][0]["delta"] for c in reply.piece("It")] == [{"content": "It"}]
+
+
+def test_generic_auto_json_form_reads_a_call_or_a_response_as_written():
+    """The generic protocol's json form: {"tool_call": CALL} is a call, {"response": TEXT} is TEXT as content,
+    streamed as it is decoded (an escape cut short held back), and each piece's deltas join to the whole reply."""
+    generic = ToolCalls(None, names=("get_weather", "get_time"), generic="json")
+    call = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}'
+    content, calls = generic.message(call, cut=False)
+    assert content is None and [c["function"] for c in calls] == [
+        {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    ]
+    assert generic.message(call[:40], cut=True)[1][0]["function"]["name"] == "get_weather"
+    answer = '{"response": "It is \\"sunny\\" \\u00e9t\\u00e9 \\ud83d\\ude00."}'
+    assert generic.message(answer, cut=False) == ('It is "sunny" été 😀.', None)
+    reply = Reply("m", chat=True, tools=generic)
+    deltas = [c["choices"][0]["delta"] for char in answer for c in reply.piece(char)]
+    assert "".join(d.get("content", "") for d in deltas) == 'It is "sunny" été 😀.'
+    assert all(d.get("content") for d in deltas) and "\ufffd" not in "".join(d["content"] for d in deltas)
 
 
 def test_auto_reads_calls_between_the_templates_tags():

@@ -23,7 +23,7 @@ from jacobi_rt.runtime.params import GenerationParams  # noqa: E402
 from jacobi_rt.server.run import BackgroundServer  # noqa: E402
 from jacobi_rt.server.settings import ServerSettings  # noqa: E402
 from jacobi_rt.server.tool_calls import ToolCalls  # noqa: E402
-from jacobi_rt.server.tool_protocol import described, grammar  # noqa: E402
+from jacobi_rt.server.tool_protocol import described, generic_form, grammar  # noqa: E402
 
 MODEL = "smollm2-135m"
 MULTIPLY = {
@@ -54,7 +54,7 @@ WEATHER = {
 }
 TOOLS = [WEATHER, MULTIPLY]
 CALLS = [{"role": "user", "content": "Call multiply with a=6 and b=7."}]  # SmolLM2 calls here (greedy)
-CHAT = [{"role": "user", "content": "Hi! Who are you?"}]  # and answers here
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]  # and answers here ("Hi!": a call)
 STRATEGIES = ["greedy", "jacobi", "lookahead", "speculative", "auto"]
 
 
@@ -199,13 +199,14 @@ def test_every_strategy_gives_greedys_output(api, served, messages):
         for s in strategies
     }
     functions = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    form = generic_form(messages)
     expected = gen.generate(
-        messages=described(messages, [t["function"] for t in TOOLS], True),
+        messages=described(messages, [t["function"] for t in TOOLS], True, form),
         max_new_tokens=40,
-        params=GenerationParams(constraint=Constraint.lark(grammar(functions, True))),
+        params=GenerationParams(constraint=Constraint.lark(grammar(functions, True, form))),
         strategy="greedy",
     )
-    content, calls = ToolCalls(None, names=tuple(functions), generic=True).message(expected.text, cut=False)
+    content, calls = ToolCalls(None, names=tuple(functions), generic=form).message(expected.text, cut=False)
     for strategy, reply in replies.items():
         message = reply.choices[0].message
         assert reply.model_extra["jacobi"]["strategy"] == strategy
