@@ -13,4 +13,4 @@ jrt="$JACOBI_RT_VENV/bin/jacobi-rt"
 [ -f build/smollm2-135m/jacobi.json ] || "$jrt" export smollm2-135m --out build/smollm2-135m
 [ -f build/smollm2-135m-int8/jacobi.json ] \
   || "$jrt" export smollm2-135m --role draft --quantize int8 --graphs-from build/smollm2-135m --out build/smollm2-135m-int8
-"$py" -m jacobi_rt.tools.demo build/smollm2-135m --draft build/smollm2-135m-int8 "$@"
+"$py" -m benchmarks.demo build/smollm2-135m --draft build/smollm2-135m-int8 "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up from scratch and run every test, as CI does:
 #  1. the export environment (torch, transformers, onnx, onnxruntime) exports the test artifacts
-#     and runs the exporter, tools and docs tests (the real SmolLM2-135M export included), plus
+#     and runs the exporter, tools, benchmarks and docs tests (the real SmolLM2-135M export included), plus
 #     the few runtime/server tests that need it (greedy vs transformers' generate; Ray Serve);
 #  2. a second, torch-free environment (`pip install ".[cpu,serve,structured]"` only) runs the runtime,
 #     engine and server tests against those artifacts, proving they need no PyTorch. They run
@@ -49,7 +49,7 @@ runtime_suite=$!
 # runtime suite is done.
 echo "== exporter, tools and docs suites (export environment, two workers)"
 status=0
-"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra -n 2 --dist loadfile tests/exporter tests/tools tests/test_*.py \
+"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra -n 2 --dist loadfile tests/exporter tests/tools tests/benchmarks tests/test_*.py \
     tests/runtime/test_vs_transformers.py tests/server/test_ray.py "$@" || status=$?
 
 echo "== runtime suite (torch-free environment): its report"

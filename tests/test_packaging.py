@@ -49,6 +49,28 @@ def test_the_prompt_set_is_a_declared_package_without_warnings(wheel):
     assert "absent from the `packages` configuration" not in log  # setuptools' data-package warning
 
 
+def test_the_wheel_holds_the_command_line_not_the_measuring_scripts(wheel):
+    """tools/ ships what `jacobi-rt` imports (bench, its peers and plots, the random models); benchmarks/ stays in
+    the checkout (`python -m benchmarks.NAME`)."""
+    path, _ = wheel
+    names = zipfile.ZipFile(path).namelist()
+    assert not [n for n in names if n.startswith("benchmarks/")]
+    tools = sorted(
+        n.removeprefix("jacobi_rt/tools/") for n in names if n.startswith("jacobi_rt/tools/") and n.endswith(".py")
+    )
+    assert [n for n in tools if not n.startswith("cli/")] == [
+        "__init__.py",
+        "bench.py",
+        "bench_plots.py",
+        "peers.py",
+        "random_gguf.py",
+        "random_model.py",
+        "random_shapes.py",
+        "random_values.py",
+        "safetensors_shards.py",
+    ]
+
+
 def test_the_version_is_written_once(wheel):
     path, _ = wheel
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

@@ -1,4 +1,4 @@
-"""The GPU benchmark of tools/gpu_check.sh: SmolLM2-135M, greedy vs jacobi vs lookahead vs speculative,
+"""The GPU benchmark of scripts/gpu_check.sh: SmolLM2-135M, greedy vs jacobi vs lookahead vs speculative,
 on TensorRT, onnxruntime CUDA, and onnxruntime CPU for comparison; a short table last.
 
     python tests/engines/gpu_bench.py --artifacts build/test-artifacts --engines build/gpu-check

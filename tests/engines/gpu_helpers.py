@@ -16,7 +16,7 @@ from jacobi_rt.runtime.errors import BackendError, MissingDependencyError
 from jacobi_rt.runtime.manifest import load_manifest
 from jacobi_rt.runtime.spec import MANIFEST_NAME
 
-ENGINE_DIR = "JACOBI_RT_ENGINE_DIR"  # where artifact copies with engines live (tools/gpu_check.sh sets it)
+ENGINE_DIR = "JACOBI_RT_ENGINE_DIR"  # where artifact copies with engines live (scripts/gpu_check.sh sets it)
 
 
 def gpu_missing() -> str | None:

@@ -272,7 +272,7 @@ def test_smollm2_sixteen_rows_equal_their_solo_greedy(artifact, strategy):
             )
             pytest.fail(
                 f"prompt {i} ({topics[i]!r}): batched differs from solo greedy first at new token {at}; "
-                "run tools/batch_check.py for the top-2 logit gap (a gap near 1e-4 is a numerical near-tie)"
+                "run benchmarks/batch_check.py for the top-2 logit gap (a gap near 1e-4 is a numerical near-tie)"
             )
 
 

@@ -94,7 +94,7 @@ def test_smollm2_extraction_outputs_validate(loaded):
     """Every extraction prompt, constrained greedy and one seeded sample: each output parses and
     follows its schema (SmolLM2-135M, one token a pass; about two minutes on 2 cores)."""
     jsonschema = pytest.importorskip("jsonschema")
-    from jacobi_rt.tools.extraction import extraction_set
+    from benchmarks.extraction import extraction_set
 
     backend, tokenizer, bridge = loaded("smollm2-135m")
     for i, item in enumerate(extraction_set()):

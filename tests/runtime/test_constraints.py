@@ -16,7 +16,7 @@ from jacobi_rt.runtime.grammar import grammar_tokenizer  # noqa: E402
 from jacobi_rt.runtime.manifest import load_manifest  # noqa: E402
 from jacobi_rt.runtime.tokenizer import Tokenizer  # noqa: E402
 from jacobi_rt.runtime.tree import build_tree  # noqa: E402
-from jacobi_rt.tools.extraction import extraction_set  # noqa: E402
+from benchmarks.extraction import extraction_set  # noqa: E402
 
 SCHEMA = {
     "type": "object",

@@ -44,5 +44,5 @@ def test_smollm2_inplace_greedy_equals_portable_greedy(artifact):
             at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             pytest.fail(
                 f"{prompt!r}: the graphs' greedy outputs differ first at new token {at}; "
-                "`python -m jacobi_rt.tools.graph_bench` reports the top-2 gap there (a near-tie if tiny)"
+                "`python -m benchmarks.graph_bench` reports the top-2 gap there (a near-tie if tiny)"
             )

@@ -17,7 +17,7 @@ from jacobi_rt.runtime.constraints import Constraint  # noqa: E402
 from jacobi_rt.runtime.errors import InputError  # noqa: E402
 from jacobi_rt.runtime.params import GenerationParams  # noqa: E402
 from jacobi_rt.runtime.sampling import SamplingParams  # noqa: E402
-from jacobi_rt.tools.extraction import extraction_set  # noqa: E402
+from benchmarks.extraction import extraction_set  # noqa: E402
 
 SCHEMA = {
     "type": "object",

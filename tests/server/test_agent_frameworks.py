@@ -1,5 +1,5 @@
 """The request bodies LangChain, pydantic-ai and the openai-agents SDK really sent (recorded once by
-tools/agent_frameworks.py --record; versions in the fixture), replayed over real HTTP on SmolLM2-135M:
+benchmarks/agent_frameworks.py --record; versions in the fixture), replayed over real HTTP on SmolLM2-135M:
 200s, tool-call arguments valid against the tool's parameters, and each turn of the agent loop answered."""
 
 from __future__ import annotations

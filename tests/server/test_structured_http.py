@@ -61,7 +61,7 @@ def test_chat_json_schema_is_the_generators_constrained_output(api, gen):
     assert reply.model_extra["jacobi"]["tokens_per_pass"] > 1.0  # the forced runs went in as guesses
     cost = reply.model_extra["jacobi"][
         "constraint"
-    ]  # what the masks cost, for clients measuring it (tools/structured_load)
+    ]  # what the masks cost, for clients measuring it (benchmarks/structured_load)
     assert (
         cost["mask_seconds"] > 0
         and cost["mask_rows"] >= reply.model_extra["jacobi"]["target_passes"]
