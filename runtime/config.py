@@ -25,10 +25,10 @@ import numpy as np
 from .errors import InputError
 
 # Relative cost of one target pass of W tokens vs W=1, SmolLM2-135M fp32 on 2 CPU cores (measured with
-# tools/pass_bench.py). Only a prior: PassCosts replaces it with this machine's measured costs.
+# benchmarks/pass_bench.py). Only a prior: PassCosts replaces it with this machine's measured costs.
 CPU_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.25, 8: 1.6, 16: 1.85, 32: 2.9}
 # Relative cost of a batched pass (rows > 1) by its total tokens (rows x width), vs one token: SmolLM2-135M fp32 on
-# 2 CPU cores, measured 2026-11-30 with the in-place graph at past 128 (tools/pass_bench.py --batches 1,4,16):
+# 2 CPU cores, measured 2026-11-30 with the in-place graph at past 128 (benchmarks/pass_bench.py --batches 1,4,16):
 # batch 4 x W 1: 1.27, 1 x 16: 2.16, 16 x 1: 2.77, 16 x 2: 4.31, 16 x 4: 6.81 (noisy: a shared CPU).
 BATCH_PASS_COSTS: dict[int, float] = {1: 1.0, 4: 1.27, 16: 2.5, 32: 4.3, 64: 6.8, 256: 25.0}
 

@@ -283,7 +283,7 @@ class Generator:
     def default_slots(self, memory_share: float = 0.25) -> int:
         """The batcher's slots when none are asked for: 1 where a context holds one row; else as many rows as
         fill `memory_share` of the available memory with their KV caches at the batch context, between 1 and
-        DEFAULT_SLOTS (a CPU pass of more rows costs more than they gain: tools/load_bench.py)."""
+        DEFAULT_SLOTS (a CPU pass of more rows costs more than they gain: benchmarks/load_bench.py)."""
         if not self.backend.batched:
             return 1
         arch = self.manifest.architecture

@@ -233,7 +233,7 @@ def for_template(messages: list[dict], template: str | None) -> list[dict]:
 
 def _closed(turn: dict) -> dict:
     """A run of tool results as one user turn, ending with a request to answer: without it SmolLM2-135M
-    repeats the call it just made, turn after turn, until an agent's turn limit (tools/agent_frameworks.py)."""
+    repeats the call it just made, turn after turn, until an agent's turn limit (benchmarks/agent_frameworks.py)."""
     several = turn["tool_results"] > 1
     return {"role": "user", "content": turn["content"] + "\n\n" + (ANSWER_SEVERAL if several else ANSWER_ONE)}
 

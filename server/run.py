@@ -1,5 +1,5 @@
 """Running the app with uvicorn: serve() in the foreground (the CLI), BackgroundServer on a loopback
-port in a thread (tests, tools/load_bench).
+port in a thread (tests, benchmarks/load_bench).
 
 Shutdown (Ctrl-C, SIGTERM, BackgroundServer.stop) is graceful: uvicorn stops accepting connections,
 lets in-flight requests finish for `settings.shutdown_grace` seconds, then cancels what is left

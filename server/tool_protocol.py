@@ -102,7 +102,7 @@ def described(messages: list[dict], functions: list[dict], parallel: bool, form:
 def listed(messages: list[dict], functions: list[dict]) -> list[dict]:
     """`messages` with the tools listed as `described` lists them, without the protocol's words: under a named
     tool_choice the grammar alone says what to write. SmolLM2-135M without the list wrote {"a": 10, "b": 7}
-    for "Call multiply with a=6 and b=7" (tools/agent_frameworks.py). Not for "required": its output names
+    for "Call multiply with a=6 and b=7" (benchmarks/agent_frameworks.py). Not for "required": its output names
     the function, and with the list SmolLM2 wrote the same call again and again until max_tokens."""
     return _appended(messages, _lines(functions))
 

@@ -115,7 +115,7 @@ class OrtBackend(Backend):
 
 def session_options(ort, threads: int):
     """How the runtime runs a graph: every onnxruntime optimization, one sequential stream of nodes,
-    `threads` intra-op threads (tools/op_profile.py profiles a pass with the same)."""
+    `threads` intra-op threads (benchmarks/op_profile.py profiles a pass with the same)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -142,7 +142,7 @@ def _pick_graph(manifest: Manifest, graph: str, device: str) -> str:
     level 4 with the extra attention row); CUDA keeps the portable graph (DeviceKV). For SmolLM2's GGUF
     weights the in-place graph (packed q|k|v, rotary inside the attention) is faster up to a past of
     256 and even at 1024 (the extra row takes GroupQueryAttention's many-row path, whose cost grows with
-    the past); greedy 1.17x the portable graph's tokens/s on 8 prompts (tools/graph_bench)."""
+    the past); greedy 1.17x the portable graph's tokens/s on 8 prompts (benchmarks/graph_bench)."""
     if graph not in ("auto", PORTABLE, INPLACE):
         raise BackendError(f"graph must be auto, {PORTABLE} or {INPLACE}, not {graph!r}")
     has_inplace = INPLACE in manifest.graphs
