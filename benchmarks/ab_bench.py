@@ -59,7 +59,7 @@ def worker(artifact: str, draft: str | None, threads: int) -> None:
         started = time.perf_counter()
         first = None
         stream = gen.start(messages=messages, max_new_tokens=ask["max_new_tokens"], strategy=ask["strategy"])
-        for piece in stream:
+        for _piece in stream:
             if first is None:
                 first = time.perf_counter() - started
         wall = time.perf_counter() - started

@@ -505,7 +505,7 @@ def ortgenai_static_batch(folder: str, prompts: list[dict], max_tokens: int, thr
 
     config = og.Config(folder)
     if threads:
-        config.overlay('{"model": {"decoder": {"session_options": {"intra_op_num_threads": %d}}}}' % threads)
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
     model = og.Model(config)
     ids = np.array([p["ids"] for p in prompts], dtype=np.int32)
     started = time.perf_counter()

@@ -92,15 +92,15 @@ def walk(bridge, constraint, ids: list[int]) -> dict[str, float]:
     logits = np.random.default_rng(0).standard_normal(bridge.vocab_size).astype(np.float32)
     root = ids[0]
     for i in range(len(ids)):
-        spent["w1"].append(_timed(lambda: matcher.masks([root], [-1])))
+        spent["w1"].append(_timed(matcher.masks, [root], [-1]))
         rest = ids[i : i + 7]
         chain = build_tree(root, [rest])
-        spent["chain8"].append(_timed(lambda: matcher.masks(chain.tokens, chain.parents)))
+        spent["chain8"].append(_timed(matcher.masks, chain.tokens, chain.parents))
         other = rest[:3] + [(rest[3] + 1) % bridge.vocab_size] if len(rest) >= 4 else rest
         tree = build_tree(root, [rest[:4], other])
-        spent["tree8"].append(_timed(lambda: matcher.masks(tree.tokens, tree.parents)))
+        spent["tree8"].append(_timed(matcher.masks, tree.tokens, tree.parents))
         if executor is not None:
-            spent["executor8"].append(_timed(lambda: _executor_chain(executor, matcher, rest, bridge.words)))
+            spent["executor8"].append(_timed(_executor_chain, executor, matcher, rest, bridge.words))
         masks = matcher.masks([root], [-1])
         started = time.perf_counter()
         masked_greedy(logits, int(np.argmax(logits)), masks.allowed(0))
@@ -112,9 +112,9 @@ def walk(bridge, constraint, ids: list[int]) -> dict[str, float]:
     return {k: statistics.mean(v) for k, v in spent.items() if v}
 
 
-def _timed(call) -> float:
+def _timed(call, *args) -> float:
     started = time.perf_counter()
-    call()
+    call(*args)
     return 1e3 * (time.perf_counter() - started)
 
 

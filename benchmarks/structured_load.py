@@ -267,9 +267,10 @@ def figures(pair: dict, mine: list[dict], theirs: list[dict], pairing: str) -> d
         for a in mine
         if a["decode_seconds"]
     ]
-    seconds = lambda answers: statistics.median(
-        a["first_token"] + a["decode_seconds"] for a in answers
-    )  # sent to last piece
+
+    def seconds(answers: list[dict]) -> float:  # sent to last piece
+        return statistics.median(a["first_token"] + a["decode_seconds"] for a in answers)
+
     return dict(
         item=pair["item"],
         valid=valid,

@@ -37,7 +37,7 @@ POLYGRAPHY_HINT = (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class BuildOptions:
     precision: str = "fp16"
     limits: Limits = field(default_factory=Limits)

@@ -14,9 +14,8 @@ def pass_cost(window: int, costs: dict[int, float] = CPU_PASS_COSTS) -> float:
     points = sorted(costs.items())
     if len(points) == 1:
         return points[0][1]
-    for (w0, c0), (w1, c1) in zip(points, points[1:]):
-        if window <= w1:
-            break  # else the last segment, extrapolated
+    segments = list(zip(points, points[1:]))
+    (w0, c0), (w1, c1) = next((s for s in segments if window <= s[1][0]), segments[-1])  # the last: extrapolated
     return c0 + (c1 - c0) * (window - w0) / (w1 - w0)
 
 

@@ -124,7 +124,10 @@ def _ranked(guess: Guess, limit: int, cost: Cost, margin: float) -> tuple[int, f
     margin = margin if guess.margin is None else guess.margin
     if guess.free:  # a sure run, then the rest judged as if the run were committed: a pass of its own after it
         run = min(guess.free, limit)
-        past = lambda width: cost(run + width) - cost(run + 1) + cost(1)  # what widening the run's pass costs
+
+        def past(width: int) -> float:  # what widening the run's pass costs
+            return cost(run + width) - cost(run + 1) + cost(1)
+
         length, gain = cut(guess.accept[run:], limit - run, past, guess.cost)
         length = length if gain > 1.0 + margin else 0
         return run + length, expected_tokens(guess, run + length) / (cost(run + length + 1) + length * guess.cost)

@@ -27,14 +27,14 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from .errors import APIError
 from .schemas import GenerationCall, _validate, parse_chat, refuse_extra
 
-Number = Union[StrictInt, StrictFloat]
+Number = StrictInt | StrictFloat
 
 STORE_RESPONSES = 1024  # responses kept for previous_response_id
 STORE_CHARS = 64 << 20  # and at most this much conversation (JSON characters) in all

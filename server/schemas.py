@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
@@ -31,7 +31,7 @@ from .history import ChatMessage, checked_messages
 from .structured import StructuredOutputs, constraint_of
 from .tool_calls import ToolCalls
 
-Number = Union[StrictInt, StrictFloat]
+Number = StrictInt | StrictFloat
 
 
 class JacobiOptions(BaseModel):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import subprocess
 import sys
 import time
@@ -184,7 +185,7 @@ class OrtGenaiConfig:
     def _load(og, folder: Path, threads: int | None):
         config = og.Config(str(folder))
         if threads:
-            config.overlay('{"model": {"decoder": {"session_options": {"intra_op_num_threads": %d}}}}' % threads)
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
         return og.Model(config)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:

@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("llguidance", reason="structured output needs llguidance: pip install '.[structured]'")
 
+from benchmarks.extraction import extraction_set  # noqa: E402
 from jacobi_rt.runtime.constraints import Constraint, ConstraintError  # noqa: E402
 from jacobi_rt.runtime.errors import InputError  # noqa: E402
 from jacobi_rt.runtime.grammar import grammar_tokenizer  # noqa: E402
 from jacobi_rt.runtime.manifest import load_manifest  # noqa: E402
 from jacobi_rt.runtime.tokenizer import Tokenizer  # noqa: E402
 from jacobi_rt.runtime.tree import build_tree  # noqa: E402
-from benchmarks.extraction import extraction_set  # noqa: E402
 
 SCHEMA = {
     "type": "object",

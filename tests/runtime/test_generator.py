@@ -75,7 +75,7 @@ def test_a_text_stream_shows_the_tokens_committed_up_to_each_piece(gen):
     growing with the pieces and ending as the result's (the server's per-chunk logprobs read it)."""
     stream = gen.start("The quick brown fox", max_new_tokens=12, strategy="jacobi", temperature=0.8, seed=3, logprobs=2)
     seen = []
-    for piece in stream.steps():
+    for _piece in stream.steps():
         seen.append(len(stream.committed.ids))
         assert len(stream.committed.logprobs) >= seen[-1]
     assert seen == sorted(seen) and seen[-1] == len(stream.result.ids) and len(set(seen)) > 2

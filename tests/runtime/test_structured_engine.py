@@ -12,12 +12,12 @@ pytest.importorskip("llguidance", reason="structured output needs llguidance: pi
 
 from constrained import constrained_decode  # noqa: E402
 
+from benchmarks.extraction import extraction_set  # noqa: E402
 from jacobi_rt.runtime import Generator  # noqa: E402
 from jacobi_rt.runtime.constraints import Constraint  # noqa: E402
 from jacobi_rt.runtime.errors import InputError  # noqa: E402
 from jacobi_rt.runtime.params import GenerationParams  # noqa: E402
 from jacobi_rt.runtime.sampling import SamplingParams  # noqa: E402
-from benchmarks.extraction import extraction_set  # noqa: E402
 
 SCHEMA = {
     "type": "object",

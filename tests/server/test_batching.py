@@ -162,7 +162,7 @@ def test_the_next_chat_turn_reuses_the_conversation_and_the_usage_and_metrics_sa
         client = OpenAI(base_url=server.url + "/v1", api_key="-")
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there."}]
         usages, texts = [], []
-        for turn in range(2):
+        for _turn in range(2):
             reply = client.chat.completions.create(model="llama", messages=messages, max_tokens=8)
             usages.append(reply.usage)
             texts.append(reply.choices[0].message.content)

@@ -211,7 +211,7 @@ def test_killing_a_replica_mid_load_fails_only_its_requests_and_ray_restarts_it(
         outcomes = [f.result(timeout=180) for f in futures]  # none hangs
         whole_outcomes = [f.result(timeout=180) for f in whole]
 
-    for prompt, (status, text, replica) in zip(PROMPTS[:2], whole_outcomes):
+    for prompt, (status, text, _replica) in zip(PROMPTS[:2], whole_outcomes):
         # done (on either replica), or failed with a server or connection error (it was on the killed one)
         assert (
             (status == "ok" and text.startswith(expected[prompt]))
