@@ -43,7 +43,6 @@ class DraftSlots:
         self.ctx = backend.context(capacity + (0 if self.lone else SPARE), batch=slots)
         self.free = list(range(slots))  # the lowest is taken first: drafting rows stay low, passes narrow
         self.wanted: list[tuple[Proposer, int]] = []
-        self.passes = 0  # draft passes run (for tests and tools)
 
     @classmethod
     def open(cls, backend: Backend | None, slots: int, capacity: int) -> DraftSlots | None:
@@ -134,7 +133,6 @@ class DraftSlots:
         self.ctx.select(lo, hi)
         started = time.perf_counter()
         out = self.ctx.forward(ids, positions, mask, want_logits=want_logits)
-        self.passes += 1
         return out, lo, time.perf_counter() - started  # the one timing of the draft's passes
 
     @staticmethod
