@@ -32,6 +32,7 @@ from .request import MAX_WINDOW, ModelFacts, Request, prompt_ids, resolve
 from .row import END, Row
 from .sampling import Sampler
 from .strategies import ProposerInputs, build_proposer
+from .structured import GrammarStage
 from .tokenizer import Detokenizer, Tokenizer
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -410,6 +411,9 @@ class Generator:
 
     def _row(self, request: Request, capacity: int, max_context: int) -> Row:
         sampler = Sampler(request.sampling, len(request.prompt_ids))
+        eos = set(self.manifest.tokens.eos_ids)
+        logprobs = request.sampling.logprobs is not None
+        stage = None if request.matcher is None else GrammarStage(request.matcher, eos, logprobs)
         # each pass's window: adaptive between 1 and the window for plain Jacobi without a window, else fixed
         policy = (
             AdaptiveWindow(request.window, request.config.jacobi) if request.adaptive else FixedWindow(request.window)
@@ -420,9 +424,9 @@ class Generator:
             self._proposer(request, capacity),
             sampler,
             policy,
-            set(self.manifest.tokens.eos_ids),
+            eos,
             max_context,
-            request.matcher,
+            stage,
         )
 
     def _pieces(

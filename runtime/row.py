@@ -5,10 +5,9 @@ as a tree), then settles it: reads its picks (the in-graph greedy ids, or its sa
 logits), walks its tree, and hands its proposer the one PassResult. Every committed token is the
 target's own prediction given its prefix, so a row equals its own one-token decoding.
 
-A constrained row (structured output, runtime/grammar.py) offers the tokens its grammar forces as a
-guess right with chance 1, its proposer guessing past them as if they were committed (every guess cut
-to the grammar), masks each node's pick with the grammar's state after that node's prefix, and asks for
-logits; its pick at each node is one-token constrained decoding's, so it stays exact too.
+A row's output stage (runtime/structured.py) acts before and after each pass: for structured output it
+prepends the tokens its grammar forces as a sure guess, cuts every guess to the grammar and masks each
+node's pick; the row only calls its hooks (free text: each leaves things as they are).
 
 A pass, one row, lookahead (last committed token "a", a guess "b c d" and a side branch "b e"):
 
@@ -30,11 +29,12 @@ import numpy as np
 
 from .allocator import allocate
 from .backends.base import lower_triangular
-from .grammar import ConstrainedOffer, Masks, Matcher
+from .grammar import Masks
 from .pass_budget import Bid
 from .passes import pass_result
 from .proposers import Proposer, observe_costs, own_cost
 from .sampling import Sampler, SamplingParams, TokenLogprob, masked_greedy
+from .structured import OutputStage
 from .tree import Tree, build_tree
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -68,8 +68,8 @@ class Planned:
 
 class Row:
     """One generation: its prompt, proposer, sampler, limits, slot, and committed tokens (`tokens`: a queue
-    of each pass's committed tokens, [] for a prompt chunk, then END). `matcher`: the grammar the output
-    must follow (runtime.constraints; None: free text)."""
+    of each pass's committed tokens, [] for a prompt chunk, then END). `stage`: what shapes its output
+    around each pass (runtime.structured; None: free text)."""
 
     def __init__(
         self,
@@ -80,15 +80,15 @@ class Row:
         window: int | FixedWindow | AdaptiveWindow,
         eos_ids: set[int],
         max_context: int,
-        matcher: Matcher | None = None,
+        stage: OutputStage | None = None,
     ):
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.proposer = proposer
         self.sampler = sampler or Sampler(SamplingParams(), len(prompt))
         self.sampling = not self.sampler.params.greedy  # logits reach the host and the sampler picks
-        self.matcher = matcher
-        self.wants_logits = self.sampling or matcher is not None  # a constrained pick may not be the in-graph one
+        self.stage = stage or OutputStage()
+        self.wants_logits = self.sampling or self.stage.wants_logits
         self.policy = FixedWindow(window) if isinstance(window, int) else window
         self.eos_ids = eos_ids
         self.max_context = max_context
@@ -106,9 +106,7 @@ class Row:
         self.finished = False
         self.cancelled = threading.Event()
         self.admitted_at = self.first_token_at = None  # batcher clock
-        self._bid: Bid | None = None  # for the next pass (a constrained row's offer: with the forced run)
-        self._constrained: ConstrainedOffer | None = None  # where a constrained offer's guesses came from
-        self._forced_nodes = 0  # of the planned window: the forced run's nodes (1..F)
+        self._bid: Bid | None = None  # for the next pass (under a grammar: with the forced run)
         self._guesses: tuple[list[int], list[list[int]]] = ([], [])  # the forced run, the proposer's guesses (guess)
         self._planned: Planned | None = None
 
@@ -124,12 +122,8 @@ class Row:
         its proposer's offer for it."""
         room = self.max_context - 1 - length
         want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
-        # under a grammar, the forced run as a sure guess, the proposer guessing past it; every guess cut to the grammar
-        forced = self.matcher.forced(want - 1) if self.matcher is not None and want > 1 else []
-        offer = self.proposer.offer(want - 1 - len(forced), after=forced)
-        if self.matcher is not None:
-            self._constrained = self.matcher.constrain(offer, forced)
-            offer = self._constrained.offer
+        forced = self.stage.forced(want)  # a sure guess; the proposer guesses past it
+        offer = self.stage.offer(self.proposer.offer(want - 1 - len(forced), after=forced), forced)
         self._bid = Bid(want, offer, own_cost(self.proposer))
         return self._bid
 
@@ -138,7 +132,7 @@ class Row:
         proposer (a seated draft's chain is filled by the batcher's draft step before `plan`)."""
         w = min(self._bid.want, width)
         allocation = allocate(self._bid.offer, w - 1, self._bid.cost)
-        forced, own = ([], allocation) if self.matcher is None else self._constrained.split(allocation)
+        forced, own = self.stage.split(allocation)
         self._guesses = forced, self.proposer.take(own, w - 1 - len(forced))
 
     def plan(self, width: int, length: int) -> Planned:
@@ -155,15 +149,8 @@ class Row:
         else:
             w = min(self._bid.want, width)
             forced, guesses = self._guesses
-            if self.matcher is not None:  # each guess continues the forced run; a draft's chain is cut here
-                guesses = [g[: self.matcher.cut(g)] for g in ([*forced, *g] for g in guesses)] or [forced]
-            tree, masks = build_tree(self.last, guesses, max_nodes=w), None
-            if self.matcher is not None:
-                masks = self.matcher.masks(tree.tokens, tree.parents)
-                self._forced_nodes = min(len(forced), w - 1)  # nodes 1..F: the forced run, the tree's first chain
-                self.matcher.cost.forced_sent += self._forced_nodes
-                if forced:
-                    self.matcher.cost.past_forced_sent += len(tree.tokens) - 1 - self._forced_nodes
+            tree = build_tree(self.last, self.stage.guesses(forced, guesses), max_nodes=w)
+            masks = self.stage.masks(tree, forced)
             planned = Planned(
                 tree.tokens,
                 length + np.asarray(tree.positions, dtype=np.int64),
@@ -191,14 +178,13 @@ class Row:
         if self.sampling:
             for entry, token in zip(verdict.keep, verdict.committed):
                 self.sampler.record(logits[entry], token)
-            self.history += verdict.committed
         result = pass_result(tree, predictions, verdict, seconds, *shape)
         observe_costs(self.proposer, result)  # the loop teaches the cost curves, once per pass
         self.proposer.update(result)
         self.policy.observe(result)
-        new = verdict.committed
-        if self.matcher is not None:
-            new = self._constrained_commit(new, verdict.path)
+        new = self.stage.commit(verdict.committed, verdict.path, self.max_new_tokens - self.produced)
+        if self.sampling:
+            self.history += new
         self.progress.target_passes += 1
         self.progress.accepted += len(new)
         self._emit(new, length + len(verdict.keep))
@@ -211,16 +197,17 @@ class Row:
         if self.fed < len(self.prompt):
             self.tokens.put([])  # the caller gets control between prefill passes
             return list(range(n))
-        masks = None if self.matcher is None else self.matcher.masks([self.prompt[-1]], [-1])
+        masks = self.stage.first_masks(self.prompt[-1])
         self.history = list(self.prompt) if self.sampling else None
         last = slice(n - 1, n)  # the pick after the prompt's last token
         first = self._picks(greedy[last], logits if logits is None else logits[last], [self.prompt[-1]], [-1], masks)[0]
         if self.sampling:
             self.sampler.record(logits[n - 1], first)
-            self.history.append(first)
         self.proposer.use_sampler(self.sampler if self.sampling else None)
         self.proposer.start(self.prompt, first)
-        new = [first] if self.matcher is None else self._constrained_commit([first], [])
+        new = self.stage.commit([first], [], self.max_new_tokens - self.produced)
+        if self.sampling:
+            self.history += new
         self._emit(new, len(self.prompt))
         return list(range(n))
 
@@ -246,29 +233,6 @@ class Row:
             allowed = (masks.allowed(node),) if masks is not None and masks.live[node] else ()
             picks.append(self.sampler.sample(logits[node], prefix, len(prefix), *allowed))
         return picks
-
-    def _constrained_commit(self, new: list[int], path: list[int]) -> list[int]:
-        """Advance the grammar past the committed tokens (through the first EOS). Where the grammar then
-        allows nothing but the one EOS, that EOS is committed now, without a pass (the pick a pass would
-        make; not when logprobs are recorded, which need its logits)."""
-        cut = next((i for i, t in enumerate(new) if t in self.eos_ids), len(new) - 1)
-        new = new[: cut + 1]
-        self.matcher.commit(new)
-        self.matcher.cost.forced_committed += sum(1 for node in path if node <= self._forced_nodes)
-        m = self.matcher
-        if (
-            m.finished
-            and not m.ended
-            and len(self.eos_ids) == 1
-            and self.produced + len(new) < self.max_new_tokens
-            and self.sampler.params.logprobs is None
-        ):
-            eos = next(iter(self.eos_ids))
-            m.commit([eos])
-            new = [*new, eos]
-            if self.history is not None:
-                self.history.append(eos)
-        return new
 
     def _emit(self, new: list[int], length: int) -> None:
         """Send the pass's tokens; finish on EOS (tokens after it are dropped), max_new_tokens or the context."""
@@ -301,7 +265,7 @@ class Row:
             self.cached,
             self.sampler.logprobs,
             sampling.seed if sampling.sampled else None,
-            None if self.matcher is None else constraint_stats(self.matcher),
+            self.stage.stats(),
         )
 
 
@@ -316,15 +280,3 @@ class RowOutcome:
     logprobs: list[TokenLogprob]  # one per sampled or recorded token (empty unless asked)
     seed: int | None  # the sampling seed; None when decoding greedily
     constraint: dict | None  # a constrained output's mask cost and forced tokens; None for free text
-
-
-def constraint_stats(matcher: Matcher) -> dict:
-    cost = matcher.cost
-    return {
-        "mask_seconds": round(cost.seconds, 6),
-        "mask_rows": cost.rows,
-        "forced_sent": cost.forced_sent,
-        "forced_committed": cost.forced_committed,
-        "past_forced_sent": cost.past_forced_sent,
-        "complete": matcher.can_stop,
-    }

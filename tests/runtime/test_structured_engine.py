@@ -245,7 +245,7 @@ def test_constrained_speculative_rows_on_the_draft_slots_equal_the_oracle(loaded
         while any(not row.finished for row, _ in runs):
             batcher.step()
         results = [_drained(pieces) for _, pieces in runs]
-        assert batcher.drafts.passes > 0
+        assert all(row.proposer.stats["draft_passes"] > 0 for row, _ in runs)  # the draft slots ran
     finally:
         batcher.close()
     for prompt, q, result in zip(prompts, params, results):
