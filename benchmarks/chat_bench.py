@@ -109,7 +109,8 @@ def long_chat(clients: dict, model: str, system: str, turns: int, max_tokens: in
             }
         )
         click.echo(
-            f"turn {turn + 1}: prompt {replies['cache']['prompt_tokens']} tokens, cached {replies['cache']['cached_tokens']}; "
+            f"turn {turn + 1}: prompt {replies['cache']['prompt_tokens']} tokens, "
+            f"cached {replies['cache']['cached_tokens']}; "
             f"ttft {replies['cache']['ttft'] * 1000:.0f} ms vs {replies['nocache']['ttft'] * 1000:.0f} ms without "
             f"the cache; same reply: {rows[-1]['same']}",
             err=True,

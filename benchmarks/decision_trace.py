@@ -4,8 +4,8 @@
     python -m benchmarks.decision_trace ARTIFACT --strategy lookahead --no-learn --limit 6 -n 64
 
 Prints per prompt: target passes, guesses proposed, a hash of the width sequence and the tokens the
-passes computed (auto: and its passes per arm). --no-learn keeps the pass-cost tables (no measured timings): the decisions are then
-deterministic, so equal hashes mean equal decisions.
+passes computed (auto: and its passes per arm). --no-learn keeps the pass-cost tables (no measured
+timings): the decisions are then deterministic, so equal hashes mean equal decisions.
 """
 
 from __future__ import annotations

@@ -87,7 +87,8 @@ def main(artifact, draft, strategies, max_new_tokens, window, repeats, threads):
     click.echo("|---|---|---|---|---|")
     for row in table:
         click.echo(
-            f"| {row['strategy']} | {row['tokens/s']:.1f} | {row['tokens/pass']:.2f} | {row['ratio']:.2f}x | {'yes' if row['identical'] else 'NO'} |"
+            f"| {row['strategy']} | {row['tokens/s']:.1f} | {row['tokens/pass']:.2f} | {row['ratio']:.2f}x | "
+            f"{'yes' if row['identical'] else 'NO'} |"
         )
 
 

@@ -1,6 +1,7 @@
 """Peak memory of an export, stage by stage: each step line with the wall time, RSS and peak RSS so far.
 
-    python -m benchmarks.export_memory MODEL OUT [--quantize int4 | --weights gguf] [--no-stream] [--check layers] [--graphs-from DIR]
+    python -m benchmarks.export_memory MODEL OUT [--quantize int4 | --weights gguf] [--no-stream]
+        [--check layers] [--graphs-from DIR]
 
 A thread samples the process's RSS every 50 ms (psutil), so a stage's transient peak shows.
 """
@@ -58,7 +59,8 @@ def main() -> None:
         step=step,
     )
     print(
-        f"total {time.time() - started:.1f} s, ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+        f"total {time.time() - started:.1f} s, "
+        f"ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
     )
 
 

@@ -7,7 +7,8 @@ Each variant copies the artifact with its graphs' initializers moved to `<graph>
 `Generator.load` + one greedy generation in a fresh process for each set of onnxruntime session
 config entries (none; `session.disable_prepacking`), reporting the load seconds, the process's
 peak RSS (ru_maxrss), its anonymous and file-backed (mapped) resident memory after loading and
-after generating (/proc/self/status RssAnon, RssFile) and decode tokens/s. The artifact's own (embedded) graphs run as the baseline.
+after generating (/proc/self/status RssAnon, RssFile) and decode tokens/s. The artifact's own
+(embedded) graphs run as the baseline.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ OPTIONS = {"default": {}, "no-prepack": {"session.disable_prepacking": "1"}}
 _RUN = """
 import json, resource, sys, time
 def status():
-    fields = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith(("RssAnon", "RssFile", "VmHWM")))
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status") \
+if line.startswith(("RssAnon", "RssFile", "VmHWM")))
     return {k: int(v.split()[0]) * 1024 for k, v in fields.items()}
 from jacobi_rt.runtime.backends import onnxrt
 entries = json.loads(sys.argv[2])

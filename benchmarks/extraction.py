@@ -1,4 +1,5 @@
-"""The structured-output benchmark set: extraction prompts, each with its own JSON schema (benchmarks/data/extraction.jsonl).
+"""The structured-output benchmark set: extraction prompts, each with its own JSON schema
+(benchmarks/data/extraction.jsonl).
 
 Each line: {"id", "prompt" (a user message), "chat": true, "schema" (4-10 fields: nested objects,
 arrays, enums, numbers, strings), "example" (a valid answer, for tests and mask-cost runs)}.

@@ -62,7 +62,10 @@ def main(artifact, limit, new_tokens, threads, strategy):
         else:
             at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             gap = top2_gap(gen, prompt_ids + a[:at])
-            note = f"differ at new token {at} ({a[at] if at < len(a) else None} vs {b[at] if at < len(b) else None}), portable top-2 gap {gap:.2e}"
+            note = (
+                f"differ at new token {at} ({a[at] if at < len(a) else None} vs {b[at] if at < len(b) else None}), "
+                f"portable top-2 gap {gap:.2e}"
+            )
         print(
             f"{p.id}: portable {rates['portable'][-1]:.1f} tok/s, inplace {rates['inplace'][-1]:.1f} tok/s, {note}",
             flush=True,

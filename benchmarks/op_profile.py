@@ -185,7 +185,8 @@ def main(folders, graph, window, past, rows, threads, warmup, runs):
     """Per-op-type kernel milliseconds and node counts of one pass, for each artifact or model folder."""
     profiles = [profile(f, graph, window, past, threads, warmup, runs, rows=rows) for f in folders]
     print(
-        f"W={window}, rows {rows}, past {past}, {threads} thread(s), mean of {runs} runs after {warmup} warm-up (ms per pass)"
+        f"W={window}, rows {rows}, past {past}, {threads} thread(s), "
+        f"mean of {runs} runs after {warmup} warm-up (ms per pass)"
     )
     print(table(profiles))
 

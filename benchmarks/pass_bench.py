@@ -171,7 +171,8 @@ def _print_floors(found: dict, names: dict, pasts: list[int], windows: list[int]
 
 
 def _backends(artifacts, graphs, threads: int) -> dict:
-    """(artifact folder name +) variant -> (OrtBackend, its graph file), for every requested variant each artifact has."""
+    """(artifact folder name +) variant -> (OrtBackend, its graph file), for every requested variant each
+    artifact has."""
     from jacobi_rt.runtime.backends.onnxrt import OrtBackend
     from jacobi_rt.runtime.manifest import load_manifest
 

@@ -77,7 +77,8 @@ def import_seconds() -> float:
 def peak_rss_mb(artifact: str, threads: int) -> float:
     code = (
         "import sys, resource; from jacobi_rt.runtime import Generator; "
-        f"g = Generator.load({artifact!r}, threads={threads}); g.generate('Tell me about the sea.', chat=True, max_new_tokens=64); "
+        f"g = Generator.load({artifact!r}, threads={threads}); "
+        "g.generate('Tell me about the sea.', chat=True, max_new_tokens=64); "
         # VmHWM, not ru_maxrss: on Linux a child's ru_maxrss starts from its parent's peak
         "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))"
     )

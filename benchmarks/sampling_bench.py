@@ -77,7 +77,8 @@ def sampler_costs(logits: np.ndarray, repeats: int) -> list[str]:
     vocab = np.arange(logits.shape[-1])
     few = np.sort(np.random.default_rng(0).choice(logits.shape[-1], 50, replace=False))
     lines.append(
-        f"| noise alone, whole vocabulary ({logits.shape[-1]}) | {median_ms(lambda: gumbel(1, 7, vocab), repeats):.3f} |"
+        f"| noise alone, whole vocabulary ({logits.shape[-1]}) | "
+        f"{median_ms(lambda: gumbel(1, 7, vocab), repeats):.3f} |"
     )
     lines.append(f"| noise alone, 50 survivors | {median_ms(lambda: gumbel(1, 7, few), repeats):.3f} |")
     return lines

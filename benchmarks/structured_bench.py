@@ -8,7 +8,8 @@ strategies take turns on the same Generator (greedy, jacobi, lookahead, speculat
 decoding then seeded sampling, each constrained by the item's schema. Per run: the tokens, whether
 the output parses and validates (jsonschema), whether it equals constrained greedy's (the strategy
 "greedy": one token a pass, every pick masked), decoding passes, tokens per pass, decode tokens/s,
-the masks' seconds, and the guessed tokens sent past the grammar's forced runs. Prints a table per sampling mode: all runs of a strategy summed.
+the masks' seconds, and the guessed tokens sent past the grammar's forced runs. Prints a table per
+sampling mode: all runs of a strategy summed.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def _table(mode: str, runs: list[dict], strategies: list[str]) -> None:
     base = None
     click.echo(f"\n{mode}: {len(reference)} items\n")
     click.echo(
-        "| strategy | valid | = constrained greedy | tokens | passes | tokens/pass | tokens/s | vs greedy | forced sent / committed | guessed past runs | mask ms/pass | mask / one-token pass |"
+        "| strategy | valid | = constrained greedy | tokens | passes | tokens/pass | tokens/s | vs greedy | "
+        "forced sent / committed | guessed past runs | mask ms/pass | mask / one-token pass |"
     )
     click.echo("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for strategy in strategies:

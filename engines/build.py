@@ -69,7 +69,8 @@ def plan_build(folder: str | Path, options: BuildOptions) -> BuildPlan:
     if manifest.quantization:
         raise InputError(
             f"{folder} holds {manifest.quantization} weights (onnxruntime's MatMulNBits), which TensorRT "
-            "cannot read; export the model without --quantize or --weights gguf and build with --precision fp16 (or bf16)"
+            "cannot read; export the model without --quantize or --weights gguf and build with "
+            "--precision fp16 (or bf16)"
         )
     onnx = folder / manifest.graphs["portable"]
     return BuildPlan(folder, manifest, onnx, derive_profiles(manifest, options.limits), options.precision)
@@ -107,8 +108,8 @@ def build_engine(
         cache = Path(options.timing_cache or default_timing_cache(trt.__version__, gpu))
         cache.parent.mkdir(parents=True, exist_ok=True)
     log(
-        f"building a {options.precision} TensorRT {trt.__version__} engine for {gpu.name} (compute {gpu.compute_capability}) "
-        f"from {plan.onnx}"
+        f"building a {options.precision} TensorRT {trt.__version__} engine for {gpu.name} "
+        f"(compute {gpu.compute_capability}) from {plan.onnx}"
     )
     for profile in plan.profiles:
         log(f"  profile {profile.describe()}")

@@ -6,9 +6,10 @@ TensorRT tunes its kernels at each profile's `opt` shape, so one profile cannot 
     decode   window 1..32 (opt 16), past 0..max_context-1 (opt min(1024, half))
     prefill  window 1..256 (opt 256), past 0..max_context-1 (opt one chunk)
 
-The runtime (runtime/backends/trt_plans.py: `Profile`, `pick_profile`) picks, per pass, the first profile (in this order) that covers the pass's batch,
-window and past. Every input's range comes from runtime/spec.py's axes, with total = past +
-window at the min, opt and max corners, so each corner is a shape the graph can really take.
+The runtime (runtime/backends/trt_plans.py: `Profile`, `pick_profile`) picks, per pass, the first
+profile (in this order) that covers the pass's batch, window and past. Every input's range comes
+from runtime/spec.py's axes, with total = past + window at the min, opt and max corners, so each
+corner is a shape the graph can really take.
 """
 
 from __future__ import annotations

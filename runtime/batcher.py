@@ -157,7 +157,8 @@ class Batcher:
         return self
 
     def close(self) -> None:
-        """Stop the loop; rows not finished fail (a cancelled one ends as cancelled); the context is closed if the batcher opened it."""
+        """Stop the loop; rows not finished fail (a cancelled one ends as cancelled); the context is closed if
+        the batcher opened it."""
         with self._wake:
             self._closed = True
             self._wake.notify()

@@ -149,7 +149,8 @@ def read_manifest(folder: str | Path) -> Manifest:
     path = folder / MANIFEST_NAME
     if not path.is_file():
         raise ArtifactError(
-            f"{folder} has no {MANIFEST_NAME}: it is not a jacobi-rt artifact (or its export did not finish); re-export it with `jacobi-rt export`"
+            f"{folder} has no {MANIFEST_NAME}: it is not a jacobi-rt artifact (or its export did not finish); "
+            "re-export it with `jacobi-rt export`"
         )
     try:
         data = json.loads(path.read_text())
@@ -171,7 +172,8 @@ def read_manifest(folder: str | Path) -> Manifest:
 
 
 def verify_mode(verify: bool | str) -> str:
-    """ "sampled" (size and sampled digest), "full" (every byte's sha256) or "none"; True means "sampled", False "none"."""
+    """ "sampled" (size and sampled digest), "full" (every byte's sha256) or "none"; True means "sampled",
+    False "none"."""
     if verify is True or verify is False:
         return "sampled" if verify else "none"
     if verify not in MODES:

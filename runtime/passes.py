@@ -1,8 +1,9 @@
 """PassResult: what one target pass did for one row, measured once and handed to everything that learns.
 
-The batcher (runtime/batcher.py, for a lone generation too) times the target's forward once and builds one PassResult per row per pass. The proposer (`update`), the
-window policy and every cost model learn from it, so none of them times the pass on its own by
-bracketing propose() and update() (which also counted the loop's bookkeeping as pass time).
+The batcher (runtime/batcher.py, for a lone generation too) times the target's forward once and
+builds one PassResult per row per pass. The proposer (`update`), the window policy and every cost
+model learn from it, so none of them times the pass on its own by bracketing propose() and update()
+(which also counted the loop's bookkeeping as pass time).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class PassResult:
     window: int  # the row's window: len(tree.tokens)
     seconds: float  # the target's forward, timed once around it (in a batched pass: the whole pass)
     rows: int  # rows in the forward: 1 for a generation alone, more in a batched pass
-    width: int  # the forward's width: the window, or in a batched pass the rows' padded width ((rows, width): the cost curve's key)
+    # the forward's width: the window, or in a batched pass the rows' padded width ((rows, width): the cost curve's key)
+    width: int
 
     @property
     def committed(self) -> list[int]:

@@ -3,9 +3,10 @@
 The loop asks `offer(limit)` for ranked candidate continuations of the committed sequence with
 their per-token acceptance estimates (runtime.allocator.Offer), lets the allocator choose how much
 of each to send, gets them from `take(allocation, limit)` (one chain, several branches, or none),
-verifies them all in one target pass as a tree (runtime.tree), and calls `update(result)` with the pass's PassResult (runtime.passes: the tree, what the target
-predicted and committed, and the forward's measured seconds), so a proposer can keep state (the
-Jacobi trajectory, an n-gram pool, a draft model's cache) and learn the pass's cost without timing it.
+verifies them all in one target pass as a tree (runtime.tree), and calls `update(result)` with the
+pass's PassResult (runtime.passes: the tree, what the target predicted and committed, and the
+forward's measured seconds), so a proposer can keep state (the Jacobi trajectory, an n-gram pool, a
+draft model's cache) and learn the pass's cost without timing it.
 
 Under a grammar (structured output) the window starts with the tokens the grammar forces; the loop
 asks `offer(limit, after=forced)`, and the proposer guesses past them as if they were committed

@@ -200,7 +200,8 @@ _TOOL_ROLE = re.compile(r"""['"]tool['"]""")
 
 
 def renders_tool_history(template: str | None) -> bool:
-    """The template renders assistant tool_calls and "tool" messages itself (as Hugging Face templates that know tools)."""
+    """The template renders assistant tool_calls and "tool" messages itself (as Hugging Face templates that know
+    tools)."""
     return bool(template) and "tool_calls" in template and _TOOL_ROLE.search(template) is not None
 
 

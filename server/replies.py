@@ -38,7 +38,8 @@ def sse(data: dict) -> bytes:
 
 
 def usage(results: list[GenerationResult]) -> dict:
-    """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache held (the first choice's)."""
+    """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache held (the first
+    choice's)."""
     prompt, completion = results[0].stats.prompt_tokens, sum(r.stats.new_tokens for r in results)
     return {
         "prompt_tokens": prompt,

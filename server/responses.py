@@ -229,7 +229,8 @@ class Turn:
         }
 
     def response(self, chat: dict) -> dict:
-        """The finished Response object of chat completion `chat`; it and its conversation stored unless store: false."""
+        """The finished Response object of chat completion `chat`; it and its conversation stored unless
+        store: false."""
         choice, usage = chat["choices"][0], chat["usage"]
         incomplete = choice["finish_reason"] == "length"
         status = "incomplete" if incomplete else "completed"

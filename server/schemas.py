@@ -6,7 +6,8 @@ models below do not declare (guided_json, grammar, functions ...), naming the fi
 constrain the output (response_format, structured_outputs, tools with tool_choice) are parsed into
 `GenerationCall.params.constraint` (and `tools`, how a reply presents a tool call) by server/structured.py;
 the app parses with `allow_constraints=True` (False refuses them, as a server that cannot honour them
-must). Only the fields in IGNORED_FIELDS, which cannot change the output, are accepted and ignored. To support a field: declare it on a model, use it, and take it out of NOT_YET_SUPPORTED.
+must). Only the fields in IGNORED_FIELDS, which cannot change the output, are accepted and ignored.
+To support a field: declare it on a model, use it, and take it out of NOT_YET_SUPPORTED.
 Messages are checked as OpenAI checks them (server/history.py): a known role, content that is a string or
 a non-empty list of text parts (null in an assistant message with tool_calls), a tool result naming an earlier call.
 """

@@ -10,7 +10,8 @@
                          400), calls in the reply, between the tags the template announces, become tool_calls
 
 Every schema, regex and grammar is compiled when parsed, so a bad one is a 400 naming its field
-before any work; so is one that no finite output matches (server/finite.py). At most one of the three may constrain a request.
+before any work; so is one that no finite output matches (server/finite.py). At most one of the
+three may constrain a request.
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ def _usable(folder: Path) -> bool:
 def _missing(name: str, where: Path) -> None:
     message = (
         f"artifact {name!r} not found at {where}; make it with "
-        f"`python tests/make_artifacts.py DIR{' --smollm2' if name == SMOLLM2 else ''}` and set JACOBI_RT_TEST_ARTIFACTS=DIR"
+        f"`python tests/make_artifacts.py DIR{' --smollm2' if name == SMOLLM2 else ''}` "
+        "and set JACOBI_RT_TEST_ARTIFACTS=DIR"
     )
     if TORCH_FREE:
         pytest.fail(message + " (JACOBI_RT_TORCH_FREE=1: the runtime tests must not skip)")

@@ -73,7 +73,8 @@ FAMILIES = ["llama", "llama-mha-tied", "mistral", "qwen2", "qwen3", "gpt2"]
 # sizes cut to 2 layers of hidden 64. Exported once each by tests/exporter/test_export_families.py.
 MORE_FAMILIES = {
     "phi3": "microsoft/Phi-4-mini-instruct",  # fused qkv and gate_up, partial rotary 0.75, longrope, tied
-    "gemma2": "google/gemma-2-2b-it",  # attention and final logit soft-capping, alternating sliding-window layers, pre/post norms
+    # attention and final logit soft-capping, alternating sliding-window layers, pre/post norms
+    "gemma2": "google/gemma-2-2b-it",
     "granite": "ibm-granite/granite-3.3-2b-instruct",  # embedding, attention, residual and logit multipliers
     "olmo2": "allenai/OLMo-2-0425-1B",  # post-norms, q/k norms over all heads
     "gpt_neox": "EleutherAI/pythia-160m",  # parallel residual, rotary on 25% of the head, fused qkv with bias

@@ -463,7 +463,10 @@ def _q(q: dict | None, fmt: str = "{:.1f}", suffix: str = "") -> str:
 def markdown(summary: dict) -> str:
     """The overall table: medians with the p25-p75 spread in brackets."""
     lines = [
-        "| configuration | tokens/pass | tokens/s | vs jacobi-rt greedy | vs own greedy | TTFT ms | peak RSS MB (+run) | identical to greedy |",
+        (
+            "| configuration | tokens/pass | tokens/s | vs jacobi-rt greedy | vs own greedy | TTFT ms | "
+            "peak RSS MB (+run) | identical to greedy |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, c in summary["configs"].items():

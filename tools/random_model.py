@@ -35,7 +35,8 @@ class RandomModelReport:
 
 
 def write_tokenizer(folder: Path) -> list[Path]:
-    """SmolLM2's tokenizer (tokenizer.json, tokenizer_config.json with its chat template) from its GGUF, via transformers."""
+    """SmolLM2's tokenizer (tokenizer.json, tokenizer_config.json with its chat template) from its GGUF, via
+    transformers."""
     from .random_gguf import smollm2_gguf
 
     gguf_path = smollm2_gguf()
@@ -114,12 +115,14 @@ def make_random_model(
     overwrite: bool = False,
     quiet: bool = False,
 ) -> RandomModelReport:
-    """OUT a folder: the Hugging Face folder (plus OUT/model-<gguf>.gguf with `gguf`); OUT a .gguf file: the GGUF alone."""
+    """OUT a folder: the Hugging Face folder (plus OUT/model-<gguf>.gguf with `gguf`); OUT a .gguf file: the GGUF
+    alone."""
     if name not in CONFIGS:
         raise OptionError(f"unknown shape {name!r}; choose one of {', '.join(CONFIGS)}", "name")
     if gguf and CONFIGS[name]["model_type"] not in GGUF_FAMILIES:
         raise OptionError(
-            f"`gguf` is for llama-family shapes ({', '.join(n for n, c in CONFIGS.items() if c['model_type'] in GGUF_FAMILIES)}), not {name}",
+            "`gguf` is for llama-family shapes "
+            f"({', '.join(n for n, c in CONFIGS.items() if c['model_type'] in GGUF_FAMILIES)}), not {name}",
             "gguf",
         )
     gguf_only = out.suffix.lower() == ".gguf"

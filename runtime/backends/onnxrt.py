@@ -30,7 +30,10 @@ from .exact_rows import UNCHECKED, RowsCheck, check, cpuinfo
 from .inplace import OrtInplaceContext
 from .ort_binding import OrtBinding
 
-ORT_HINT = 'pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); from the jacobi-rt checkout: pip install ".[cpu]" or ".[gpu]"'
+ORT_HINT = (
+    "pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); "
+    'from the jacobi-rt checkout: pip install ".[cpu]" or ".[gpu]"'
+)
 
 
 def physical_cores() -> int:
@@ -98,7 +101,8 @@ class OrtBackend(Backend):
         if names != expected:
             raise BackendError(
                 f"the {self.graph} graph's inputs do not match the window-graph contract for {layers} layers "
-                f"(unexpected: {sorted(names - expected)[:4]}, missing: {sorted(expected - names)[:4]}); re-export the artifact"
+                f"(unexpected: {sorted(names - expected)[:4]}, missing: {sorted(expected - names)[:4]}); "
+                "re-export the artifact"
             )
 
     @property
@@ -177,7 +181,8 @@ def _pick_device(ort, device: str) -> str:
     if device == "cuda":
         raise BackendError(
             "CUDA was asked for, but onnxruntime has no CUDAExecutionProvider or no CUDA runtime was found; "
-            'install onnxruntime-gpu on a machine with an NVIDIA GPU (pip install onnxruntime-gpu, or ".[gpu]" from the jacobi-rt checkout), or use --backend cpu'
+            "install onnxruntime-gpu on a machine with an NVIDIA GPU (pip install onnxruntime-gpu, "
+            'or ".[gpu]" from the jacobi-rt checkout), or use --backend cpu'
         )
     return "cpu"
 

@@ -74,7 +74,8 @@ class OrtBinding(BackendContext):
             self.backend.session.run_with_iobinding(self.binding)
         except Exception as exc:  # onnxruntime's own exception types
             raise BackendError(
-                f"onnxruntime failed on a window of {window} after {self.lengths.tolist()} cached entries ({type(exc).__name__}: {exc})"
+                f"onnxruntime failed on a window of {window} after {self.lengths.tolist()} cached entries "
+                f"({type(exc).__name__}: {exc})"
             ) from exc
         self.pending = window
         return StepOutput(greedy[:, :window].copy(), None if logits is None else logits[:, :window])

@@ -112,7 +112,8 @@ class TrtBackend(Backend):
         if inputs != expected or missing_outputs:
             raise BackendError(
                 f"the engine's tensors do not match the window-graph contract for {layers} layers "
-                f"(unexpected inputs: {sorted(inputs - expected)[:4]}, missing: {sorted((expected - inputs) | missing_outputs)[:4]}); "
+                f"(unexpected inputs: {sorted(inputs - expected)[:4]}, "
+                f"missing: {sorted((expected - inputs) | missing_outputs)[:4]}); "
                 f"{self.rebuild}"
             )
         dtypes = {n: _numpy_type(trt, engine.get_tensor_dtype(n)) for n in names}
@@ -188,7 +189,8 @@ class TrtContext(DeviceKVContext):
             self.context = self.backend.engine.create_execution_context()
         if self.context is None:
             raise BackendError(
-                "TensorRT could not create an execution context (out of GPU memory?); close other contexts or lower the capacity"
+                "TensorRT could not create an execution context (out of GPU memory?); "
+                "close other contexts or lower the capacity"
             )
         b, w, item = self.batch, self.max_window, self.dtype.itemsize
         self._kv = DeviceKV(
@@ -258,7 +260,8 @@ class TrtContext(DeviceKVContext):
             ranges = "; ".join(p.describe() for p in self.backend.profiles)
             raise BackendError(
                 f"no optimization profile of the engine covers batch {batch}, window {window}, past {past} ({ranges}); "
-                "rebuild it with larger limits (`jacobi-rt build ARTIFACT --max-batch/--decode-window/--prefill-window`)"
+                "rebuild it with larger limits "
+                "(`jacobi-rt build ARTIFACT --max-batch/--decode-window/--prefill-window`)"
             )
         if index != self._profile:
             if not self.context.set_optimization_profile_async(index, self.stream):
@@ -298,7 +301,8 @@ class TrtContext(DeviceKVContext):
         if self._shapes.get(name) != shape:
             if not self.context.set_input_shape(name, shape):
                 raise BackendError(
-                    f"TensorRT refused the shape {list(shape)} for {name} (outside optimization profile {self._profile})"
+                    f"TensorRT refused the shape {list(shape)} for {name} "
+                    f"(outside optimization profile {self._profile})"
                 )
             self._shapes[name] = shape
 

@@ -144,8 +144,9 @@ def select_engine(
         if not mismatches(record, gpu, tensorrt_version):
             if record.gpu_name != gpu.name:
                 warnings.warn(
-                    f"{record.file} was built on a {record.gpu_name} and runs on a {gpu.name} (same compute capability); "
-                    f"its kernels were tuned for the other GPU: {rebuild_hint(artifact, record.precision)} for full speed",
+                    f"{record.file} was built on a {record.gpu_name} and runs on a {gpu.name} "
+                    "(same compute capability); its kernels were tuned for the other GPU: "
+                    f"{rebuild_hint(artifact, record.precision)} for full speed",
                     stacklevel=2,
                 )
             return record

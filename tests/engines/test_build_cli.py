@@ -50,7 +50,10 @@ def test_help_lists_the_options():
 def test_missing_tensorrt_is_one_line_with_the_install_command(artifact):
     one_line_error(
         run(artifact("llama")),
-        'tensorrt is not installed (No module named \'tensorrt\'); install it with: pip install "tensorrt>=10" polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]")',
+        (
+            "tensorrt is not installed (No module named 'tensorrt'); install it with: "
+            'pip install "tensorrt>=10" polygraphy (from the jacobi-rt checkout: pip install ".[tensorrt]")'
+        ),
     )
 
 

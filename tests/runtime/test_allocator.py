@@ -1,4 +1,5 @@
-"""The allocator: cuts each offered guess by the one length rule, drops those that do not beat greedy, sends the best."""
+"""The allocator: cuts each offered guess by the one length rule, drops those that do not beat greedy, sends the
+best."""
 
 from __future__ import annotations
 

@@ -267,7 +267,8 @@ def test_the_one_length_rule_weighs_a_guess_producers_own_cost():
 
 
 def tracked_length(tracker: AcceptanceTracker, p: float, available: int) -> int:
-    """What the allocator sends of one guess of `available` tokens right with chance p, against the tracker's curve and margin."""
+    """What the allocator sends of one guess of `available` tokens right with chance p, against the tracker's curve
+    and margin."""
     picks = allocate(Offer((Guess((p,) * available),), margin=tracker.config.margin), available, tracker.costs).picks
     return picks[0][1] if picks else 0
 

@@ -22,7 +22,8 @@ def offering(want: int, p: float, cost: float = 0.0) -> Bid:
 
 
 def union(want: int, draft_p: float, copy_p: float) -> Bid:
-    """A union row (runtime.proposers.UnionProposer's offer): a draft's chain (a draft pass a token) beside a free copy."""
+    """A union row (runtime.proposers.UnionProposer's offer): a draft's chain (a draft pass a token) beside a free
+    copy."""
     guesses = (
         Guess((draft_p,) * (want - 1), cost=0.3, margin=0.03, part=0),
         Guess((copy_p,) * (want - 1), margin=0.03, part=1),

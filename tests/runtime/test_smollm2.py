@@ -24,7 +24,8 @@ def test_smollm2_jacobi_equals_greedy(generator):
             at = next(i for i, (a, b) in enumerate(zip(jacobi.ids, greedy.ids)) if a != b)
             pytest.fail(
                 f"{prompt!r}: jacobi and greedy differ first at new token {at} "
-                f"({jacobi.ids[at]} vs {greedy.ids[at]}); if the top-2 logits there are within ~1e-4 it is a numerical near-tie"
+                f"({jacobi.ids[at]} vs {greedy.ids[at]}); "
+                "if the top-2 logits there are within ~1e-4 it is a numerical near-tie"
             )
         assert len(greedy.ids) == 64 or greedy.stats.finish_reason == "eos"
 

@@ -417,7 +417,8 @@ def test_a_stalled_client_does_not_stall_others(llama_server, client):
     """A client that promises a body and never sends it holds only its own connection."""
     with socket.create_connection((llama_server.host, llama_server.port)) as stalled:
         stalled.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
         )
         assert client.post(COMPLETIONS, json={"prompt": "The quick", "max_tokens": 3}, timeout=10).status_code == 200
 

@@ -476,8 +476,8 @@ TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
 Calls: <tool_call>{"name", "arguments"}</tool_call><|im_end|>
 {% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}
 {% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", "arguments": \
-{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}{% elif m['role'] == 'tool' %}<tool_response>{{ m['content'] }}\
-</tool_response>{% else %}{{ m['content'] }}{% endif %}<|im_end|>
+{{ c.function.arguments | tojson }}}</tool_call>{% endfor %}{% elif m['role'] == 'tool' %}\
+<tool_response>{{ m['content'] }}</tool_response>{% else %}{{ m['content'] }}{% endif %}<|im_end|>
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 

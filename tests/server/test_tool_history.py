@@ -84,9 +84,11 @@ def test_a_tool_round_trip_on_smollm2_with_the_official_client(start_server, gen
 
 # A Hugging Face-style template that renders tool calls (arguments | tojson: a dict, as HF passes them) and tool turns
 TEMPLATE = """{% for m in messages %}<|im_start|>{{ m['role'] }}
-{% if m['role'] == 'assistant' and m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{"name": "{{ c.function.name }}", \
+{% if m['role'] == 'assistant' and m.tool_calls %}{% for c in m.tool_calls %}\
+<tool_call>{"name": "{{ c.function.name }}", \
 "arguments": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}{% elif m['role'] == 'tool' %}\
-<tool_response id={{ m.tool_call_id }}>{{ m['content'] }}</tool_response>{% else %}{{ m['content'] }}{% endif %}<|im_end|>
+<tool_response id={{ m.tool_call_id }}>{{ m['content'] }}</tool_response>\
+{% else %}{{ m['content'] }}{% endif %}<|im_end|>
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
@@ -136,7 +138,10 @@ def test_a_legacy_function_result_is_rendered_by_name(history_server):
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
-    text = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call><tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    text = (
+        '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    )
     both = ToolCalls(None, ("<tool_call>", "</tool_call>"), ("f",)).calls(text)
     one = ToolCalls(None, ("<tool_call>", "</tool_call>"), ("f",), parallel=False).calls(text)
     assert len(both) == 2 and [c["function"]["arguments"] for c in one] == ['{"x": 1}']

@@ -1,4 +1,5 @@
-"""The `jacobi-rt` root command: options from the environment, `python -m jacobi_rt`, one strategy list, no clashing short flags."""
+"""The `jacobi-rt` root command: options from the environment, `python -m jacobi_rt`, one strategy list, no
+clashing short flags."""
 
 from __future__ import annotations
 

@@ -64,7 +64,10 @@ def _names(text: str) -> list[str]:
     "--peers",
     default="",
     show_default=True,
-    help="Comma-separated peers: hf, hf-lookup, ortgenai, ortgenai-ngram, ortgenai-int4, ortgenai-int4-ngram, llamacpp, llamacpp-lookup.",
+    help=(
+        "Comma-separated peers: hf, hf-lookup, ortgenai, ortgenai-ngram, ortgenai-int4, ortgenai-int4-ngram, "
+        "llamacpp, llamacpp-lookup."
+    ),
 )
 @click.option(
     "--peer-models",
@@ -76,7 +79,10 @@ def _names(text: str) -> list[str]:
 @click.option(
     "--hf-model",
     default=None,
-    help="Source model for the hf peers (HF folder or .gguf) and the llamacpp peers (.gguf). Default: the embedded SmolLM2 GGUF.",
+    help=(
+        "Source model for the hf peers (HF folder or .gguf) and the llamacpp peers (.gguf). "
+        "Default: the embedded SmolLM2 GGUF."
+    ),
 )
 @click.option("--max-new-tokens", "-n", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)

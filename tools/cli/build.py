@@ -80,7 +80,8 @@ def build_command(
     The engine goes to ARTIFACT/engines/<gpu>-<sm>-<precision>.plan and is recorded in its
     jacobi.json (TensorRT version, GPU, compute capability, precision, profiles, sha256). It runs
     only on GPUs of the same compute capability with the same TensorRT version; the runtime
-    refuses any other and says how to rebuild. Needs an NVIDIA GPU and pip install ".[tensorrt]" from the jacobi-rt checkout.
+    refuses any other and says how to rebuild. Needs an NVIDIA GPU and pip install ".[tensorrt]"
+    from the jacobi-rt checkout.
 
     \b
     Examples:

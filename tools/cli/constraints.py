@@ -1,4 +1,5 @@
-"""`--json-schema FILE`, `--json-object`, `--regex`, `--choice`, `--grammar FILE`: the CLI's way to constrain the output.
+"""`--json-schema FILE`, `--json-object`, `--regex`, `--choice`, `--grammar FILE`: the CLI's way to constrain the
+output.
 
     @click.command()
     @constraint_options

@@ -27,21 +27,31 @@ import click
     "--quantize",
     type=click.Choice(["int8", "int4"]),
     default=None,
-    help="Round the MatMul weights to int4 or int8 blocks of 32 (onnxruntime MatMulNBits): faster on CPU; checked against the float graph.",
+    help=(
+        "Round the MatMul weights to int4 or int8 blocks of 32 (onnxruntime MatMulNBits): faster on CPU; "
+        "checked against the float graph."
+    ),
 )
 @click.option(
     "--weights",
     type=click.Choice(["float", "gguf"]),
     default="float",
     show_default=True,
-    help="gguf (for a .gguf MODEL): keep the file's own quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K) as MatMulNBits, exactly; other tensor types stay float32. float: dequantize every weight (what TensorRT builds from).",
+    help=(
+        "gguf (for a .gguf MODEL): keep the file's own quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K) "
+        "as MatMulNBits, exactly; other tensor types stay float32. float: dequantize every weight "
+        "(what TensorRT builds from)."
+    ),
 )
 @click.option(
     "--accuracy-level",
     type=click.Choice(["0", "4"]),
     default="4",
     show_default=True,
-    help="MatMulNBits' activations with --quantize or --weights gguf: 4 = int8 per block (fast), 0 = float (slower, closer to the float graph).",
+    help=(
+        "MatMulNBits' activations with --quantize or --weights gguf: 4 = int8 per block (fast), "
+        "0 = float (slower, closer to the float graph)."
+    ),
 )
 @click.option(
     "--max-context",
@@ -61,19 +71,29 @@ import click
     "--keep-layers",
     type=click.IntRange(min=1),
     default=None,
-    help="Export only the first N decoder layers (plus final norm and LM head): a cheap draft made from the target, same vocabulary. Use with --role draft.",
+    help=(
+        "Export only the first N decoder layers (plus final norm and LM head): a cheap draft made from the target, "
+        "same vocabulary. Use with --role draft."
+    ),
 )
 @click.option(
     "--graphs-from",
     type=click.Path(file_okay=False),
     default=None,
-    help="With --quantize or --weights gguf: reuse the checked graphs of a float-weights artifact of the same MODEL and options (e.g. build/smollm2-135m) and run only the weight pass: seconds instead of minutes.",
+    help=(
+        "With --quantize or --weights gguf: reuse the checked graphs of a float-weights artifact of the same MODEL "
+        "and options (e.g. build/smollm2-135m) and run only the weight pass: seconds instead of minutes."
+    ),
 )
 @click.option(
     "--no-stream",
     "no_stream",
     is_flag=True,
-    help="Load the whole model with transformers before exporting, instead of reading each weight from the safetensors files as it is written (the default: memory stays near one layer's weights, whatever the model's size).",
+    help=(
+        "Load the whole model with transformers before exporting, instead of reading each weight from the "
+        "safetensors files as it is written (the default: memory stays near one layer's weights, "
+        "whatever the model's size)."
+    ),
 )
 @click.option(
     "--check",
@@ -81,7 +101,12 @@ import click
     type=click.Choice(["auto", "full", "layers"]),
     default="auto",
     show_default=True,
-    help="How the graph is checked against PyTorch before the folder is written. full: the whole graph against the whole model (needs about 4x the weights in memory); layers: one decoder layer at a time, for models too big for that (the in-place graph then goes unchecked, and the manifest says so); auto: full when it fits in the memory available, else layers.",
+    help=(
+        "How the graph is checked against PyTorch before the folder is written. full: the whole graph against "
+        "the whole model (needs about 4x the weights in memory); layers: one decoder layer at a time, for models "
+        "too big for that (the in-place graph then goes unchecked, and the manifest says so); auto: full when "
+        "it fits in the memory available, else layers."
+    ),
 )
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it is an existing artifact.")
 def export_command(

@@ -40,7 +40,9 @@ from .decoding import decoding_config, decoding_option
     "-w",
     type=click.IntRange(1, 64),
     default=None,
-    help="Widest pass, in tokens (last token + guesses). Default: adaptive up to 8 for jacobi, up to 16 for the others.",
+    help=(
+        "Widest pass, in tokens (last token + guesses). Default: adaptive up to 8 for jacobi, up to 16 for the others."
+    ),
 )
 @click.option(
     "--max-new-tokens",
@@ -172,7 +174,8 @@ def generate_command(
     """Generate text with the artifact folder ARTIFACT (written by `jacobi-rt export`).
 
     The output is token-for-token the model's greedy output (or, with --temperature, the same
-    sample for a --seed), whichever strategy you pick; the strategies differ only in speed. Stats go to stderr (or into --json).
+    sample for a --seed), whichever strategy you pick; the strategies differ only in speed. Stats go
+    to stderr (or into --json).
 
     \b
     Examples:
@@ -231,7 +234,8 @@ def generate_command(
     click.echo(result.text)
     s = result.stats
     click.echo(
-        f"[{s.new_tokens} tokens, {s.strategy} window {'up to ' if s.adaptive else ''}{s.window}: {s.target_passes} passes, "
+        f"[{s.new_tokens} tokens, {s.strategy} window {'up to ' if s.adaptive else ''}{s.window}: "
+        f"{s.target_passes} passes, "
         f"{s.tokens_per_pass:.2f} tokens/pass, {s.decode_tokens_per_second:.1f} tokens/s, finish: {s.finish_reason}"
         f"{'' if s.seed is None else f', seed {s.seed}'}]",
         err=True,
