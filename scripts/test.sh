@@ -6,6 +6,7 @@
 #  2. a second, torch-free environment (`pip install ".[cpu,serve,structured]"` only) runs the runtime,
 #     engine and server tests against those artifacts, proving they need no PyTorch. They run
 #     there only, not twice: a plain `pytest` in the export environment still runs everything.
+#  3. ruff's lint and format check over the whole tree (pyproject.toml's [tool.ruff]).
 #  The two suites run at once (about 26 minutes on 2 cores in all), the exporter's in two workers;
 #  the runtime suite's report is printed after the exporter's.
 set -euo pipefail
@@ -18,6 +19,11 @@ bash scripts/setup.sh
 if ! command -v qemu-x86_64 >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && apt-get install -y -qq qemu-user >/dev/null) || echo "could not install qemu-user"
 fi
+# ruff (pinned in the dev extra): lint and format, configured in pyproject.toml; a finding fails the run
+# at the end, after the tests, so that one run reports both.
+echo "== ruff: lint and format check"
+lint_status=0
+"$JACOBI_RT_VENV/bin/ruff" check . && "$JACOBI_RT_VENV/bin/ruff" format --check . || lint_status=$?
 artifacts="$here/build/test-artifacts"
 export JACOBI_RT_TEST_ARTIFACTS="$artifacts"
 
@@ -56,5 +62,5 @@ echo "== runtime suite (torch-free environment): its report"
 runtime_status=0
 wait "$runtime_suite" || runtime_status=$?
 cat "$runtime_log"
-echo "== exporter suites: exit $status; runtime suite: exit $runtime_status"
-[ "$status" = 0 ] && [ "$runtime_status" = 0 ]
+echo "== exporter suites: exit $status; runtime suite: exit $runtime_status; ruff: exit $lint_status"
+[ "$status" = 0 ] && [ "$runtime_status" = 0 ] && [ "$lint_status" = 0 ]
