@@ -55,8 +55,10 @@ def instrument(timers: Timers) -> None:
     import torch
     from torch.onnx._internal.exporter import _core, _onnx_program
 
-    from jacobi_rt.exporter import check, inplace_check, layer_check, sources, trace
-    from jacobi_rt.exporter import weights as weight_step
+    from jacobi_rt.exporter import sources
+    from jacobi_rt.exporter.checks import check, inplace_check, layer_check
+    from jacobi_rt.exporter.graph import trace
+    from jacobi_rt.exporter.weights import weight_step
 
     timers.wrap(sources, "load", "load the model")
     timers.wrap(trace, "trace_window_graph", "trace a window graph")
@@ -72,7 +74,7 @@ def instrument(timers: Timers) -> None:
     timers.wrap(inplace_check, "check_inplace_against_torch", "check in-place vs PyTorch")
     timers.wrap(weight_step, "quantize_graphs", "weight pass")
     timers.wrap(check, "check_against_onnx", "check quantized vs float")
-    from jacobi_rt.exporter import graph_optimizer
+    from jacobi_rt.exporter.graph import graph_optimizer
 
     timers.wrap(graph_optimizer, "rules_that_fire", "rewrite rules that fire (3 layers)")
     timers.wrap(graph_optimizer, "optimize", "onnxscript optimizer, those rules")
@@ -95,7 +97,7 @@ def main(argv=None) -> None:
     timers = Timers()
     instrument(timers)
     if args.trace_all:
-        from jacobi_rt.exporter import trace
+        from jacobi_rt.exporter.graph import trace
 
         trace.layers_to_trace = lambda model, num_layers: (num_layers, "--trace-all")
     from jacobi_rt.exporter import ExportOptions, export

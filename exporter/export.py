@@ -26,13 +26,13 @@ from jacobi_rt.runtime.manifest import Architecture, Manifest, Tokens
 from jacobi_rt.runtime.spec import FORMAT_VERSION, INPLACE, MANIFEST_NAME, PORTABLE
 
 from . import sources
-from . import weights as weight_step
 from .budget import QUANTIZED_SHARE, check_disk, check_method, needed_disk, staged_agreement, weight_bytes
 from .destination import recover_interrupted
 from .limits import ContextLimit, check_config, context_limit
 from .options import ExportOptions, check_keep_layers, check_max_context
 from .reuse import reuse_graphs
-from .weight_source import open_model
+from .weights import weight_step
+from .weights.weight_source import open_model
 
 GRAPH_FILE = "model.onnx"
 # Natural text for the quantized graph's agreement: random windows give flat, tie-prone logits.
@@ -99,9 +99,9 @@ def export(
 def _export_into(folder: Path, source, options: ExportOptions, step, check_progress, write_progress) -> Manifest:
     import torch
 
-    from .check import agreement_steps, check_against_onnx
-    from .layer_check import layer_scope
-    from .trace import probe
+    from .checks.check import agreement_steps, check_against_onnx
+    from .checks.layer_check import layer_scope
+    from .graph.trace import probe
 
     dtype, quantize, opset, keep_layers = options.torch_dtype, options.quantize, options.opset, options.keep_layers
     opened = open_model(source, dtype, options.stream)
@@ -199,9 +199,9 @@ def _trace_and_check(
     each checked against PyTorch at shapes inside `max_context` by `method` (budget.check_method)."""
     import torch
 
-    from .check import SHAPES
-    from .trace import TracedWeights, export_onnx
-    from .weight_file import WeightFile
+    from .checks.check import SHAPES
+    from .graph.trace import TracedWeights, export_onnx
+    from .weights.weight_file import WeightFile
 
     model = opened.model
     with WeightFile(folder) as file:
@@ -218,8 +218,8 @@ def _trace_and_check(
         report = _check_portable(opened, shape, graph, options.torch_dtype, method, check_progress, max_context)
         check = {"vs_pytorch": report.to_dict()}
         graphs = {PORTABLE: GRAPH_FILE}
-        if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/inplace.py)
-            from .inplace import add_inplace_graph
+        if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/graph/inplace.py)
+            from .graph.inplace import add_inplace_graph
 
             extra, check[INPLACE] = add_inplace_graph(
                 model,
@@ -241,9 +241,9 @@ def _trace_and_check(
 def _check_portable(opened, shape, graph: Path, dtype: str, method: str, check_progress, max_context: int):
     """The portable graph against PyTorch: whole (a streamed skeleton filled for it), or layer by layer
     (the parameters outside the decoder layers filled throughout, each layer's read in as it is checked)."""
-    from .check import check_against_torch
-    from .layer_check import check_layers, outside_layers, stage_count, staged_scope, streamed_layers
-    from .skeleton import filled
+    from .checks.check import check_against_torch
+    from .checks.layer_check import check_layers, outside_layers, stage_count, staged_scope, streamed_layers
+    from .graph.skeleton import filled
 
     model = opened.model
     if method == "full":
@@ -268,7 +268,7 @@ def _check_portable(opened, shape, graph: Path, dtype: str, method: str, check_p
 def _weights_in(opened):
     """The PyTorch model with its real weights for a check's PyTorch side (a streamed skeleton is filled,
     then emptied before the graph runs: the two never hold the weights at once)."""
-    from .skeleton import filled
+    from .graph.skeleton import filled
 
     return filled(opened.model, opened.read) if opened.streamed else contextlib.nullcontext()
 
@@ -301,8 +301,8 @@ def keep_first_layers(model, n: int) -> None:
 
 def _progress(factory, shape, scope: str | None):
     """A progress callable for the portable check (its shapes, or its stages), made as the check starts."""
-    from .check import SHAPES
-    from .staged_run import ticks
+    from .checks.check import SHAPES
+    from .checks.staged_run import ticks
 
     return factory(ticks(len(SHAPES), shape.num_layers, scope is not None)) if factory else None
 

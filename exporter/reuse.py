@@ -17,8 +17,8 @@ from jacobi_rt.runtime.errors import ArtifactError, OptionError
 from jacobi_rt.runtime.manifest import read_manifest, verify_files
 from jacobi_rt.runtime.spec import INPLACE, PORTABLE
 
-from .graph_weights import data_files
 from .options import ExportOptions
+from .weights.graph_weights import data_files
 
 
 def reuse_graphs(

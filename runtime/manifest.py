@@ -95,7 +95,7 @@ class Manifest:
 
     @property
     def attention_extra_row(self) -> bool:
-        """The in-place graph's GroupQueryAttention runs one extra query row (exporter/gqa_rows.py), so its
+        """The in-place graph's GroupQueryAttention runs one extra query row (exporter/attention/gqa_rows.py), so its
         windows are bitwise one-token passes at level 4 too; its cache needs one spare entry, which the
         extra row's key and value are written into when a window ends at the capacity."""
         return bool((self.check.get("weights") or {}).get("attention_extra_row"))

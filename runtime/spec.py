@@ -16,7 +16,7 @@ CAPACITY = "capacity"  # the in-place variant's fixed cache length
 
 # Graph variants (the manifest's `graphs` maps variant -> file). PORTABLE: the past is concatenated
 # into a new present every pass (any runtime, TensorRT). INPLACE: a fixed-capacity cache written in
-# place by onnxruntime's GroupQueryAttention, a length per row (exporter/inplace.py).
+# place by onnxruntime's GroupQueryAttention, a length per row (exporter/graph/inplace.py).
 PORTABLE, INPLACE = "portable", "inplace"
 
 

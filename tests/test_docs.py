@@ -1,7 +1,7 @@
 """The docs stand on their own and say what the code has: every `jacobi-rt ...` command and flag in
 README.md and docs/ is one the CLI takes, the README's Python compiles, every linked file exists;
 no pointers outside the repository, counts that match their lists, the layout table naming every
-runtime module."""
+runtime and exporter module."""
 
 from __future__ import annotations
 
@@ -73,6 +73,18 @@ def test_the_layout_table_names_every_runtime_module():
     )
     modules = [p.stem for p in (REPO / "runtime").glob("*.py") if p.stem != "__init__"]
     assert [m for m in modules if f"`{m}`" not in row] == []
+
+
+def test_the_layout_table_names_every_exporter_module_in_its_subpackage():
+    row = next(
+        line
+        for line in (REPO / "docs" / "architecture.md").read_text().splitlines()
+        if line.startswith("| `exporter/`")
+    )
+    exporter = REPO / "exporter"
+    modules = [p.relative_to(exporter) for p in exporter.rglob("*.py") if p.stem != "__init__"]
+    assert [str(m) for m in modules if f"`{m.stem}`" not in row] == []
+    assert [p.name for p in exporter.iterdir() if (p / "__init__.py").is_file() and f"`{p.name}/`" not in row] == []
 
 
 def test_architecture_counts_the_backend_calls_the_docstring_shows():

@@ -71,6 +71,14 @@ def test_the_wheel_holds_the_command_line_not_the_measuring_scripts(wheel):
     ]
 
 
+def test_the_wheel_holds_every_exporter_module(wheel):
+    """The exporter's subpackages (graph/, attention/, weights/, checks/) are declared, so each of its modules ships."""
+    path, _ = wheel
+    names = set(zipfile.ZipFile(path).namelist())
+    modules = sorted(p.relative_to(REPO / "exporter").as_posix() for p in (REPO / "exporter").rglob("*.py"))
+    assert [m for m in modules if f"jacobi_rt/exporter/{m}" not in names] == []
+
+
 def test_the_version_is_written_once(wheel):
     path, _ = wheel
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

@@ -179,8 +179,8 @@ def test_every_check_bar_counts_its_own_shapes(tiny_model, tmp_path):
     total; the in-place check's bar is made after the in-place trace, so its first shape does not show
     the trace's time."""
     from jacobi_rt.exporter import ExportOptions, export
-    from jacobi_rt.exporter.check import SHAPES
-    from jacobi_rt.exporter.inplace_check import CASES
+    from jacobi_rt.exporter.checks.check import SHAPES
+    from jacobi_rt.exporter.checks.inplace_check import CASES
 
     bars: list[list[int]] = []
     events: list[str] = []  # the step lines and, as "bar of N", each bar made, in order

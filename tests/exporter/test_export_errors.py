@@ -277,7 +277,7 @@ def failing_check(exc: BaseException):
 
 
 def test_failed_check_leaves_nothing(monkeypatch, tiny_model, out):
-    import jacobi_rt.exporter.check as check
+    import jacobi_rt.exporter.checks.check as check
 
     monkeypatch.setattr(check, "check_against_torch", failing_check(ExportCheckError("simulated: ONNX disagrees")))
     message = export_fails(tiny_model("llama"), out, ExportCheckError)
@@ -287,7 +287,7 @@ def test_failed_check_leaves_nothing(monkeypatch, tiny_model, out):
 
 def test_interrupted_overwrite_keeps_the_old_artifact(monkeypatch, tiny_artifact, out):
     """Ctrl-C (KeyboardInterrupt) in the check step of an --overwrite export: the old artifact is untouched."""
-    import jacobi_rt.exporter.check as check
+    import jacobi_rt.exporter.checks.check as check
 
     old = tiny_artifact("llama")
     shutil.copytree(old.artifact, out)

@@ -18,7 +18,7 @@ FP16_TOL = 5e-2  # the exporter's own fp16 tolerance
 def fp16_graph(tiny_model, tmp_path_factory):
     """The window graph of the tiny llama traced in fp16 with the exporter's own steps (load, probe, trace)."""
     from jacobi_rt.exporter import sources
-    from jacobi_rt.exporter.trace import export_onnx, probe
+    from jacobi_rt.exporter.graph.trace import export_onnx, probe
 
     source = sources.resolve(str(tiny_model("llama")))
     model, _ = sources.load(source, "float16")

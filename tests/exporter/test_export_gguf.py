@@ -241,8 +241,8 @@ def test_siblings_compute_each_output_as_alone(exported, tmp_path):
     import onnxruntime as ort
 
     from jacobi_rt.exporter import sources
-    from jacobi_rt.exporter.gguf_weights import GgufWeights
-    from jacobi_rt.exporter.quantize import quantize_graph_file
+    from jacobi_rt.exporter.weights.gguf_weights import GgufWeights
+    from jacobi_rt.exporter.weights.quantize import quantize_graph_file
 
     planner = GgufWeights(exported.gguf_file).plan
     sessions = {}
@@ -273,7 +273,7 @@ def test_manifest_records_the_weights(exported):
 
 def weight_bytes(graph_file: Path) -> int:
     """Bytes of the stored matrices (the graph's other constants are the same in both exports, but for
-    the quantized graph's rotary cos/sin tables: exporter/rotary.py)."""
+    the quantized graph's rotary cos/sin tables: exporter/graph/rotary.py)."""
     return sum(
         len(i.raw_data)
         for i in onnx.load(str(graph_file)).graph.initializer

@@ -21,7 +21,7 @@ from tiny_gguf import k_quant_blocks, write_tiny_gguf  # noqa: E402
 def test_k_quant_blocks_decode_bit_for_bit_as_gguf_dequantizes(kind):
     from gguf.quants import dequantize
 
-    from jacobi_rt.exporter.blocks import from_gguf
+    from jacobi_rt.exporter.weights.blocks import from_gguf
 
     raw = k_quant_blocks(kind, 6, 512, np.random.default_rng(7))
     want = dequantize(raw, gguf.GGMLQuantizationType[kind]).reshape(6, 512).astype(np.float32)
@@ -41,7 +41,7 @@ def test_five_bit_blocks_decode_bit_for_bit_as_gguf_dequantizes(kind):
     """What llama.cpp's Q4_K_M recipe falls back to where a row is not a multiple of 256 (SmolLM2's 576)."""
     from gguf.quants import dequantize, quantize
 
-    from jacobi_rt.exporter.blocks import from_gguf
+    from jacobi_rt.exporter.weights.blocks import from_gguf
 
     ggml = gguf.GGMLQuantizationType[kind]
     raw = quantize(np.random.default_rng(3).standard_normal((5, 576)).astype(np.float32), ggml)
@@ -56,7 +56,7 @@ def test_an_offset_float32_cannot_hold_takes_8_bits_and_stays_exact():
     (here scale 63*(1 + 2**-10), min 2**-14*(1 + 2**-10)), the tensor takes 8 bits with offset m."""
     from gguf.quants import dequantize
 
-    from jacobi_rt.exporter.blocks import from_gguf
+    from jacobi_rt.exporter.weights.blocks import from_gguf
 
     raw = k_quant_blocks("Q4_K", 1, 256, np.random.default_rng(0))
     raw[0, 0:2] = np.array([1 + 2**-10], np.float16).view(np.uint8)  # d

@@ -44,9 +44,9 @@ def test_the_scatter_form_also_matches_pytorch(tiny_model, hf_model, tmp_path):
     """The standard-op translation (an export option: in-place ScatterND, attention over the capacity)."""
     import onnx
 
-    from jacobi_rt.exporter.inplace import export_inplace_onnx
-    from jacobi_rt.exporter.inplace_check import check_inplace_against_torch
-    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.checks.inplace_check import check_inplace_against_torch
+    from jacobi_rt.exporter.graph.inplace import export_inplace_onnx
+    from jacobi_rt.exporter.graph.trace import probe
 
     model = hf_model(tiny_model("qwen2"))
     model.set_attn_implementation("eager")
@@ -61,9 +61,9 @@ def test_the_scatter_form_also_matches_pytorch(tiny_model, hf_model, tmp_path):
 
 
 def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytorch(exported, hf_model):
-    from jacobi_rt.exporter.inplace_check import check_inplace_against_torch
-    from jacobi_rt.exporter.layer_check import layer_scope
-    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.checks.inplace_check import check_inplace_against_torch
+    from jacobi_rt.exporter.checks.layer_check import layer_scope
+    from jacobi_rt.exporter.graph.trace import probe
 
     model = hf_model(exported.model_dir)
     model.set_attn_implementation("eager")
@@ -94,8 +94,8 @@ def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytor
 def test_multi_query_attention_in_place_matches_pytorch_and_decodes_like_greedy(tiny_artifact, hf_model):
     """One KV head for all query heads (MQA), the attention layout FAMILIES lacks: the graph against
     PyTorch at windows 1-16 with branches and rows of different lengths, then every strategy on it."""
-    from jacobi_rt.exporter.inplace_check import check_inplace_against_torch
-    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.checks.inplace_check import check_inplace_against_torch
+    from jacobi_rt.exporter.graph.trace import probe
     from jacobi_rt.runtime import Generator
 
     mqa = tiny_artifact("llama-mqa")
@@ -120,10 +120,10 @@ def test_the_custom_ops_eager_body_is_the_portable_attention(exported, hf_model)
     """The in-place window model in PyTorch (jacobi::gqa's eager body) against the portable one."""
     import torch
 
-    from jacobi_rt.exporter.inplace import InplaceWindowModel, inplace_attention_for
-    from jacobi_rt.exporter.inplace_check import _row_case, inplace_feeds
-    from jacobi_rt.exporter.trace import probe
-    from jacobi_rt.exporter.window_model import WindowModel
+    from jacobi_rt.exporter.checks.inplace_check import _row_case, inplace_feeds
+    from jacobi_rt.exporter.graph.inplace import InplaceWindowModel, inplace_attention_for
+    from jacobi_rt.exporter.graph.trace import probe
+    from jacobi_rt.exporter.graph.window_model import WindowModel
 
     model = hf_model(exported.model_dir)
     model.set_attn_implementation("eager")
@@ -143,8 +143,8 @@ def test_the_custom_ops_eager_body_is_the_portable_attention(exported, hf_model)
 
 
 def test_a_head_size_gqa_cannot_take_gets_the_scatter_form_and_uneven_groups_the_portable_graph():
-    from jacobi_rt.exporter.inplace import attention_form, unsupported
-    from jacobi_rt.exporter.trace import ModelShape
+    from jacobi_rt.exporter.graph.inplace import attention_form, unsupported
+    from jacobi_rt.exporter.graph.trace import ModelShape
 
     for head_dim in (8, 12):  # onnxruntime's GroupQueryAttention: "head_size shall be a multiple of 16"
         odd = ModelShape(

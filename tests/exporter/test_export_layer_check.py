@@ -70,8 +70,8 @@ def test_an_inplace_graph_unlike_the_portable_one_is_refused(exports, tmp_path):
     """The staged in-place check can fail: one layer's attention scale changed is named as a disagreement."""
     import onnx
 
-    from jacobi_rt.exporter.inplace_check import check_inplace_against_portable
-    from jacobi_rt.exporter.trace import ModelShape
+    from jacobi_rt.exporter.checks.inplace_check import check_inplace_against_portable
+    from jacobi_rt.exporter.graph.trace import ModelShape
     from jacobi_rt.runtime.errors import ExportCheckError
 
     _, _, layers, _ = exports
@@ -155,9 +155,9 @@ def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
     graph (its streamed skeleton, one layer read in at a time) fails naming layer 2."""
     from jacobi_rt.exporter import sources
     from jacobi_rt.exporter.export import _check_portable
-    from jacobi_rt.exporter.layer_graph import LayerGraph
-    from jacobi_rt.exporter.trace import probe
-    from jacobi_rt.exporter.weight_source import open_model
+    from jacobi_rt.exporter.graph.layer_graph import LayerGraph
+    from jacobi_rt.exporter.graph.trace import probe
+    from jacobi_rt.exporter.weights.weight_source import open_model
     from jacobi_rt.runtime.errors import ExportCheckError
 
     source, _, layers, _ = exports

@@ -65,7 +65,7 @@ def test_only_the_torchvision_notices_are_hidden(seen, tmp_path):
 def test_the_exporter_traces_without_the_notices(seen, tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from jacobi_rt.exporter.trace import export_onnx, probe
+    from jacobi_rt.exporter.graph.trace import export_onnx, probe
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model("llama"), attn_implementation="eager").eval()
     export_onnx(model, probe(model), tmp_path / "model.onnx", 18)

@@ -90,7 +90,7 @@ def test_a_chain_window_is_bitwise_one_token_passes(smollm2_gguf, graph):
     the logits of W one-token passes, bit for bit (the int8 activation blocks are per row; a fused
     node must keep it so), through the runtime's own context in the mode its load-time check picked
     on this CPU (runtime/backends/exact_rows.py: on an AVX2-only CPU a one-token pass runs as two rows).
-    The in-place graph needs GroupQueryAttention's extra query row (exporter/gqa_rows.py) besides:
+    The in-place graph needs GroupQueryAttention's extra query row (exporter/attention/gqa_rows.py) besides:
     without it, windows 2-16 differed by up to 0.8 in the logits."""
     import numpy as np
 

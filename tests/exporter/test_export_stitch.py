@@ -1,4 +1,4 @@
-"""Layers written by exporter/stitch.py: the same graph as tracing them all, or every layer traced.
+"""Layers written by exporter/graph/stitch.py: the same graph as tracing them all, or every layer traced.
 
 A tiny Llama of 4 layers (3 traced, 1 written) is exported both ways and the two graphs compared
 node for node by what each output computes (op, attributes, inputs, weights' bytes; the names
@@ -57,7 +57,7 @@ def computations(path) -> tuple[list[int], Counter]:
 
 
 def _export(kind: str, model, shape, path, monkeypatch, whole: bool) -> str:
-    from jacobi_rt.exporter import inplace, trace
+    from jacobi_rt.exporter.graph import inplace, trace
 
     with monkeypatch.context() as patch:
         if whole:
@@ -69,9 +69,9 @@ def _export(kind: str, model, shape, path, monkeypatch, whole: bool) -> str:
 
 @pytest.mark.parametrize("kind", ["portable", "inplace"])
 def test_written_layers_are_the_graph_a_full_trace_makes(kind, tmp_path, monkeypatch):
-    from jacobi_rt.exporter.check import check_against_torch
-    from jacobi_rt.exporter.inplace_check import check_inplace_against_torch
-    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.checks.check import check_against_torch
+    from jacobi_rt.exporter.checks.inplace_check import check_inplace_against_torch
+    from jacobi_rt.exporter.graph.trace import probe
 
     model = _model("llama", 4)
     shape = probe(model)
@@ -94,7 +94,7 @@ def test_written_layers_are_the_graph_a_full_trace_makes(kind, tmp_path, monkeyp
     ],
 )
 def test_unlike_layers_are_traced_whole(family, fields, why):
-    from jacobi_rt.exporter.stitch import layers_to_trace
+    from jacobi_rt.exporter.graph.stitch import layers_to_trace
 
     model = _model(family, 6, **fields)
     layers, reason = layers_to_trace(model, 6)
@@ -108,8 +108,8 @@ class WholeTrace(Exception):
 def test_a_layer_index_in_the_graph_fails_the_proof(monkeypatch, tmp_path):
     """GPT-2 scaling attention by 1 / (layer index + 1): refused from its modules' settings; past
     them (patched away here) the proof sees the per-layer constant, and the export traces every layer."""
-    from jacobi_rt.exporter import trace
-    from jacobi_rt.exporter.stitch import NotStitchable, layers_to_trace
+    from jacobi_rt.exporter.graph import trace
+    from jacobi_rt.exporter.graph.stitch import NotStitchable, layers_to_trace
 
     model = _model("gpt2", 4, scale_attn_by_inverse_layer_idx=True)
     shape = trace.probe(model)

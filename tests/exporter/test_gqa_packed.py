@@ -1,4 +1,4 @@
-"""GroupQueryAttention rotating q/k itself and reading q|k|v packed (exporter/gqa_packed.py).
+"""GroupQueryAttention rotating q/k itself and reading q|k|v packed (exporter/attention/gqa_packed.py).
 
 Every tiny family's in-place graph is checked against PyTorch by its export (test_export_inplace.py);
 here: which families get which form, and that the rewrite is exact, bit for bit, against the same
@@ -41,10 +41,10 @@ def test_the_rewrite_is_bitwise_the_graph_without_it(family, tiny_model, hf_mode
     import onnxruntime as ort
     import torch
 
-    from jacobi_rt.exporter import inplace
-    from jacobi_rt.exporter.gqa_packed import pack_attention
-    from jacobi_rt.exporter.inplace_check import CASES, SLACK, _row_case, inplace_feeds
-    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.attention.gqa_packed import pack_attention
+    from jacobi_rt.exporter.checks.inplace_check import CASES, SLACK, _row_case, inplace_feeds
+    from jacobi_rt.exporter.graph import inplace
+    from jacobi_rt.exporter.graph.trace import probe
 
     model = hf_model(tiny_model(family))
     model.set_attn_implementation("eager")

@@ -1,4 +1,4 @@
-"""GroupQueryAttention with one extra query row (exporter/gqa_rows.py) in level-4 weight variants.
+"""GroupQueryAttention with one extra query row (exporter/attention/gqa_rows.py) in level-4 weight variants.
 
 A tiny Llama GGUF exported at accuracy level 4: the in-place graph's attention nodes get the extra
 row, the manifest says so, a window that ends at the context's capacity still fits (the spare

@@ -1,4 +1,4 @@
-"""The layer-by-layer export check (exporter/layer_check.py) on tiny stitched 5-layer models."""
+"""The layer-by-layer export check (exporter/checks/layer_check.py) on tiny stitched 5-layer models."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ def _model(folder):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_layer_check_passes_with_the_whole_checks_figures(family, five_layers):
-    from jacobi_rt.exporter.check import check_against_torch
-    from jacobi_rt.exporter.layer_check import check_layers, layer_scope, stage_count
-    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.checks.check import check_against_torch
+    from jacobi_rt.exporter.checks.layer_check import check_layers, layer_scope, stage_count
+    from jacobi_rt.exporter.graph.trace import probe
 
     folder, artifact = five_layers(family)
     model = _model(folder)
@@ -75,9 +75,9 @@ def test_a_corrupted_layer_3_weight_is_named(five_layers, tmp_path):
     import onnx
     from onnx import numpy_helper
 
-    from jacobi_rt.exporter.layer_check import check_layers
-    from jacobi_rt.exporter.layer_graph import LayerGraph
-    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.checks.layer_check import check_layers
+    from jacobi_rt.exporter.graph.layer_graph import LayerGraph
+    from jacobi_rt.exporter.graph.trace import probe
     from jacobi_rt.runtime.errors import ExportCheckError
 
     folder, artifact = five_layers("llama")
@@ -103,8 +103,8 @@ def test_one_layer_resident_at_a_time_with_external_data(five_layers, tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from jacobi_rt.exporter.layer_check import check_layers, streamed_layers
-    from jacobi_rt.exporter.trace import probe
+    from jacobi_rt.exporter.checks.layer_check import check_layers, streamed_layers
+    from jacobi_rt.exporter.graph.trace import probe
 
     folder, artifact = five_layers("qwen2")
     model = _model(folder)

@@ -13,8 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from jacobi_rt.exporter import quantize
-from jacobi_rt.exporter.blocks import BLOCK, BlockMatrix
+from jacobi_rt.exporter.weights import quantize
+from jacobi_rt.exporter.weights.blocks import BLOCK, BlockMatrix
 
 K, N = 4 * BLOCK, 48
 

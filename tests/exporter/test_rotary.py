@@ -1,5 +1,5 @@
-"""Traced rotary -> com.microsoft.RotaryEmbedding (exporter/rotary.py) and GroupQueryAttention's 3-D
-inputs (exporter/gqa_layout.py): where they fire, what they leave alone, and that nothing changes
+"""Traced rotary -> com.microsoft.RotaryEmbedding (exporter/graph/rotary.py) and GroupQueryAttention's 3-D
+inputs (exporter/attention/gqa_layout.py): where they fire, what they leave alone, and that nothing changes
 but the node count."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from jacobi_rt.exporter.rotary import fuse_rotary
+from jacobi_rt.exporter.graph.rotary import fuse_rotary
 
 
 def session(model):

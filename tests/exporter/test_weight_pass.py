@@ -136,7 +136,7 @@ def test_gguf_tensors_are_dequantized_once_each_however_many_share_a_shape(tmp_p
     )
     import tiny_gguf
 
-    from jacobi_rt.exporter.gguf_weights import Candidate, GgufWeights
+    from jacobi_rt.exporter.weights.gguf_weights import Candidate, GgufWeights
 
     monkeypatch.setattr(tiny_gguf, "LAYERS", 8)
     path = tiny_gguf.write_tiny_gguf(tmp_path / "deep.gguf", "Q4_1")
@@ -164,7 +164,7 @@ import json, re, sys
 from pathlib import Path
 import psutil, onnx, onnxruntime  # imported before the baseline: the growth is the pass's data
 from jacobi_rt.exporter.options import ExportOptions
-from jacobi_rt.exporter import weights as weight_step
+from jacobi_rt.exporter.weights import weight_step
 folder = Path(sys.argv[1])
 graphs = json.loads((folder / "jacobi.json").read_text())["graphs"]
 before = psutil.Process().memory_info().rss

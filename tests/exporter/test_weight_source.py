@@ -1,4 +1,4 @@
-"""exporter/weight_source.py: a model's weights read one tensor at a time equal transformers' load bit for bit.
+"""exporter/weights/weight_source.py: a model's weights read one tensor at a time equal transformers' load bit for bit.
 
 The reference is always transformers' own `from_pretrained(..., dtype=torch.float32)` of the same
 files; the model handed to `open_source` is a skeleton with its parameters on the meta device.
@@ -17,7 +17,7 @@ import torch
 from tiny_models import save_tiny_model, tiny_config
 
 from jacobi_rt.exporter.sources import resolve
-from jacobi_rt.exporter.weight_source import GgufSource, SafetensorsSource, open_source
+from jacobi_rt.exporter.weights.weight_source import GgufSource, SafetensorsSource, open_source
 from jacobi_rt.runtime.errors import ModelSourceError
 
 FAMILIES = ["llama", "llama-mha-tied", "qwen2", "gpt2", "phi3", "gemma2"]

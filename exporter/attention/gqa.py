@@ -3,7 +3,7 @@
 The custom op's eager body is the reference semantics. It has two ONNX translations (`translation()`):
 one `com.microsoft.GroupQueryAttention` node (onnxruntime contrib op, below; the default: it reads
 only each row's length, whatever the capacity), or standard ops with an in-place ScatterND
-(exporter/scatter_attention.py: faster per layer on this CPU, but it reads the whole capacity).
+(exporter/attention/scatter_attention.py: faster per layer on this CPU, but it reads the whole capacity).
 In both the past and present can be bound to the same buffer so the cache is never copied:
 
     cache row b (capacity C):  [ prefix: length_b entries | window: W new entries | unused ... ]
@@ -185,7 +185,7 @@ def gqa_onnx(
 
 def translation(attention: str) -> dict:
     """The custom translation table: "gqa" (com.microsoft.GroupQueryAttention, the default) or
-    "scatter" (standard ops, in-place ScatterND; exporter/scatter_attention.py has the measurements)."""
+    "scatter" (standard ops, in-place ScatterND; exporter/attention/scatter_attention.py has the measurements)."""
     from .scatter_attention import scatter_attention_onnx
 
     return {torch.ops.jacobi.gqa.default: {"gqa": gqa_onnx, "scatter": scatter_attention_onnx}[attention]}

@@ -30,11 +30,11 @@ from transformers import DynamicCache
 
 from jacobi_rt.runtime.errors import ExportCheckError
 
+from ..graph.layer_graph import EMBEDDING, ONNX_FLOATS, TAIL, LayerGraph
+from ..graph.stitch import decoder_layers
+from ..graph.trace import WRAPPED, ModelShape
+from ..graph.window_model import CACHE_ARG, additive_mask
 from .check import SHAPES, TOLERANCE, CheckReport, _compare, case_tensors, fitted
-from .layer_graph import EMBEDDING, ONNX_FLOATS, TAIL, LayerGraph
-from .stitch import decoder_layers
-from .trace import WRAPPED, ModelShape
-from .window_model import CACHE_ARG, additive_mask
 
 # A layer's hidden state against PyTorch's, relative to the largest |value| of PyTorch's (the
 # residual stream grows through the layers: SmolLM2-135M's reaches ~1e2 with fp32 errors ~1e-5).
@@ -132,7 +132,7 @@ def layer_scope(model) -> str:
 def staged_scope(model) -> str | None:
     """The layer scope for running a check's ONNX graphs stage by stage when the model is big enough
     (budget.staged), else None: whole sessions."""
-    from .budget import staged, weight_bytes
+    from ..budget import staged, weight_bytes
 
     return layer_scope(model) if staged(weight_bytes(model)) else None
 

@@ -33,12 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..attention.gqa_rows import pad_attention_rows
+from ..graph.rotary import attribute, fuse_rotary, live_nodes
+from ..graph.skip_norms import fuse_skip_norms
 from .blocks import BLOCK, BlockMatrix, quantize_float
 from .gguf_weights import Candidate, Planned, WeightPlan
-from .gqa_rows import pad_attention_rows
 from .graph_weights import INLINE_BELOW, GraphWeights, raw_bytes
-from .rotary import attribute, fuse_rotary, live_nodes
-from .skip_norms import fuse_skip_norms
 from .weight_file import WeightFile, point_at
 
 BITS = {"int8": 8, "int4": 4}

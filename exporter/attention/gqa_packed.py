@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from onnx import helper
 
-from .rotary import MS_DOMAIN, GraphIndex, attribute, drop_unread_initializers, live_nodes
+from ..graph.rotary import MS_DOMAIN, GraphIndex, attribute, drop_unread_initializers, live_nodes
 
 # GroupQueryAttention's input slots (onnxruntime contrib op, 1.32; gqa.py lists them all)
 QUERY, KEY, VALUE, COS, SIN, POSITIONS = 0, 1, 2, 7, 8, 9

@@ -11,13 +11,14 @@ import torch
 
 from jacobi_rt.runtime import spec
 
-from . import graph_optimizer, lazy_weights
-from .attention import grouped_attention_for
-from .limits import static_rope
+from ..attention.attention import grouped_attention_for
+from ..limits import static_rope
+from ..quiet import torchvision_notices_hidden
+from ..weights import lazy_weights
+from ..weights.weight_file import WeightFile
+from . import graph_optimizer
 from .norms import fusable_norms
-from .quiet import torchvision_notices_hidden
 from .stitch import TRACED, NotStitchable, decoder_layers, extend_layers, first_layers, layers_to_trace
-from .weight_file import WeightFile
 from .window_model import WindowModel, output_cache
 
 TWO_GB = 2 * 1024**3

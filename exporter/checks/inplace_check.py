@@ -18,10 +18,10 @@ import torch
 
 from jacobi_rt.runtime.errors import ExportCheckError
 
+from ..graph.trace import ModelShape
+from ..graph.window_model import WindowModel, output_cache
 from .check import TOLERANCE, CheckReport, _compare
 from .staged_run import Run, run_graph, run_staged
-from .trace import ModelShape
-from .window_model import WindowModel, output_cache
 
 # (lengths of the rows, window)
 CASES = [((0,), 1), ((0,), 4), ((9,), 1), ((17,), 8), ((6, 3), 5), ((0, 7), 3), ((33, 20), 16)]

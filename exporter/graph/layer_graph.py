@@ -32,7 +32,7 @@ import numpy as np
 
 from jacobi_rt.runtime.errors import ExportCheckError, require
 
-from .quantize import REPLACES
+from ..weights.quantize import REPLACES
 from .stitch import SCOPES
 
 # a stage's float inputs as numpy makes them (bfloat16 has no numpy type: float32, cast by the caller)

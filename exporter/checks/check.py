@@ -15,9 +15,9 @@ import torch
 
 from jacobi_rt.runtime.errors import ExportCheckError
 
+from ..graph.trace import ModelShape
+from ..graph.window_model import WindowModel, output_cache
 from .staged_run import Run, run_graph, ticks
-from .trace import ModelShape
-from .window_model import WindowModel, output_cache
 
 # (batch, window, past)
 SHAPES = [(1, 1, 0), (1, 4, 0), (1, 1, 9), (1, 8, 17), (2, 5, 6), (2, 16, 33)]

@@ -23,7 +23,7 @@ import numpy as np
 
 from jacobi_rt.runtime.errors import ModelSourceError
 
-from .sources import ModelSource, load, load_tokenizer
+from ..sources import ModelSource, load, load_tokenizer
 
 STREAMED_DTYPES = ("F32", "F16", "BF16")  # safetensors dtypes transformers loads as plain float casts
 
@@ -384,7 +384,7 @@ def open_model(source: ModelSource, dtype: str = "float32", stream: bool = True)
     import torch
     from transformers import AutoConfig
 
-    from .skeleton import build, state_dict_reader
+    from ..graph.skeleton import build, state_dict_reader
 
     torch_dtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
     if stream and (source.gguf_file or any(source.folder.glob("*.safetensors"))):

@@ -16,8 +16,8 @@ import numpy as np
 from jacobi_rt.runtime.errors import require
 from jacobi_rt.runtime.spec import kv_inputs
 
-from .layer_graph import ONNX_FLOATS, LayerGraph
-from .trace import ModelShape
+from ..graph.layer_graph import ONNX_FLOATS, LayerGraph
+from ..graph.trace import ModelShape
 
 ORT_HINT = (
     'pip install ".[cpu]" (or ".[gpu]") from the jacobi-rt checkout: the export check runs the graph in onnxruntime'

@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from ..options import ExportOptions
 from .gguf_weights import Candidate, GgufWeights, WeightPlan
 from .graph_weights import data_files
-from .options import ExportOptions
 from .quantize import Planner, WeightReport, float_planner, quantize_graph_file
 from .weight_file import WEIGHTS_FILE, WeightFile
 

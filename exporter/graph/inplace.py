@@ -5,7 +5,7 @@ Inputs (runtime/spec.py `inplace_inputs`): `input_ids`, `position_ids` [B, W]; `
 `window_mask` [B, W, W]; `cache_lengths` [B] int64, each row's committed entries; and
 `past_key_values.{i}.key/value` [B, kv_heads, capacity, head_dim]. Outputs: `logits`,
 `greedy_ids`, and `present.{i}.key/value` of the past's shape, which the runtime binds to the
-same buffers as the past (exporter/gqa.py, scatter_attention.py: the graph then writes in place).
+same buffers as the past (exporter/attention/gqa.py, scatter_attention.py: the graph then writes in place).
 
 The model's own forward runs with no cache object: its attention (registered with
 transformers' AttentionInterface) receives the window's new keys and values after the model's
@@ -23,11 +23,11 @@ import torch
 
 from jacobi_rt.runtime import spec
 
-from . import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
-from .attention import attention_swapped
-from .gqa import translation
-from .gqa_layout import feed_gqa_3d
-from .gqa_packed import pack_attention
+from ..attention import gqa as _gqa  # noqa: F401  (registers jacobi::gqa)
+from ..attention.attention import attention_swapped
+from ..attention.gqa import translation
+from ..attention.gqa_layout import feed_gqa_3d
+from ..attention.gqa_packed import pack_attention
 from .rotary import fuse_rotary
 from .skip_norms import fuse_skip_norms
 
@@ -259,9 +259,9 @@ def _check(
 ):
     """The in-place graph against the portable ONNX (`portable`), or against PyTorch, its graph run
     whole or stage by stage as the model's size says (budget.staged)."""
-    from .inplace_check import CASES, check_inplace_against_portable, check_inplace_against_torch
-    from .layer_check import layer_scope, staged_scope
-    from .staged_run import ticks
+    from ..checks.inplace_check import CASES, check_inplace_against_portable, check_inplace_against_torch
+    from ..checks.layer_check import layer_scope, staged_scope
+    from ..checks.staged_run import ticks
 
     scope = layer_scope(model) if portable is not None else staged_scope(model)
     against = "the portable one" if portable is not None else "PyTorch"

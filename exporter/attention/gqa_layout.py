@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from onnx import helper
 
-from .rotary import MS_DOMAIN, GraphIndex, drop_unread_initializers, live_nodes
+from ..graph.rotary import MS_DOMAIN, GraphIndex, drop_unread_initializers, live_nodes
 
 PERM = [0, 2, 1, 3]
 
