@@ -29,7 +29,8 @@ def recover_interrupted(out: Path) -> list[str]:
         if kind == "old" and not out.exists() and (leftover / MANIFEST_NAME).is_file():
             leftover.rename(out)
             notes.append(
-                f"restored the artifact {out} from {leftover.name}, where an overwrite interrupted in process {pid} left it"
+                f"restored the artifact {out} from {leftover.name}, "
+                f"where an overwrite interrupted in process {pid} left it"
             )
         else:
             shutil.rmtree(leftover, ignore_errors=True)

@@ -282,7 +282,8 @@ def _check_limits(source, options: ExportOptions) -> None:
         check_keep_layers(options.keep_layers, source.num_layers)
     if options.weights == "gguf" and not source.gguf_file:
         raise OptionError(
-            f"`weights` gguf keeps a GGUF file's quantized blocks, but {source.name} is not a .gguf; use `quantize` int4 or int8",
+            f"`weights` gguf keeps a GGUF file's quantized blocks, but {source.name} is not a .gguf; "
+            "use `quantize` int4 or int8",
             "weights",
             "quantize",
         )

@@ -41,8 +41,9 @@ def reuse_graphs(
     for what, (theirs, ours) in expected.items():
         if theirs != ours:
             raise OptionError(
-                f"`graphs_from` {base} has {what} {theirs!r}, but this export needs {ours!r}: it must be a float-weights "
-                "export of the same model with the same options; export without `graphs_from`, or pick a matching artifact",
+                f"`graphs_from` {base} has {what} {theirs!r}, but this export needs {ours!r}: "
+                "it must be a float-weights export of the same model with the same options; "
+                "export without `graphs_from`, or pick a matching artifact",
                 "graphs_from",
             )
     graphs = dict(manifest.graphs) if options.inplace else {PORTABLE: manifest.graphs[PORTABLE]}

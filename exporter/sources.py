@@ -101,7 +101,8 @@ def resolve(model: str) -> ModelSource:
     if not path.exists():
         names = ", ".join(BUILTIN)
         raise ModelSourceError(
-            f"{model}: no such file or folder; pass a Hugging Face model folder, a .gguf file, or a built-in name ({names})"
+            f"{model}: no such file or folder; "
+            f"pass a Hugging Face model folder, a .gguf file, or a built-in name ({names})"
         )
     if path.is_file():
         if path.suffix.lower() != ".gguf":
@@ -133,7 +134,8 @@ def _gguf(path: Path, kind: str, name: str) -> ModelSource:
         from gguf import GGUFReader
     except ImportError as exc:
         raise ModelSourceError(
-            "reading .gguf files needs the `gguf` package: pip install gguf (or '.[export]' from the jacobi-rt checkout)"
+            "reading .gguf files needs the `gguf` package: "
+            "pip install gguf (or '.[export]' from the jacobi-rt checkout)"
         ) from exc
     try:
         reader = GGUFReader(str(path))
@@ -147,7 +149,8 @@ def _gguf(path: Path, kind: str, name: str) -> ModelSource:
         )
     except Exception as exc:  # the gguf reader raises many kinds on bad files
         raise ModelSourceError(
-            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); it may be corrupt or truncated, download it again"
+            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); "
+            "it may be corrupt or truncated, download it again"
         ) from exc
     if end > path.stat().st_size:
         raise ModelSourceError(

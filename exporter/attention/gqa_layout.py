@@ -54,7 +54,7 @@ def _rotary_3d(rotary, g: GraphIndex, replaced: dict, removed: set) -> None:
         return
     if _perm(into) != PERM or _perm(out) != PERM:
         return
-    heads, split = g.dims(rotary.input[0]), g.dims(into.input[0])
+    heads = g.dims(rotary.input[0])
     flat_dims = g.dims(flat.output[0])
     if not heads or len(heads) != 4 or not isinstance(heads[1], int) or not flat_dims or len(flat_dims) != 3:
         return

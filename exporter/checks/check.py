@@ -121,7 +121,8 @@ def check_against_torch(
         raise ExportCheckError(
             f"{onnx_path}: ONNX disagrees with PyTorch: max |logit diff| {report.max_logit_diff:.3g} "
             f"(tolerance {report.tolerance:g}), greedy ids agree on {report.greedy_agree}/{report.positions} positions "
-            f"({report.near_ties} near-ties); per shape: {report.shapes}. This is an exporter bug for this model: please report it"
+            f"({report.near_ties} near-ties); per shape: {report.shapes}. "
+            "This is an exporter bug for this model: please report it"
         )
     return report
 

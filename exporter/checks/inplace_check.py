@@ -232,8 +232,10 @@ def _verdict(report: CheckReport, onnx_path) -> None:
         or report.greedy_agree + report.near_ties < report.positions
     ):
         raise ExportCheckError(
-            f"{onnx_path}: the in-place graph disagrees with {report.reference}: max |logit diff| {report.max_logit_diff:.3g}, "
+            f"{onnx_path}: the in-place graph disagrees with {report.reference}: "
+            f"max |logit diff| {report.max_logit_diff:.3g}, "
             f"max |cache diff| {report.max_present_diff:.3g} (tolerance {report.tolerance:g}), greedy ids agree on "
-            f"{report.greedy_agree}/{report.positions} positions ({report.near_ties} near-ties); per row: {report.shapes}. "
+            f"{report.greedy_agree}/{report.positions} positions ({report.near_ties} near-ties); "
+            f"per row: {report.shapes}. "
             "This is an exporter bug for this model: please report it"
         )

@@ -251,7 +251,8 @@ def _past(model, layer, shape: ModelShape, j: int, case: _Case) -> tuple:
 
 
 def _window(model, layer, j: int, case: _Case, past: tuple, last: bool):
-    """PyTorch's layer j over the window: (hidden entering, hidden leaving, (present keys, values), logits of the last layer)."""
+    """PyTorch's layer j over the window: (hidden entering, hidden leaving, (present keys, values), logits of
+    the last layer)."""
     batch, window, length = case.shape
     cache = DynamicCache()
     for i in range(j + 1):  # the layers before j hold the same past: the model reads the past length off layer 0
@@ -328,13 +329,15 @@ def _verdict(report: LayerCheckReport, graph_path) -> None:
     if worst is not None:
         limit = report.tolerance if worst["stage"] == TAIL else report.hidden_tolerance * max(1.0, worst["max_abs"])
         raise ExportCheckError(
-            f"{graph_path}: ONNX disagrees with PyTorch in {worst['stage']}: max |hidden diff| {worst['max_hidden_diff']:.3g}, "
+            f"{graph_path}: ONNX disagrees with PyTorch in {worst['stage']}: "
+            f"max |hidden diff| {worst['max_hidden_diff']:.3g}, "
             f"max |present diff| {worst['max_present_diff']:.3g} (tolerance {limit:.3g}, fed PyTorch's hidden state); "
             "this is an exporter bug for this model: please report it"
         )
     if report.max_logit_diff > report.tolerance or report.greedy_agree + report.near_ties < report.positions:
         raise ExportCheckError(
-            f"{graph_path}: every stage is within tolerance but the whole graph disagrees with PyTorch: max |logit diff| "
+            f"{graph_path}: every stage is within tolerance but the whole graph disagrees with PyTorch: "
+            "max |logit diff| "
             f"{report.max_logit_diff:.3g} (tolerance {report.tolerance:g}), greedy ids agree on {report.greedy_agree}/"
             f"{report.positions} positions ({report.near_ties} near-ties); the errors compound: please report it"
         )

@@ -32,7 +32,9 @@ from .rotary import fuse_rotary
 from .skip_norms import fuse_skip_norms
 
 NAME = "jacobi_inplace"
-ATTENTION = "gqa"  # the ONNX form of jacobi::gqa: "gqa" (the contrib op: reads only each row's length) or "scatter" (standard ops: reads the whole capacity)
+# the ONNX form of jacobi::gqa: "gqa" (the contrib op: reads only each row's length) or "scatter" (standard ops:
+# reads the whole capacity)
+ATTENTION = "gqa"
 GRAPH_FILE = "model-inplace.onnx"
 
 
@@ -180,7 +182,8 @@ def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = A
         layer_shape = type(shape)(**{**asdict(shape), "num_layers": layers})
         return InplaceWindowModel(model, layers).eval(), sample_inputs(layer_shape, dtype), dynamic_shapes
 
-    # onnxruntime-only already (the contrib op): skip norms, rotary, GQA's own layout too; the scatter form stays standard ONNX
+    # onnxruntime-only already (the contrib op): skip norms, rotary, GQA's own layout too; the scatter form stays
+    # standard ONNX
     return trace_window_graph(
         build,
         model,

@@ -231,7 +231,8 @@ def _tables(model, g: GraphIndex, cos: str, sin: str, max_positions: int):
 
 
 def _ancestors(g: GraphIndex, names: list[str]) -> list | None:
-    """The nodes computing `names` from position_ids and constants (in graph order); None if anything else feeds them."""
+    """The nodes computing `names` from position_ids and constants (in graph order); None if anything else
+    feeds them."""
     found, stack = {}, list(names)
     while stack:
         name = stack.pop()

@@ -207,7 +207,8 @@ class _Stitch:
         for a_node, b_node in zip(a_nodes, b_nodes):
             if not _same_node(a_node, b_node):
                 raise NotStitchable(
-                    f"layer {self.template}'s {b_node.op_type} {b_node.name} is not layer {self.proof}'s {a_node.op_type}"
+                    f"layer {self.template}'s {b_node.op_type} {b_node.name} "
+                    f"is not layer {self.proof}'s {a_node.op_type}"
                 )
             for a, b in zip(a_node.outputs, b_node.outputs):
                 self.shift[id(a)] = b

@@ -22,7 +22,8 @@ from .stitch import TRACED, NotStitchable, decoder_layers, extend_layers, first_
 from .window_model import WindowModel, output_cache
 
 TWO_GB = 2 * 1024**3
-WRAPPED = "model."  # the wrappers (WindowModel, InplaceWindowModel) hold the model as `.model`: its parameters' names in the graph
+# the wrappers (WindowModel, InplaceWindowModel) hold the model as `.model`: its parameters' names in the graph
+WRAPPED = "model."
 
 
 @dataclass

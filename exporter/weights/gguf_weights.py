@@ -116,7 +116,8 @@ class _Tensor:
         return data.reshape(self.raw_shape)
 
     def row_hashes(self) -> np.ndarray:
-        """row_hashes of the values as the gguf package dequantizes them (what transformers loads), a chunk at a time."""
+        """row_hashes of the values as the gguf package dequantizes them (what transformers loads), a chunk at
+        a time."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
@@ -187,7 +188,8 @@ class GgufWeights:
                 continue
             if not reproduces(blocks, w):
                 raise ExportCheckError(
-                    f"GGUF tensor {tensor.name} ({tensor.kind}) does not reproduce the traced weight {candidate.name} bit for bit; "
+                    f"GGUF tensor {tensor.name} ({tensor.kind}) does not reproduce "
+                    f"the traced weight {candidate.name} bit for bit; "
                     "export without weights='gguf' and report this"
                 )
             identity = np.array_equal(rows, np.arange(len(rows)))

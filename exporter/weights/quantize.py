@@ -43,7 +43,8 @@ from .weight_file import WeightFile, point_at
 
 BITS = {"int8": 8, "int4": 4}
 MS_DOMAIN = "com.microsoft"
-BLOCK_SUMS = "reduce"  # Q4_1 block sums: "reduce" (Reshape + ReduceSum) or "columns" (K/32 extra MatMulNBits outputs: not faster, measured)
+# Q4_1 block sums: "reduce" (Reshape + ReduceSum) or "columns" (K/32 extra MatMulNBits outputs: not faster, measured)
+BLOCK_SUMS = "reduce"
 
 Planner = Callable[[list[Candidate]], WeightPlan]
 
@@ -109,7 +110,8 @@ def quantize_graph_file(
     write TARGET with every initializer of 1 KiB or more in `weights` (a WeightFile in TARGET's folder,
     shared by the artifact's graphs; None: TARGET.data of its own).
     siblings: MatMuls of one input share one MatMulNBits (False: one each, as a reference).
-    max_positions: the rotary tables' length, for com.microsoft.RotaryEmbedding (rotary.py); None leaves rotary as traced."""
+    max_positions: the rotary tables' length, for com.microsoft.RotaryEmbedding (rotary.py); None leaves rotary
+    as traced."""
     import onnx
 
     if weights is None:

@@ -198,7 +198,8 @@ def _files(folder: Path) -> dict[Path, set[str] | None]:
         raise ModelSourceError(
             f"{folder}: the weights are .bin files; streaming them needs safetensors. Convert once with: python -c "
             '"from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; '
-            f"M.from_pretrained('{folder}').save_pretrained('OUT'); T.from_pretrained('{folder}').save_pretrained('OUT')\" "
+            f"M.from_pretrained('{folder}').save_pretrained('OUT'); "
+            f"T.from_pretrained('{folder}').save_pretrained('OUT')\" "
             "and export OUT"
         )
     raise ModelSourceError(f"{folder}: no *.safetensors weight files")

@@ -75,7 +75,8 @@ def test_windows_1_to_16_with_branches_and_rows_of_different_lengths_match_pytor
     assert report.positions == sum(len(lengths) * w for lengths, w in cases)
     assert report.greedy_agree == report.positions
     assert report.max_logit_diff < 1e-4 and report.max_present_diff < 1e-4
-    # run stage by stage (as past budget.STAGED_ABOVE of weights), the graph gives the same figures (within float rounding)
+    # run stage by stage (as past budget.STAGED_ABOVE of weights), the graph gives the same figures
+    # (within float rounding)
     staged = check_inplace_against_torch(
         model,
         probe(model),

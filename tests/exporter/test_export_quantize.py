@@ -89,7 +89,7 @@ def test_manifest_records_quantization(quantized):
 
 
 def test_quantized_artifact_runs_in_onnxruntime(quantized, tiny_artifact, hf_model, ort_session):
-    kind, folder, manifest = quantized.kind, quantized.folder, quantized.manifest
+    folder = quantized.folder
     fp = tiny_artifact(quantized.family)
     session = ort_session(folder)
     for batch, window, past in [(1, 1, 0), (2, 5, 7)]:
@@ -109,7 +109,7 @@ def portable_bytes(folder: Path) -> int:
 
 
 def test_quantized_graph_smaller(quantized, tiny_artifact):
-    kind, folder, manifest = quantized.kind, quantized.folder, quantized.manifest
+    kind, folder = quantized.kind, quantized.folder
     fp = tiny_artifact(quantized.family)
     # the embedding (a Gather) stays float, so the tiny model shrinks less than its MatMul weights do
     assert portable_bytes(folder) < portable_bytes(fp.artifact) * (0.6 if kind == "int4" else 0.8)

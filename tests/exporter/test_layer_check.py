@@ -142,6 +142,6 @@ def test_one_layer_resident_at_a_time_with_external_data(five_layers, tmp_path):
         [s["max_hidden_diff"] for s in expected.stages], abs=1e-6
     )
     assert [s["max_abs"] for s in streamed.stages] == pytest.approx([s["max_abs"] for s in expected.stages], rel=1e-6)
-    with torch.no_grad(), pytest.raises(Exception):
+    with torch.no_grad(), pytest.raises(Exception):  # noqa: B017 - whatever a meta tensor raises in this torch
         model(torch.zeros(1, 2, dtype=torch.long))  # nothing left resident: the model cannot run whole
     assert np.isfinite(streamed.max_present_diff)

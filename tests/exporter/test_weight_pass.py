@@ -147,7 +147,7 @@ def test_gguf_tensors_are_dequantized_once_each_however_many_share_a_shape(tmp_p
         values = gguf_quants.dequantize(tensor.raw, gguf_quants.GGMLQuantizationType[tensor.kind]).reshape(tensor.shape)
         order = rng.permutation(tensor.shape[0])
         expected[tensor.name] = (tensor, order)
-        candidates.append(Candidate(tensor.name, tensor.shape, lambda w=values[order].copy(): w))
+        candidates.append(Candidate(tensor.name, tensor.shape, lambda w=values[order].copy(): w))  # noqa: B008 - binds this tensor
     calls = []
     real = gguf_quants.dequantize
     monkeypatch.setattr(gguf_quants, "dequantize", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -168,7 +168,9 @@ from jacobi_rt.exporter.weights import weight_step
 folder = Path(sys.argv[1])
 graphs = json.loads((folder / "jacobi.json").read_text())["graphs"]
 before = psutil.Process().memory_info().rss
-report = weight_step.quantize_graphs(folder, graphs, None, ExportOptions(quantize="int4"), lambda line: None, max_positions=256)
+report = weight_step.quantize_graphs(
+    folder, graphs, None, ExportOptions(quantize="int4"), lambda line: None, max_positions=256
+)
 # VmHWM, not ru_maxrss: a child's ru_maxrss starts from its parent's peak (getrusage(2): kept across execve)
 peak = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
 print(json.dumps({"before": before, "peak": peak, "weights": report.graph_bytes["weights.data"]}))
@@ -198,7 +200,8 @@ def test_quantizing_a_mid_size_graph_holds_a_few_tensors(tmp_path):
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     growth = figures["peak"] - figures["before"]
     print(
-        f"peak RSS growth {growth / 2**20:.0f} MiB for {floats / 2**20:.0f} MiB of float32 weights ({growth / floats:.2f}x)"
+        f"peak RSS growth {growth / 2**20:.0f} MiB for {floats / 2**20:.0f} MiB of float32 weights "
+        f"({growth / floats:.2f}x)"
     )
     assert growth < 0.5 * floats, figures
     embedding = mid_config().vocab_size * mid_config().hidden_size * 4  # a Gather's table stays float32
