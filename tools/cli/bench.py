@@ -66,7 +66,7 @@ def _names(text: str) -> list[str]:
     show_default=True,
     help=(
         "Comma-separated peers: hf, hf-lookup, ortgenai, ortgenai-ngram, ortgenai-int4, ortgenai-int4-ngram, "
-        "llamacpp, llamacpp-lookup."
+        "llamacpp, llamacpp-lookup, openvino, openvino-lookup."
     ),
 )
 @click.option(
@@ -80,7 +80,7 @@ def _names(text: str) -> list[str]:
     "--hf-model",
     default=None,
     help=(
-        "Source model for the hf peers (HF folder or .gguf) and the llamacpp peers (.gguf). "
+        "Source model for the hf peers (HF folder or .gguf) and the llamacpp and openvino peers (.gguf). "
         "Default: the embedded SmolLM2 GGUF."
     ),
 )
