@@ -41,7 +41,12 @@ def ray_url(artifact):
 
     from jacobi_rt.server.ray_app import PinnedArtifact, RayPlan, ReplicaSpec, run
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Serve kills a proxy that is not ready within 5 s a check; on a loaded 2-core CI machine it can take longer
+    # (every test errored at setup once, the proxy killed). Ray's workers inherit the driver's environment.
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+            env.setenv(name, "60")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = _free_port()
         spec = ReplicaSpec(
