@@ -314,6 +314,7 @@ def test_openvino_peer_runs_the_gguf_greedily(tmp_path):
     short = configs[0].run(prompt, 3)
     assert short.ids == first.ids[:3] and short.finish_reason == "length"
 
+
 def test_strategy_variants_name_a_strategy_and_its_options():
     from jacobi_rt.tools.bench import VARIANTS, strategy_of
 
