@@ -183,8 +183,6 @@ class Row:
         self.proposer.update(result)
         self.policy.observe(result)
         new = self.stage.commit(verdict.committed, verdict.path, self.max_new_tokens - self.produced)
-        if self.sampling:
-            self.history += new
         self.progress.target_passes += 1
         self.progress.accepted += len(new)
         self._emit(new, length + len(verdict.keep))
@@ -206,8 +204,6 @@ class Row:
         self.proposer.use_sampler(self.sampler if self.sampling else None)
         self.proposer.start(self.prompt, first)
         new = self.stage.commit([first], [], self.max_new_tokens - self.produced)
-        if self.sampling:
-            self.history += new
         self._emit(new, len(self.prompt))
         return list(range(n))
 
@@ -236,6 +232,8 @@ class Row:
 
     def _emit(self, new: list[int], length: int) -> None:
         """Send the pass's tokens; finish on EOS (tokens after it are dropped), max_new_tokens or the context."""
+        if self.sampling:
+            self.history += new
         self.last = new[-1]
         self.produced += len(new)
         end = next((i + 1 for i, t in enumerate(new) if t in self.eos_ids), None)
