@@ -41,15 +41,16 @@ FAMILIES = {"llama": "llama-draft1", "qwen2": "qwen2-draft1"}  # target -> a dra
 
 @pytest.fixture(scope="module")
 def loaded(artifact):
-    """name -> a Generator (in-place graph, one thread) with its draft, loaded once."""
+    """(name, draft) -> a Generator (in-place graph, one thread) with that draft, loaded once: keyed on both, so a
+    draft-less load of a model never stands in for its load with a draft (xdist may run either first)."""
     made = {}
 
     def get(name: str, draft: str | None = None) -> Generator:
-        if name not in made:
-            made[name] = Generator.load(
+        if (name, draft) not in made:
+            made[name, draft] = Generator.load(
                 artifact(name), draft=artifact(draft) if draft else None, graph="inplace", threads=1, verify=False
             )
-        return made[name]
+        return made[name, draft]
 
     return get
 
