@@ -214,3 +214,10 @@ def load_manifest(folder: str | Path, verify: bool | str = "sampled") -> Manifes
     if mode != "none":
         verify_files(folder, manifest, mode=mode)
     return manifest
+
+
+def manifest_sha256(folder: str | Path) -> str | None:
+    """The sha256 of `folder`'s manifest, which pins the whole artifact (it holds every file's digest);
+    None when the folder has no manifest."""
+    path = Path(folder) / MANIFEST_NAME
+    return sha256_file(path) if path.is_file() else None

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from jacobi_rt.runtime.generator import GenerationResult, TextStream
-from jacobi_rt.runtime.sampling import TokenLogprob
+from jacobi_rt.runtime import GenerationResult, TextStream, TokenLogprob
 
 
 class ChoicePiece(str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from jacobi_rt.runtime.errors import ContextLimitError, InputError
+from jacobi_rt.runtime import ContextLimitError, InputError
 
 LOG = logging.getLogger("jacobi_rt.server")
 

@@ -22,8 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from jacobi_rt.runtime.params import STRATEGIES
-from jacobi_rt.runtime.sampling import MIN_TEMPERATURE, REPETITION_RANGE, SEED_RANGE
+from jacobi_rt.runtime import MIN_TEMPERATURE, REPETITION_RANGE, SEED_RANGE, STRATEGIES
 
 from .responses import IGNORED as RESPONSES_IGNORED
 from .responses import ResponsesRequest

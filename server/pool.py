@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from jacobi_rt.runtime.generator import GenerationResult, TextStream
+from jacobi_rt.runtime import GenerationResult, TextStream
 
 PIECE, DONE, FAILED = "piece", "done", "failed"
 

@@ -41,10 +41,15 @@ from typing import Any
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
-from jacobi_rt.runtime.config import DecodingConfig
-from jacobi_rt.runtime.errors import ArtifactError, InputError, JacobiError
-from jacobi_rt.runtime.generator import Generator
-from jacobi_rt.runtime.manifest import MANIFEST_NAME, sha256_file
+from jacobi_rt.runtime import (
+    MANIFEST_NAME,
+    ArtifactError,
+    DecodingConfig,
+    Generator,
+    InputError,
+    JacobiError,
+    manifest_sha256,
+)
 
 from .app import create_app
 from .hosts import HostCheck
@@ -76,20 +81,19 @@ class PinnedArtifact:
     @classmethod
     def of(cls, path: str | Path) -> PinnedArtifact:
         folder = Path(path).resolve()
-        manifest = folder / MANIFEST_NAME
-        if not manifest.is_file():
+        digest = manifest_sha256(folder)
+        if digest is None:
             raise ArtifactError(f"{folder} has no {MANIFEST_NAME}: pass an artifact folder from `jacobi-rt export`")
-        return cls(str(folder), sha256_file(manifest))
+        return cls(str(folder), digest)
 
     def check_on(self, node: str) -> None:
         """Raise ArtifactError naming `node` unless the same artifact is at the same path here."""
-        manifest = Path(self.path) / MANIFEST_NAME
-        if not manifest.is_file():
+        found = manifest_sha256(self.path)
+        if found is None:
             raise ArtifactError(
                 f"node {node} has no artifact at {self.path}: every node needs the same artifact at this "
                 "path (copy it there, or mount a shared store at that path)"
             )
-        found = sha256_file(manifest)
         if found != self.manifest_sha256:
             raise ArtifactError(
                 f"node {node} holds a different artifact at {self.path}: its {MANIFEST_NAME} has sha256 "

@@ -18,8 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jacobi_rt.runtime.generator import GenerationResult
-from jacobi_rt.runtime.sampling import TokenLogprob
+from jacobi_rt.runtime import GenerationResult, TokenLogprob
 
 from .tool_calls import ToolCalls
 from .tool_stream import ToolDeltas

@@ -21,11 +21,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from jacobi_rt.runtime.config import DEFAULTS, FIELDS, GROUPS, LOAD_FIELDS, with_hint
-from jacobi_rt.runtime.constraints import Constraint
-from jacobi_rt.runtime.errors import InputError
-from jacobi_rt.runtime.params import STRATEGIES, GenerationParams
-from jacobi_rt.runtime.sampling import SamplingParams, draw_seed
+from jacobi_rt.runtime import (
+    DEFAULTS,
+    STRATEGIES,
+    Constraint,
+    GenerationParams,
+    InputError,
+    SamplingParams,
+    draw_seed,
+)
 
 from .errors import APIError
 from .history import ChatMessage, checked_messages
@@ -48,15 +52,7 @@ class JacobiOptions(BaseModel):
 def decoding_overrides(options: JacobiOptions) -> dict:
     """The DecodingConfig fields of a request's "jacobi" object, each checked (a 400 naming jacobi.FIELD)."""
     extra = dict(options.model_extra or {})
-    for name, value in extra.items():
-        if name not in FIELDS and name not in GROUPS:
-            raise APIError(
-                400,
-                f"jacobi.{with_hint(name)}: not a jacobi-rt option; the options are strategy and the decoding "
-                f"config fields {', '.join(f for f in FIELDS if f not in LOAD_FIELDS)}",
-                f"jacobi.{name}",
-                "invalid_value",
-            )
+    for name, value in extra.items():  # an unknown name's error names the field it was probably meant to be
         try:
             DEFAULTS.with_overrides({name: value}, per_request=True)
         except InputError as exc:

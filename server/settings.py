@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jacobi_rt.runtime.errors import InputError
-from jacobi_rt.runtime.generator import DEFAULT_SLOTS
-from jacobi_rt.runtime.params import STRATEGIES
+from jacobi_rt.runtime import DEFAULT_SLOTS, STRATEGIES, InputError
 
 SERVE_HINT = 'pip install ".[serve]" from the jacobi-rt checkout'
 

@@ -21,9 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from jacobi_rt.runtime.constraints import Constraint
-from jacobi_rt.runtime.errors import InputError, MissingDependencyError
-from jacobi_rt.runtime.tokenizer import TOOL_CALL_TAGS
+from jacobi_rt.runtime import TOOL_CALL_TAGS, Constraint, InputError, MissingDependencyError
 
 from .call_schema import call_schemas, closed
 from .errors import APIError

@@ -29,8 +29,7 @@ import json
 from dataclasses import replace
 from typing import Literal
 
-from jacobi_rt.runtime.constraints import JSON_FORMAT, Constraint
-from jacobi_rt.runtime.tokenizer import Tokenizer
+from jacobi_rt.runtime import JSON_FORMAT, Constraint, Tokenizer
 
 from .call_schema import call_schemas, closed
 from .errors import APIError

@@ -89,3 +89,32 @@ def test_the_packages_import_one_another_one_way():
         folded[name.split(".")[0]] |= {target.split(".")[0] for target in imported(name, path, set(found))}
     graph = {package: targets - {package} for package, targets in folded.items()}
     assert cycle(graph) is None, " -> ".join(cycle(graph))
+
+
+def runtime_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) of every import of the runtime in `path`, inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jacobi_rt.runtime"):
+            found += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, "*") for alias in node.names if alias.name.startswith("jacobi_rt.runtime")]
+    return found
+
+
+def test_the_server_uses_only_the_runtimes_public_names():
+    """server/ is built on the runtime's public API (jacobi_rt.runtime.__all__), never on a module inside it, so
+    the runtime's modules can be rearranged without touching the server."""
+    public = set(ast.literal_eval(_all_of(REPO / "runtime" / "__init__.py")))
+    used = [(path.name, *item) for path in sorted((REPO / "server").glob("*.py")) for item in runtime_imports(path)]
+    assert used, "the server imports the runtime somewhere"
+    inside = [(file, module, name) for file, module, name in used if module != "jacobi_rt.runtime"]
+    assert not inside, f"server modules import the runtime's internals: {inside}"
+    assert not [(file, name) for file, _, name in used if name not in public], "names outside runtime.__all__"
+
+
+def _all_of(path: Path) -> str:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return ast.unparse(node.value)
+    raise AssertionError(f"{path} defines no __all__")
