@@ -12,11 +12,11 @@ weights. Past that the check runs layer by layer (layer_check.py), one layer on 
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 from jacobi_rt.runtime.errors import OptionError
+from jacobi_rt.runtime.slots import available_memory
 
 GB = 1e9
 STAGED_ABOVE = 1 * GB  # float weights past which the checks run their ONNX graphs stage by stage
@@ -47,18 +47,6 @@ def check_disk(folder: Path, needed: int) -> None:
             "free some space or choose an `out` on another disk",
             "out",
         )
-
-
-def available_memory() -> int:
-    """Bytes the kernel says a new allocation can have without swapping (MemAvailable), or, where there
-    is no /proc/meminfo, the machine's physical memory."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def staged(weights: int) -> bool:

@@ -25,6 +25,7 @@ settles its own part of a pass.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
@@ -135,6 +136,24 @@ class Batcher:
             self.waiting.append(row)
             self._wake.notify()
         return row
+
+    def batches(self, row: Row, poll: float = 0.05) -> Iterator[list[int]]:
+        """`row`'s committed tokens pass by pass as they come ([] every `poll` seconds while it waits, so the
+        caller can stop); closing the iterator cancels the row. A row that failed raises its error at the end."""
+        try:
+            while True:
+                try:
+                    batch = row.tokens.get(timeout=poll)
+                except queue.Empty:
+                    yield []
+                    continue
+                if batch is END:
+                    break
+                yield batch
+        finally:
+            self.cancel(row)  # a no-op for a finished row; frees the slot of one stopped early
+        if row.error is not None:
+            raise row.error
 
     def cancel(self, row: Row) -> None:
         """Stop `row`: a waiting row is dropped, a running one frees its slot before the next pass."""

@@ -381,23 +381,3 @@ def changed_fields(base: DecodingConfig, config: DecodingConfig) -> dict[str, An
 def describe() -> list[tuple[str, Any, str]]:
     """(field, default, why) for every field, by dotted name: the CLI's `--decoding help` and the docs."""
     return [(path, f.default if f.default is not MISSING else None, f.metadata["why"]) for path, f in _LEAVES]
-
-
-def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """`FIELD=VALUE` strings (the CLI's --decoding; FIELD dotted, e.g. lookahead.branches) as overrides;
-    VALUE is JSON (8, 0.5, true, null, [[1, 1.0], [8, 1.4]]), else text."""
-    import json
-
-    out: dict[str, Any] = {}
-    for item in items:
-        name, sep, text = item.partition("=")
-        if not sep or not name.strip():
-            raise InputError(
-                f"--decoding takes FIELD=VALUE (e.g. lookahead.branches=1), not {item!r}; the fields "
-                f"are {', '.join(FIELDS)}"
-            )
-        try:
-            out[name.strip()] = json.loads(text)
-        except ValueError:
-            out[name.strip()] = text
-    return out

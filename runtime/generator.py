@@ -8,8 +8,6 @@ tokens turned into text and a result (runtime.output)."""
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -29,18 +27,14 @@ from .pass_budget import PassBudget
 from .prefix_cache import KeptContexts, PrefixCache
 from .proposers import Proposer
 from .request import MAX_WINDOW, ModelFacts, Request, prompt_ids, resolve
-from .row import END, Row
-from .sampling import Sampler
+from .row import Row
+from .slots import DEFAULT_SLOTS, batch_context, default_slots
 from .strategies import ProposerInputs, build_proposer
-from .structured import GrammarStage
 from .tokenizer import Detokenizer, Tokenizer
-from .windows import AdaptiveWindow, FixedWindow
 
 __all__ = ["Generator", "GenerationResult", "Stats", "TextStream", "MAX_WINDOW", "DEFAULT_SLOTS"]
 
-DEFAULT_BATCH_CONTEXT = 2048  # a batcher's slot context on a graph whose attention reads the whole capacity
 DEFAULT_JACOBI_TAIL = DEFAULTS.draft.jacobi_tail  # generate()'s default for jacobi_tail
-DEFAULT_SLOTS = 16  # the server's slots at most, unless asked: 16 rows of one token cost ~2.8 one-row passes on a CPU
 
 
 class Generator:
@@ -267,37 +261,21 @@ class Generator:
         one needs the in-place graph (rows of their own lengths).
 
         capacity: each row's context (prompt + output); while the batcher runs, `limits.max_context` is
-        this capacity. Default: the artifact's, except that the in-place graph's `scatter` attention
-        (where GroupQueryAttention refuses the head size) reads the whole capacity every pass (16 rows
-        of one token, SmolLM2: 148 ms at capacity 256, 237 at 2048, 495 at 8192), so it is capped at
-        DEFAULT_BATCH_CONTEXT there.
+        this capacity. Default: the artifact's, capped where attention reads the whole capacity (runtime.slots).
 
         batched_draft: the drafting rows share one slotted draft context, one batched draft pass a step
         (runtime.draft_slots; a draft of the in-place graph); False: each row's draft runs its own passes."""
         if self.batcher is not None:
             raise InputError("this Generator already runs a batcher; stop_batching() first")
-        if capacity is None and self.manifest.inplace_attention == "scatter" and self.backend.batched:
-            capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT)
+        if capacity is None:
+            capacity = batch_context(self.backend, self.limits.max_context)
         self.batcher = self._batcher(self.default_slots() if slots is None else slots, capacity, batched_draft).start()
         return self.batcher
 
     def default_slots(self, memory_share: float = 0.25) -> int:
-        """The batcher's slots when none are asked for: 1 where a context holds one row; else as many rows as
-        fill `memory_share` of the available memory with their KV caches at the batch context, between 1 and
-        DEFAULT_SLOTS (a CPU pass of more rows costs more than they gain: benchmarks/load_bench.py)."""
-        if not self.backend.batched:
-            return 1
-        arch = self.manifest.architecture
-        capacity = min(self.limits.max_context, DEFAULT_BATCH_CONTEXT)
-        row_bytes = (
-            2
-            * arch.num_layers
-            * arch.kv_heads
-            * arch.head_dim
-            * capacity
-            * (4 if self.manifest.dtype == "float32" else 2)
-        )
-        return max(1, min(DEFAULT_SLOTS, int(available_memory() * memory_share // row_bytes)))
+        """The batcher's slots when none are asked for: as many rows as fill `memory_share` of the available
+        memory with their KV caches, between 1 and DEFAULT_SLOTS (runtime.slots)."""
+        return default_slots(self.backend, self.limits.max_context, memory_share)
 
     def _batcher(self, slots: int, capacity: int | None = None, batched_draft: bool = True) -> Batcher:
         """A batcher of `slots` rows on this generator's config (prefill chunk, batched prefill budget, cost prior)."""
@@ -385,49 +363,15 @@ class Generator:
         self, batcher: Batcher, request: Request, committed: Committed | None = None
     ) -> tuple[Row, Iterator[str]]:
         """Queue `request` on the batcher now; the pieces come from the returned generator ("" every 50 ms
-        while it waits, so a caller can stop it); closing that generator cancels the row."""
+        while it waits, so a caller can stop it); closing that generator cancels the row (Batcher.batches)."""
         started = time.perf_counter()
         max_context = min(self.limits.max_context, batcher.capacity)
         capacity = min(max_context, len(request.prompt_ids) + request.max_new_tokens)
         row = batcher.submit(self._row(request, capacity, max_context))
-
-        def batches() -> Iterator[list[int]]:
-            try:
-                while True:
-                    try:
-                        batch = row.tokens.get(timeout=0.05)
-                    except queue.Empty:
-                        yield []
-                        continue
-                    if batch is END:
-                        break
-                    yield batch
-            finally:
-                batcher.cancel(row)  # a no-op for a finished row; frees the slot of one stopped early
-            if row.error is not None:
-                raise row.error
-
-        return row, self._pieces(row, request, batches(), started, committed)
+        return row, self._pieces(row, request, batcher.batches(row), started, committed)
 
     def _row(self, request: Request, capacity: int, max_context: int) -> Row:
-        sampler = Sampler(request.sampling, len(request.prompt_ids))
-        eos = set(self.manifest.tokens.eos_ids)
-        logprobs = request.sampling.logprobs is not None
-        stage = None if request.matcher is None else GrammarStage(request.matcher, eos, logprobs)
-        # each pass's window: adaptive between 1 and the window for plain Jacobi without a window, else fixed
-        policy = (
-            AdaptiveWindow(request.window, request.config.jacobi) if request.adaptive else FixedWindow(request.window)
-        )
-        return Row(
-            request.prompt_ids,
-            request.max_new_tokens,
-            self._proposer(request, capacity),
-            sampler,
-            policy,
-            eos,
-            max_context,
-            stage,
-        )
+        return Row.of(request, self._proposer(request, capacity), set(self.manifest.tokens.eos_ids), max_context)
 
     def _pieces(
         self,
@@ -451,14 +395,3 @@ class Generator:
             request.config, capacity, self.limits.branches, self.draft, self.prefill_chunk, self.arm_history
         )
         return build_proposer(request.strategy, inputs)
-
-
-def available_memory() -> int:
-    """Bytes of memory available to new allocations (MemAvailable), or the physical memory where unknown."""
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -33,8 +33,9 @@ from .grammar import Masks
 from .pass_budget import Bid
 from .passes import pass_result
 from .proposers import Proposer, observe_costs, own_cost
+from .request import Request
 from .sampling import Sampler, SamplingParams, TokenLogprob, masked_greedy
-from .structured import OutputStage
+from .structured import GrammarStage, OutputStage
 from .tree import Tree, build_tree
 from .windows import AdaptiveWindow, FixedWindow
 
@@ -109,6 +110,17 @@ class Row:
         self._bid: Bid | None = None  # for the next pass (under a grammar: with the forced run)
         self._guesses: tuple[list[int], list[list[int]]] = ([], [])  # the forced run, the proposer's guesses (guess)
         self._planned: Planned | None = None
+
+    @classmethod
+    def of(cls, request: Request, proposer: Proposer, eos_ids: set[int], max_context: int) -> Row:
+        """The row that runs a resolved request: its sampler, its output stage (a grammar's, or free text), and
+        its window policy (adaptive between 1 and the window for plain Jacobi without a window, else fixed)."""
+        logprobs = request.sampling.logprobs is not None
+        stage = None if request.matcher is None else GrammarStage(request.matcher, eos_ids, logprobs)
+        config = request.config.jacobi
+        policy = AdaptiveWindow(request.window, config) if request.adaptive else FixedWindow(request.window)
+        sampler = Sampler(request.sampling, len(request.prompt_ids))
+        return cls(request.prompt_ids, request.max_new_tokens, proposer, sampler, policy, eos_ids, max_context, stage)
 
     @property
     def prefilling(self) -> bool:

@@ -289,7 +289,7 @@ def test_a_started_engine_with_a_smaller_context_sets_the_limits(gen):
 
 
 def test_the_default_slot_context_is_capped_where_attention_reads_the_capacity(gen, monkeypatch):
-    from jacobi_rt.runtime import generator as module
+    from jacobi_rt.runtime import slots as module
 
     monkeypatch.setattr(module, "DEFAULT_BATCH_CONTEXT", 48)
     for attention, expected in (("scatter", 48), ("gqa", gen.backend.limits.max_context)):

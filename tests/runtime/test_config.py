@@ -17,13 +17,13 @@ from jacobi_rt.runtime.config import (
     DraftConfig,
     changed_fields,
     describe,
-    parse_assignments,
 )
 from jacobi_rt.runtime.draft import DraftLength
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.pass_budget import PassBudget
 from jacobi_rt.runtime.proposers import LookaheadProposer
 from jacobi_rt.runtime.windows import AdaptiveWindow
+from jacobi_rt.tools.cli.decoding import parse_assignments
 
 
 def test_every_field_says_why_and_the_config_is_frozen():
