@@ -25,7 +25,8 @@ def run(gen, prompts, k: int, slotted: bool, max_tokens: int) -> dict:
     from jacobi_rt.runtime.acceptance import PassCosts
     from jacobi_rt.runtime.batcher import Batcher
     from jacobi_rt.runtime.config import CostConfig, DraftConfig
-    from jacobi_rt.runtime.draft import DraftLength, DraftProposer
+    from jacobi_rt.runtime.draft import DraftProposer
+    from jacobi_rt.runtime.draft_length import DraftLength
     from jacobi_rt.runtime.pass_budget import PassBudget
     from jacobi_rt.runtime.proposers import NoProposer
     from jacobi_rt.runtime.row import END, Row

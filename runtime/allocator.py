@@ -2,8 +2,10 @@
 the batcher (a lone generation is a batch of one row).
 
 A proposer only ranks: `offer(limit)` returns its candidate guesses (`Guess`: per-token
-acceptance estimates, the tokens when they exist already, and what producing a token costs) and
-`take(allocation, limit)` returns the guesses cut to the lengths chosen here. A union's offer is its
+acceptance estimates, the tokens when they exist already, and what producing a token costs); the
+row sends each chosen guess cut to the length chosen here (`sent_guesses`; a draft's chain is
+produced at that length by the batcher's draft step), and the pass's result carries the allocation
+back to the proposer. A union's offer is its
 parts' guesses side by side (each with its own margin, `Offer.parts` capping each part's branches)
 sharing one limit; `auto` compares its arms by `Allocation.value`. Each guess is cut by the one
 length rule (`cut`: the L maximising expected committed tokens per unit of pass cost), a guess
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 Cost = Callable[[int], float]  # a one-row pass of W tokens, in W=1 passes (acceptance.PassCosts)
 
@@ -31,6 +34,7 @@ class Guess:
     fixed: bool = False  # sent whole within the limit (a fixed-K draft inside a union); Offer.fixed: all are
     part: int = 0  # in a union's offer: the part it comes from (Offer.parts caps each part's branches)
     free: int = 0  # leading tokens right by construction and free to produce (a grammar's forced run): see _ranked
+    producer: Any = None  # for tokens None: who makes them once sized (a DraftProposer: runtime.draft.produce)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Allocation:
     picks: list[tuple[int, int]]  # (guess index in the offer, tokens sent), in the order they go into the tree
     expected: float = 1.0  # expected committed tokens of the pass (1: a greedy pass)
     production: float = 0.0  # producing the guesses sent, in target W=1 passes
+    limit: int = 0  # the guessed tokens the pass had room for (0: none, so nothing could be sent)
 
     @property
     def sent(self) -> int:
@@ -100,9 +105,9 @@ def expected_tokens(guess: Guess, length: int) -> float:
 def allocate(offer: Offer, limit: int, cost: Cost) -> Allocation:
     """The guesses one row sends within `limit` guessed tokens (its window minus the last token)."""
     if limit < 1 or not offer.guesses:
-        return Allocation([])
+        return Allocation([], limit=max(0, limit))
     if offer.fixed:
-        return _allocation(offer, [(i, min(limit, len(g.accept))) for i, g in enumerate(offer.guesses)])
+        return _allocation(offer, [(i, min(limit, len(g.accept))) for i, g in enumerate(offer.guesses)], limit)
     ranked = []
     for i, guess in enumerate(offer.guesses):
         length, gain = _ranked(guess, limit, cost, offer.margin)
@@ -110,8 +115,9 @@ def allocate(offer: Offer, limit: int, cost: Cost) -> Allocation:
             ranked.append((gain, i, length))
     ranked.sort(key=lambda item: -item[0])  # stable: equal gains keep the offer's order
     if not offer.parts:
-        return _allocation(offer, [(i, length) for _, i, length in ranked[: offer.branches]])
-    return _allocation(offer, _shared(offer, ranked, limit, cost))
+        return _allocation(offer, [(i, length) for _, i, length in ranked[: offer.branches]], limit)
+    picks = _shared(offer, ranked, limit, cost)
+    return _allocation(offer, sorted(picks, key=lambda pick: offer.guesses[pick[0]].part), limit)  # part by part
 
 
 def _ranked(guess: Guess, limit: int, cost: Cost, margin: float) -> tuple[int, float]:
@@ -152,8 +158,24 @@ def _shared(offer: Offer, ranked: list[tuple[float, int, int]], limit: int, cost
     return picks
 
 
-def _allocation(offer: Offer, picks: list[tuple[int, int]]) -> Allocation:
+def _allocation(offer: Offer, picks: list[tuple[int, int]], limit: int) -> Allocation:
     picks = [(i, n) for i, n in picks if n > 0]
     sent = [(offer.guesses[i], n) for i, n in picks]
     expected = max((expected_tokens(g, n) for g, n in sent), default=1.0)  # extra branches: counted as nothing
-    return Allocation(picks, expected, sum(g.cost * max(0, n - g.free) for g, n in sent))
+    return Allocation(picks, expected, sum(g.cost * max(0, n - g.free) for g, n in sent), limit)
+
+
+def produced(offer: Offer, allocation: Allocation) -> list[tuple[Any, int]]:
+    """The (producer, tokens) of each sent guess that does not exist yet (a draft's chain): what the
+    batcher's draft step makes before the pass."""
+    return [(g.producer, n) for i, n in allocation.picks if (g := offer.guesses[i]).tokens is None]
+
+
+def sent_guesses(offer: Offer, allocation: Allocation) -> list[list[int]]:
+    """The guesses the allocation sends, in tree order: each known guess cut to its length, a produced
+    chain as its producer made it (`producer.chain`, after the draft step)."""
+    return [
+        list(g.tokens[:n]) if g.tokens is not None else list(g.producer.chain)
+        for i, n in allocation.picks
+        for g in (offer.guesses[i],)
+    ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .allocator import Allocation, Offer, allocate
 from .config import DEFAULTS, AutoConfig
@@ -140,7 +140,8 @@ class AutoProposer(Composite):
         offers = {name: arm.offer(limit, after) for name, arm in self.arms.items()}
         self.current, self.on_trial = self.choose(offers, limit)
         warm = all(tried >= self.config.warmup for tried in self.tried.values())
-        self.pending = _Pass(self.current, best=warm and not self.on_trial)
+        own_before = self.arms[self.current].own_seconds  # its guesses are produced after this offer
+        self.pending = _Pass(self.current, own_before=own_before, best=warm and not self.on_trial)
         self.stats["passes_by_arm"][self.current] += 1
         offer = offers[self.current]
         return offer.cut_to(self.config.probe_budget) if self.on_trial else offer
@@ -168,22 +169,19 @@ class AutoProposer(Composite):
     def _allocation(self, name: str, offer: Offer, limit: int) -> Allocation:
         return allocate(offer, limit, own_cost(self.arms[name]))
 
-    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        if self.pending is None:
-            return []
-        arm = self.arms[self.current]
-        self.pending.expected = allocation.expected
-        self.pending.units = allocation.units(own_cost(arm))
-        self.pending.own_before = arm.own_seconds
-        return arm.take(allocation, min(limit, self.config.probe_budget) if self.on_trial else limit)
-
-    def update(self, result: PassResult) -> None:
-        for arm in self.arms.values():
-            arm.update(result)
+    def observe(self, result: PassResult) -> None:
+        """Every arm observes the pass (the chosen one with what was sent of its offer); the chosen arm's
+        measured and predicted totals grow."""
         done, self.pending = self.pending, None
-        if done is None:
+        sent = result.sent if done is not None else None
+        if sent is not None and self.on_trial:  # an arm on trial had at most probe_budget tokens of room
+            sent = replace(sent, limit=min(sent.limit, self.config.probe_budget))
+        for name, arm in self.arms.items():
+            arm.observe(replace(result, sent=sent if done is not None and name == done.arm else None))
+        if done is None or result.sent is None:
             return
         name, d = done.arm, self.config.decay
+        done.expected, done.units = result.sent.expected, result.sent.units(own_cost(self.arms[name]))
         self.tried[name] += 1
         self.won[name] += len(result.committed) if done.best else 0
         own = self.arms[name].own_seconds - done.own_before

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .backends.base import Backend, BackendContext, padded
-from .draft import drafts_in
+from .draft import produce, seat
 from .draft_slots import DraftSlots
 from .errors import BackendError, InputError
 from .pass_budget import PassBudget
@@ -253,7 +253,7 @@ class Batcher:
             self.cache.swap(choice.slot, slot)
         self.ctx.trim_row(slot, choice.reuse)
         if self.drafts is not None:
-            self.drafts.seat(drafts_in(row.proposer))
+            seat(self.drafts, row.proposer)
         if choice.kept is not None:
             row.proposer.adopt(choice.kept.proposer or {})  # the guesses travel with the prefix
         row.fed = row.cached = choice.reuse
@@ -331,11 +331,7 @@ class Batcher:
         before = self.ctx.lengths[span.start : span.stop].tolist()  # Python ints: numpy is slow on tiny arrays
         width = max(1, min(width, self.capacity - max(before)))
         rows = self.rows[span.start : span.stop]
-        for row in rows:
-            if not row.prefilling:
-                row.guess(width)
-        if self.drafts is not None:
-            self.drafts.run()  # every seated draft's chain, in one batched draft step
+        produce([want for row in rows if not row.prefilling for want in row.guess(width)])  # the draft step
         planned = [row.plan(width, length) for row, length in zip(rows, before)]
         ids, positions, mask = padded([(p.tokens, p.positions, p.mask) for p in planned])
         want_logits = any(p.logits for p in planned)

@@ -102,7 +102,7 @@ class LookaheadConfig(_Checked):
 
 @dataclass(frozen=True)
 class DraftConfig(_Checked):
-    """The draft model's length policy (runtime.draft.DraftLength) and its chain."""
+    """The draft model's length policy (runtime.draft_length.DraftLength) and its chain."""
 
     max_length: int = _field(8, "most draft tokens per pass: past ~8 a small draft's chain is rarely all right", 1, 64)
     length: int | None = _field(

@@ -9,8 +9,13 @@ for the seed) whatever the draft says; the draft only decides how many target pa
     ... the batcher's row runs it: windows of up to config.max_length + 1 ...
     proposer.close()
 
+The draft's offer is a chain whose tokens do not exist yet (`Guess.tokens` None, `Guess.producer` the
+draft): the allocator sizes it, and the batcher's draft step (`produce`, once a pass, for every row)
+fills each sized chain, the drafts seated on one DraftSlots together in batched draft passes
+(runtime/draft_slots.py runs and times the passes; this module decides what they feed).
+
 The draft's cache holds the KV of a prefix of the committed sequence (`tokens`) and, between
-`take` and `update`, of the sent chain's first K-1 tokens. Committed tokens the draft has
+the draft step and `observe`, of the sent chain's first K-1 tokens. Committed tokens the draft has
 not run yet (the last one always; two when every guess was accepted; more after the draft sat
 out some passes) are fed as one window at the start of the next proposal.
 """
@@ -18,15 +23,16 @@ out some passes) are fed as one window at the start of the next proposal.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .acceptance import PassCosts, Rate, matched_prefix
-from .allocator import Allocation, Guess, Offer
+from .acceptance import PassCosts, matched_prefix
+from .allocator import Guess, Offer
 from .backends.base import PREFILL_CHUNK, Backend
 from .config import DEFAULTS, DraftConfig
-from .draft_slots import CATCHUP, DraftRow, DraftSlots
+from .draft_length import DraftLength
+from .draft_slots import CATCHUP, SPARE, DraftRow, DraftSlots
 from .errors import ArtifactError, InputError
 from .manifest import Manifest
 from .passes import PassResult
@@ -69,62 +75,6 @@ def check_draft(
         )
 
 
-@dataclass
-class DraftLength:
-    """How many draft tokens to send: the K that maximises expected committed tokens per unit of time.
-
-    With per-token acceptance p (the chance a guess is right when the ones before it were), K
-    guesses commit 1 + p + ... + p^K tokens per target pass and cost costs(K+1) target
-    W=1 passes plus K draft passes of relative cost c (both measured online). `offer` hands the
-    allocator that chain; it cuts K by the one length rule, K = 0 (a plain greedy pass, no draft)
-    when no K beats greedy by `margin`; then every `probe_every` target passes its offer is a probe,
-    sent whatever its gain, since acceptance and costs drift with the text and context.
-    """
-
-    costs: PassCosts = field(default_factory=PassCosts)  # target pass costs, learned on this machine
-    config: DraftConfig = field(default_factory=DraftConfig)  # priors, decay, margin, probes (runtime.config)
-    acceptance: Rate = field(init=False)  # per draft token, from the config's prior
-    draft_seconds: float | None = None  # one draft pass
-    idle: int = 0  # target passes since the draft last proposed
-
-    def __post_init__(self) -> None:
-        self.acceptance = Rate(self.config.prior_acceptance * self.config.prior_weight, self.config.prior_weight)
-
-    @property
-    def p(self) -> float:
-        return self.acceptance.p
-
-    @property
-    def relative_cost(self) -> float:
-        """One draft pass in target W=1 passes."""
-        unit = self.costs.unit_seconds()
-        if self.draft_seconds is None or not unit:  # untimed, or a clock too coarse to time a target pass
-            return self.config.prior_cost
-        return self.draft_seconds / unit
-
-    def offer(self, limit: int) -> Offer:
-        """One chain of up to min(config.max_length, limit) draft tokens, each right with chance p, each costing a
-        draft pass: the allocator cuts it by the one length rule, or drops it when it does not beat
-        greedy by `margin`. After `probe_every` - 1 passes without the draft, the chain is a probe: sent
-        at its best length whatever its gain (the text may have become predictable)."""
-        limit = min(self.config.max_length, limit)
-        if limit < 1:
-            return Offer()
-        probe = -1.0 if self.idle + 1 >= self.config.probe_every else None
-        return Offer((Guess((self.p,) * limit, cost=self.relative_cost, margin=probe),), margin=self.config.margin)
-
-    def sent(self, k: int) -> None:
-        """The allocator sent k draft tokens this pass (0: the draft sat out)."""
-        self.idle = 0 if k else self.idle + 1
-
-    def observe_acceptance(self, sent: int, accepted: int) -> None:
-        self.acceptance.observe(accepted, accepted + (accepted < sent), self.config.decay)
-
-    def observe_draft(self, seconds: float) -> None:
-        a, old = self.config.smoothing, self.draft_seconds
-        self.draft_seconds = seconds if old is None else (1 - a) * old + a * seconds
-
-
 class DraftProposer(Proposer):
     """Guesses from a draft model: one chain of K tokens per target pass, K adapted to what pays.
 
@@ -157,7 +107,7 @@ class DraftProposer(Proposer):
         self.row = DraftSlots.row_of_its_own(backend, capacity)
         self.kept: list[int] = []  # an adopted cache's tokens (the conversation's previous turn)
         self.tokens: list[int] = []  # the committed sequence: prompt, then every committed token
-        self.chain: list[int] = []  # the guesses sent in the pass being verified
+        self.chain: list[int] = []  # the guesses sent in the pass being verified (filled by `produce`)
         self.after: list[int] = []  # the tokens the pass sends before the chain (a grammar's forced run)
         self.jacobi_guesses: list[int] = []  # the target's predictions past the last rejected guess
         self.usable = True  # False when the prompt does not fit the draft's cache
@@ -186,27 +136,17 @@ class DraftProposer(Proposer):
 
     def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
         """The chain after the committed tokens, or after them and `after` (the draft runs the forced run
-        in its first pass, so the chain continues it)."""
-        self.after = list(after)
+        in its first pass, so the chain continues it): a guess this draft produces once it is sized."""
+        self.after, self.chain = list(after), []
         limit = min(limit, self._room()) if self.usable else 0  # what the draft's own cache can hold
         if after and self.max_window is not None and min(CATCHUP, self.max_window) + len(after) > self.max_window:
             limit = 0  # the pending tokens (at most CATCHUP, `window`) and the run would not fit the first pass
         if self.k is None:
-            return self.length.offer(limit)
-        k = min(self.k, limit)  # a fixed K: sent whole
-        return Offer((Guess((self.length.p,) * k, cost=self.length.relative_cost),), fixed=True) if k else Offer()
-
-    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        """The chain, filled by the draft step of the slots the draft sits on: at once on its own, by the
-        batcher's step (before the pass is planned) on a batcher's."""
-        k = allocation.picks[0][1] if allocation.picks else 0
-        if self.k is None and limit >= 1:
-            self.length.sent(k)
-        self.chain = []
-        if k <= 0:
-            return []
-        self.row.want(self, k)
-        return [self.chain]
+            offer = self.length.offer(limit)
+        else:
+            k = min(self.k, limit)  # a fixed K: sent whole
+            offer = Offer((Guess((self.length.p,) * k, cost=self.length.relative_cost),), fixed=True) if k else Offer()
+        return replace(offer, guesses=tuple(replace(g, producer=self) for g in offer.guesses))
 
     @property
     def own_seconds(self) -> float:
@@ -215,8 +155,10 @@ class DraftProposer(Proposer):
     def cost_curves(self) -> list[PassCosts]:
         return [self.length.costs]
 
-    def update(self, result: PassResult) -> None:
+    def observe(self, result: PassResult) -> None:
         tree, predictions, committed = result.tree, result.predictions, result.committed
+        if self.k is None and result.sent is not None and result.sent.limit >= 1:
+            self.length.sent(result.sent.sent)  # 0: the draft sat out a pass that had room for it
         self.jacobi_guesses = []
         if self.chain:
             chain = [*self.after, *self.chain]  # the cache holds tokens + chain[:-1]
@@ -344,6 +286,90 @@ def _predictions_below(tree: Tree, predictions: list[int], chain: list[int], acc
         if depth >= accepted:
             out.append(int(predictions[node]))
     return out
+
+
+def produce(wants: list[tuple[DraftProposer, int]]) -> None:
+    """The draft step, once a pass (the batcher's, before the pass is planned): fill each (draft, K) chain the
+    allocator sized. The drafts seated on one DraftSlots run together: the catch-ups, one batched pass for the
+    first tokens, then one per further token; a draft on slots of its own runs alone."""
+    groups: dict[int, list[tuple[DraftProposer, int]]] = {}
+    for draft, k in wants:
+        groups.setdefault(id(draft.row.slots), []).append((draft, k))
+    for wanted in groups.values():
+        _fill(wanted[0][0].row.slots, wanted)
+
+
+def _fill(slots: DraftSlots, wanted: list[tuple[DraftProposer, int]]) -> None:
+    _catch_up(slots, [draft for draft, _ in wanted])
+    firsts = [(draft, k, *draft.window(k)) for draft, k in wanted]
+    windows = {draft.row.row: window for draft, _, window, _, _ in firsts}
+    befores = [draft.before(draft.known, pending - 1) for draft, _, _, pending, _ in firsts]
+    out, lo, seconds = slots.forward(windows, any(b is not None for b in befores))
+    keeps = [[] for _ in range(out.greedy_ids.shape[0])]
+    for (draft, k, window, pending, guesses), before in zip(firsts, befores):
+        i = draft.row.row - lo
+        ids = draft.picks(window, out.greedy_ids[i], _row(out.logits, i), pending - 1, before)
+        draft.chain.extend(draft.first_chain(pending, guesses, ids, k))
+        keeps[i] = list(range(pending + len(draft.chain) - 1))
+    slots.commit_each(keeps)
+    _charge([draft for draft, *_ in firsts], seconds, narrow=max(map(len, windows.values())) <= 2)
+    while active := [draft for draft, k in wanted if len(draft.chain) < k]:
+        befores = [draft.before([*draft.known, *draft.chain], 0) for draft in active]
+        out, lo, seconds = slots.forward(
+            {d.row.row: [d.chain[-1]] for d in active}, any(b is not None for b in befores)
+        )
+        keeps = [[] for _ in range(out.greedy_ids.shape[0])]
+        for draft, before in zip(active, befores):
+            i = draft.row.row - lo
+            draft.chain.append(draft.picks([draft.chain[-1]], out.greedy_ids[i], _row(out.logits, i), 0, before)[0])
+            keeps[i] = [0]
+        slots.commit_each(keeps)
+        _charge(active, seconds, narrow=True)
+    for draft, _ in wanted:
+        draft.stats["proposed"] += len(draft.chain)
+
+
+def _catch_up(slots: DraftSlots, drafts: list[DraftProposer]) -> None:
+    """Feed the drafts with more than CATCHUP pending tokens (a new row's prompt, or what the target committed
+    while its draft sat out) all but their last, together, in prefill chunks (of at most SPARE tokens when
+    other rows may run a pad)."""
+    late = [d for d in drafts if len(d.tokens) - d.row.length > min(CATCHUP, d.max_window or CATCHUP)]
+    while late:
+        chunk = min(*(d.prefill_chunk for d in late), *(d.max_window or d.prefill_chunk for d in late))
+        chunk = chunk if slots.lone else min(chunk, SPARE)
+        windows = {d.row.row: d.tokens[d.row.length : len(d.tokens) - 1][:chunk] for d in late}
+        out, lo, seconds = slots.forward(windows, False)
+        keeps = [[] for _ in range(out.greedy_ids.shape[0])]
+        for d in late:
+            keeps[d.row.row - lo] = list(range(len(windows[d.row.row])))
+        slots.commit_each(keeps)
+        _charge(late, seconds, catch_up=True)
+        late = [d for d in late if len(d.tokens) - d.row.length > 1]
+
+
+def _charge(drafts: list[DraftProposer], seconds: float, narrow: bool = False, catch_up: bool = False) -> None:
+    """Each draft a pass served pays its share: its draft time, and (1-2 token passes) its cost estimate; a
+    catch-up is paid once, not the draft's per-pass cost (`own_seconds` leaves it out)."""
+    share = seconds / len(drafts)
+    for draft in drafts:
+        draft.stats["draft_passes"] += 1
+        draft.stats["draft_seconds"] += share
+        if catch_up:
+            draft.catchup_seconds += share
+        elif narrow:
+            draft.length.observe_draft(share)
+
+
+def _row(logits: np.ndarray | None, i: int) -> np.ndarray | None:
+    return None if logits is None else logits[i]
+
+
+def seat(slots: DraftSlots, proposer: Proposer) -> None:
+    """Seat the drafts of a row's proposer (a speculative row's, auto's draft arm) on rows of a batcher's draft
+    slots, so their passes join the other seated drafts'; one without a free row keeps slots of its own."""
+    for draft in drafts_in(proposer):
+        if draft.row.slots.lone and (row := slots.free_row()) is not None:
+            draft.sit(row)
 
 
 def drafts_in(proposer: Proposer) -> list[DraftProposer]:

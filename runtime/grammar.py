@@ -121,13 +121,13 @@ class ConstrainedOffer:
 
     def split(self, allocation: Allocation) -> tuple[list[int], Allocation]:
         """(the forced tokens the pass sends, the rest as an allocation of the proposer's own offer,
-        for its `take`: each pick's tokens past the forced run)."""
+        the pass sends of its guesses and its result carries back: each pick's tokens past the forced run)."""
         run, sent, picks = len(self.forced), 0, []
         for index, n in allocation.picks:
             sent = max(sent, min(n, run))
             if self.origin[index] is not None and n > run:
                 picks.append((self.origin[index], n - run))
-        return list(self.forced[:sent]), replace(allocation, picks=picks)
+        return list(self.forced[:sent]), replace(allocation, picks=picks, limit=max(0, allocation.limit - sent))
 
 
 class Matcher:

@@ -1,11 +1,12 @@
 """Proposers fill a window's guesses. They see token ids only.
 
-The loop asks `offer(limit)` for ranked candidate continuations of the committed sequence with
-their per-token acceptance estimates (runtime.allocator.Offer), lets the allocator choose how much
-of each to send, gets them from `take(allocation, limit)` (one chain, several branches, or none),
-verifies them all in one target pass as a tree (runtime.tree), and calls `update(result)` with the
-pass's PassResult (runtime.passes: the tree, what the target predicted and committed, and the
-forward's measured seconds), so a proposer can keep state (the Jacobi trajectory, an n-gram pool, a
+The protocol is two calls a pass. `offer(limit)` proposes ranked candidate continuations of the
+committed sequence with their per-token acceptance estimates (runtime.allocator.Offer); the allocator
+chooses how much of each the row sends (a draft's chain is then produced at its length by the
+batcher's draft step, runtime.draft.produce), the target verifies them all in one pass as a tree
+(runtime.tree), and `observe(result)` hands the proposer the pass's PassResult (runtime.passes: the
+tree, what the target predicted and committed, the forward's measured seconds, and the allocation of
+its offer that was sent), so a proposer can keep state (the Jacobi trajectory, an n-gram pool, a
 draft model's cache) and learn the pass's cost without timing it.
 
 Under a grammar (structured output) the window starts with the tokens the grammar forces; the loop
@@ -29,7 +30,7 @@ from .tree import leaf_paths
 
 class Proposer(ABC):
     stats: dict  # counters merged into the generation's statistics
-    # Seconds take() spent feeding tokens the proposer had not seen yet (a draft's prefill, or its
+    # Seconds its own model spent feeding tokens the proposer had not seen yet (a draft's prefill, or its
     # catch-up after sitting out): paid once, not per pass, so `auto` leaves it out of per-pass rates.
     catchup_seconds: float = 0.0
 
@@ -44,17 +45,12 @@ class Proposer(ABC):
     def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
         """Ranked guesses for the next pass, at most `limit` tokens each, with their acceptance estimates
         (the allocator cuts them). `after`: tokens the pass sends first whatever is guessed (a grammar's
-        forced run): the guesses continue them, and `take` and `update` read this pass that way."""
+        forced run): the guesses continue them, and `observe` reads this pass that way."""
 
     @abstractmethod
-    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        """The guesses the allocator chose from this pass's offer (`allocation`), in tree order (`limit`:
-        the guessed tokens the pass has room for)."""
-
-    @abstractmethod
-    def update(self, result: PassResult) -> None:
+    def observe(self, result: PassResult) -> None:
         """The target saw result.tree, predicted result.predictions (one per node), and committed
-        result.committed in a forward of result.seconds."""
+        result.committed in a forward of result.seconds; result.sent is what was sent of this offer."""
 
     @property
     def own_seconds(self) -> float:
@@ -100,10 +96,7 @@ class NoProposer(Proposer):
     def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
         return Offer()
 
-    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        return []
-
-    def update(self, result: PassResult) -> None:
+    def observe(self, result: PassResult) -> None:
         pass
 
 
@@ -124,7 +117,6 @@ class JacobiProposer(Proposer):
         self.tracker = tracker or AcceptanceTracker()
         self.trajectory: list[int] = []
         self.offered: list[int] = []  # this pass's guesses: the trajectory, padded
-        self.sent: list[list[int]] = []
         self.last = 0
         self.after: list[int] = []  # this pass's forced run
 
@@ -132,7 +124,7 @@ class JacobiProposer(Proposer):
         return [self.tracker.costs]
 
     def start(self, prompt: list[int], first: int) -> None:
-        self.trajectory, self.offered, self.sent, self.last, self.after = [], [], [], first, []
+        self.trajectory, self.offered, self.last, self.after = [], [], first, []
 
     def offer(self, limit: int, after: Sequence[int] = ()) -> Offer:
         self.after = list(after)
@@ -143,15 +135,10 @@ class JacobiProposer(Proposer):
         self.offered = guesses + [fill] * (limit - len(guesses))
         return Offer((Guess((self.tracker.rate("jacobi", 0).p,) * limit, tuple(self.offered)),), fixed=True)
 
-    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        self.sent = [self.offered[:n] for _, n in allocation.picks]
-        return self.sent
-
-    def update(self, result: PassResult) -> None:
+    def observe(self, result: PassResult) -> None:
         committed = _past(result.committed, self.after)
-        for sent in self.sent if committed else ():
-            self.tracker.score(Candidate(sent, "jacobi", 0), committed)
-        self.sent = []
+        for _, n in result.sent.picks if committed and result.sent else ():
+            self.tracker.score(Candidate(self.offered[:n], "jacobi", 0), committed)
         self.last = result.committed[-1]
         self.trajectory = list(result.predictions[len(result.committed) :])  # a chain: nodes in window order
 
@@ -173,8 +160,7 @@ class LookaheadProposer(Proposer):
         self.pool = NgramPool()
         self.tracker = tracker or AcceptanceTracker()
         self.trajectory: list[int] = []
-        self.pending: list[Candidate] = []  # this pass's candidates, scored in update
-        self.sent: list[tuple[str, list[int]]] = []  # (source, tokens) of the branches in this pass
+        self.pending: list[Candidate] = []  # this pass's candidates (its offer's guesses), scored in observe
         self.warm: NgramPool | None = None  # a pool handed over by the conversation's previous turn
         self.after: list[int] = []  # this pass's forced run: the candidates continue it
         self.stats = {"proposed": 0, "accepted": 0, "accepted_by_source": {}}
@@ -213,19 +199,17 @@ class LookaheadProposer(Proposer):
         guesses = tuple(Guess((rate(c.source, c.match_len).p,) * len(c.tokens), tuple(c.tokens)) for c in self.pending)
         return Offer(guesses, self.branches, self.tracker.config.margin)
 
-    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        self.sent = [(self.pending[i].source, self.pending[i].tokens[:n]) for i, n in allocation.picks]
-        self.stats["proposed"] += allocation.sent
-        return [tokens for _, tokens in self.sent]
-
-    def update(self, result: PassResult) -> None:
+    def observe(self, result: PassResult) -> None:
         tree, predictions, verdict = result.tree, result.predictions, result.verdict
         committed = verdict.committed
         own = _past(committed, self.after)  # what the pass committed past the forced run ([] if it left the run)
         accepted = max(0, len(verdict.path) - len(self.after)) if own else 0  # of `own`, the guessed ones
+        picks = result.sent.picks if result.sent else []
+        self.stats["proposed"] += sum(n for _, n in picks)
         self.stats["accepted"] += accepted
         by_source = self.stats["accepted_by_source"]
-        for source, tokens in self.sent:
+        for i, n in picks:
+            source, tokens = self.pending[i].source, self.pending[i].tokens[:n]
             if accepted and tokens[:accepted] == own[:accepted]:
                 by_source[source] = by_source.get(source, 0) + accepted
                 break
@@ -241,7 +225,7 @@ class LookaheadProposer(Proposer):
         first_child = {p: i for i, p in reversed(list(enumerate(tree.parents)))}
         while (node := first_child.get(node)) is not None:
             self.trajectory.append(int(predictions[node]))
-        self.pending, self.sent = [], []
+        self.pending = []
 
 
 def _past(tokens: Sequence[int], run: Sequence[int]) -> list[int]:
@@ -284,8 +268,8 @@ class UnionProposer(Composite):
 
     Its offer is the parts' offers side by side: each guess keeps its own acceptance, production
     cost and margin, each part sends at most its own branches, and all of them share the pass's one
-    limit (runtime.allocator). `take` hands each part the share of the allocation that is its own
-    (and the room the other parts left), and sends what they all send. Every part sees every pass's result.
+    limit (runtime.allocator), which sends them part by part. Every part observes every pass, with the share of
+    the allocation that is its own.
     """
 
     def __init__(self, parts: dict[str, Proposer]) -> None:
@@ -320,17 +304,17 @@ class UnionProposer(Composite):
             branches.append(len(offer.guesses) if offer.fixed else offer.branches)
         return Offer(tuple(guesses), sum(branches), parts=tuple(branches))
 
-    def take(self, allocation: Allocation, limit: int) -> list[list[int]]:
-        sent: list[list[int]] = []
+    def observe(self, result: PassResult) -> None:
         for span, part in zip(self.spans, self.parts.values()):
-            own = [(i - span.start, n) for i, n in allocation.picks if i in span]
-            others = sum(n for i, n in allocation.picks if i not in span)
-            sent += part.take(Allocation(own), max(0, limit - others))
-        return sent
+            own = None if result.sent is None else _share(result.sent, span)
+            part.observe(replace(result, sent=own))
 
-    def update(self, result: PassResult) -> None:
-        for part in self.parts.values():
-            part.update(result)
+
+def _share(sent: Allocation, span: range) -> Allocation:
+    """A union part's share of what the pass sent: its picks (in its own offer's indices), within the room the
+    other parts left."""
+    others = sum(n for i, n in sent.picks if i not in span)
+    return Allocation([(i - span.start, n) for i, n in sent.picks if i in span], limit=max(0, sent.limit - others))
 
 
 _DEFAULT_COSTS = PassCosts(CostConfig(learn=False))  # the prior, for a proposer that reads no curve of its own

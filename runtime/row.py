@@ -2,7 +2,7 @@
 
 A row plans its part of each pass (a prompt chunk, or its last token + the guesses the allocator sent,
 as a tree), then settles it: reads its picks (the in-graph greedy ids, or its sampler on its own
-logits), walks its tree, and hands its proposer the one PassResult. Every committed token is the
+logits), walks its tree, and hands its proposer the one PassResult (`observe`). Every committed token is the
 target's own prediction given its prefix, so a row equals its own one-token decoding.
 
 A row's output stage (runtime/structured.py) acts before and after each pass: for structured output it
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .allocator import allocate
+from .allocator import Allocation, Offer, allocate, produced, sent_guesses
 from .backends.base import lower_triangular
 from .grammar import Masks
 from .pass_budget import Bid
@@ -108,7 +108,8 @@ class Row:
         self.cancelled = threading.Event()
         self.admitted_at = self.first_token_at = None  # batcher clock
         self._bid: Bid | None = None  # for the next pass (under a grammar: with the forced run)
-        self._guesses: tuple[list[int], list[list[int]]] = ([], [])  # the forced run, the proposer's guesses (guess)
+        self._offer = Offer()  # the proposer's own offer for it (past the forced run)
+        self._sent: tuple[list[int], Allocation] = ([], Allocation([]))  # the forced run sent, the proposer's share
         self._planned: Planned | None = None
 
     @classmethod
@@ -135,17 +136,16 @@ class Row:
         room = self.max_context - 1 - length
         want = max(1, min(self.policy.next(), self.max_new_tokens - self.produced, room))
         forced = self.stage.forced(want)  # a sure guess; the proposer guesses past it
-        offer = self.stage.offer(self.proposer.offer(want - 1 - len(forced), after=forced), forced)
-        self._bid = Bid(want, offer, own_cost(self.proposer))
+        self._offer = self.proposer.offer(want - 1 - len(forced), after=forced)
+        self._bid = Bid(want, self.stage.offer(self._offer, forced), own_cost(self.proposer))
         return self._bid
 
-    def guess(self, width: int) -> None:
-        """A decoding row's guesses for a pass `width` wide: its offer cut by the allocator, taken from its
-        proposer (a seated draft's chain is filled by the batcher's draft step before `plan`)."""
+    def guess(self, width: int) -> list[tuple[Proposer, int]]:
+        """A decoding row's guesses for a pass `width` wide: its offer cut by the allocator. Returns the
+        chains still to produce, (producer, tokens): the batcher's draft step makes them before `plan`."""
         w = min(self._bid.want, width)
-        allocation = allocate(self._bid.offer, w - 1, self._bid.cost)
-        forced, own = self.stage.split(allocation)
-        self._guesses = forced, self.proposer.take(own, w - 1 - len(forced))
+        forced, own = self._sent = self.stage.split(allocate(self._bid.offer, w - 1, self._bid.cost))
+        return produced(self._offer, own)
 
     def plan(self, width: int, length: int) -> Planned:
         """This row's window of at most `width` tokens after its `length` cached entries (after `guess`)."""
@@ -160,8 +160,8 @@ class Row:
             )
         else:
             w = min(self._bid.want, width)
-            forced, guesses = self._guesses
-            tree = build_tree(self.last, self.stage.guesses(forced, guesses), max_nodes=w)
+            forced, own = self._sent
+            tree = build_tree(self.last, self.stage.guesses(forced, sent_guesses(self._offer, own)), max_nodes=w)
             masks = self.stage.masks(tree, forced)
             planned = Planned(
                 tree.tokens,
@@ -190,9 +190,9 @@ class Row:
         if self.sampling:
             for entry, token in zip(verdict.keep, verdict.committed):
                 self.sampler.record(logits[entry], token)
-        result = pass_result(tree, predictions, verdict, seconds, *shape)
+        result = pass_result(tree, predictions, verdict, seconds, *shape, sent=self._sent[1])
         observe_costs(self.proposer, result)  # the loop teaches the cost curves, once per pass
-        self.proposer.update(result)
+        self.proposer.observe(result)
         self.policy.observe(result)
         new = self.stage.commit(verdict.committed, verdict.path, self.max_new_tokens - self.produced)
         self.progress.target_passes += 1

@@ -36,7 +36,8 @@ def _lookahead(inputs: ProposerInputs, costs: PassCosts, most: int | None = None
 
 
 def _draft(inputs: ProposerInputs, costs: PassCosts) -> Proposer:
-    from .draft import DraftLength, DraftProposer  # draft <-> draft_slots: loaded when a draft is used
+    from .draft import DraftProposer  # loaded when a draft is used
+    from .draft_length import DraftLength
 
     draft, config = inputs.draft, inputs.config.draft
     chunk = min(inputs.prefill_chunk, draft.limits.prefill_chunk)

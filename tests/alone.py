@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from jacobi_rt.runtime.allocator import allocate
+from jacobi_rt.runtime.allocator import Allocation, allocate, produced, sent_guesses
 from jacobi_rt.runtime.batcher import run_alone
+from jacobi_rt.runtime.draft import produce
 from jacobi_rt.runtime.proposers import own_cost
 from jacobi_rt.runtime.row import Row
 
@@ -38,8 +39,16 @@ def tokens(ctx, prompt, proposer, window, max_new: int, **kw) -> list[int]:
     return [t for batch in decode(ctx, prompt, proposer, window, max_new, **kw)[1] for t in batch]
 
 
-def send(proposer, limit: int, cost=None) -> list[list[int]]:
+def propose(proposer, limit: int, cost=None) -> tuple[list[list[int]], Allocation]:
     """What one pass with room for `limit` guessed tokens sends, as a row alone plans it: the proposer's
-    offer, cut by the allocator (against `cost`, default its own curve), taken."""
-    allocation = allocate(proposer.offer(limit), limit, cost or own_cost(proposer))
-    return proposer.take(allocation, limit)
+    offer cut by the allocator (against `cost`, default its own curve), a draft's chain produced by the
+    draft step; and that allocation, which the pass's result carries back (`pass_result(..., sent=)`)."""
+    offer = proposer.offer(limit)
+    allocation = allocate(offer, limit, cost or own_cost(proposer))
+    produce(produced(offer, allocation))
+    return sent_guesses(offer, allocation), allocation
+
+
+def send(proposer, limit: int, cost=None) -> list[list[int]]:
+    """propose()'s guesses alone."""
+    return propose(proposer, limit, cost)[0]

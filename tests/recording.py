@@ -11,9 +11,9 @@ class Recording(JacobiProposer):
         super().__init__()
         self.results = []
 
-    def update(self, result):
+    def observe(self, result):
         self.results.append(result)
-        super().update(result)
+        super().observe(result)
 
 
 class RecordingWindow(FixedWindow):

@@ -92,10 +92,7 @@ class BranchOracle(Proposer):
         self.offered = [[(t + 1) % self.vocab for t in right], right] if right else []
         return Offer(tuple(Guess((1.0,) * len(g), tuple(g)) for g in self.offered), fixed=True)
 
-    def take(self, allocation, limit):
-        return [self.offered[i][:n] for i, n in allocation.picks]
-
-    def update(self, result):
+    def observe(self, result):
         self.gathers += not result.verdict.contiguous
         self.done += len(result.committed)
 

@@ -61,13 +61,12 @@ def test_a_unions_guesses_share_one_limit_best_first_and_each_part_keeps_its_bra
     draft = Guess((0.9,) * 8, cost=0.2, margin=0.03, part=0)
     copies = [Guess((p,) * 8, tuple(range(8)), margin=0.03, part=1) for p in (0.95, 0.8)]
     allocation = allocate(union_offer(draft, *copies), 12, COST)
-    assert [i for i, _ in allocation.picks] == [1, 0]  # the best copy first, the runner-up copy not (one branch a part)
+    # in tree order, part by part; the runner-up copy is not sent (one branch a part)
+    assert [i for i, _ in allocation.picks] == [0, 1]
     assert allocation.sent <= 12  # one limit for all
-    first = allocation.picks[0][1]
-    assert (
-        0 < allocation.picks[1][1] == cut(draft.accept, 12 - first, COST, draft.cost)[0] < 8
-    )  # the draft cut again to the room left
-    assert allocation.production == pytest.approx(0.2 * allocation.picks[1][1])
+    drafted, copied = (n for _, n in allocation.picks)
+    assert 0 < drafted == cut(draft.accept, 12 - copied, COST, draft.cost)[0] < 8  # the best copy chosen first:
+    assert allocation.production == pytest.approx(0.2 * drafted)  # the draft cut again to the room it left
 
 
 def test_each_guess_of_a_union_keeps_its_own_margin():

@@ -378,7 +378,8 @@ def test_union_and_auto_rows_bid_their_offers_and_equal_their_solo_greedy(artifa
 def test_speculative_rows_share_batched_draft_passes_and_equal_their_solo_output(artifact, sampled):
     """Seated on the batcher's draft slots, rows of different K (one adapting) draft together: each pass of
     the draft serves several rows, and each row still equals its solo greedy (or seeded sampling) run."""
-    from jacobi_rt.runtime.draft import DraftLength, DraftProposer
+    from jacobi_rt.runtime.draft import DraftProposer
+    from jacobi_rt.runtime.draft_length import DraftLength
 
     gen = Generator.load(artifact("llama"), draft=artifact("llama-draft1"), graph="inplace", threads=1)
     params = SamplingParams(temperature=0.8, top_k=20, seed=7) if sampled else SamplingParams()
@@ -410,8 +411,8 @@ def test_speculative_rows_share_batched_draft_passes_and_equal_their_solo_output
         return eng, rows
 
     eng, rows = batch(slotted=True)
-    served, run_pass = [], eng.drafts._pass
-    eng.drafts._pass = lambda windows, logits: served.append(len(windows)) or run_pass(windows, logits)
+    served, run_pass = [], eng.drafts.forward
+    eng.drafts.forward = lambda windows, logits: served.append(len(windows)) or run_pass(windows, logits)
     run_until_done(eng, rows)
     sampling = dict(temperature=0.8, top_k=20, seed=7) if sampled else {}
     assert [drained(r) for r in rows] == [solo(gen, p, 16, **sampling) for p in PROMPTS]

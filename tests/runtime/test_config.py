@@ -18,7 +18,7 @@ from jacobi_rt.runtime.config import (
     changed_fields,
     describe,
 )
-from jacobi_rt.runtime.draft import DraftLength
+from jacobi_rt.runtime.draft_length import DraftLength
 from jacobi_rt.runtime.errors import InputError
 from jacobi_rt.runtime.pass_budget import PassBudget
 from jacobi_rt.runtime.proposers import LookaheadProposer

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from alone import decode, send, tokens
+from alone import decode, propose, send, tokens
 from make_artifacts import FAMILIES
 from text_helpers import clean_substring
 
@@ -38,10 +38,11 @@ def test_accept(guesses, predictions, n):
 def test_jacobi_proposer_uses_predictions_past_the_accepted_point():
     p = JacobiProposer()
     p.start([1, 2, 3], first=4)
-    assert send(p, 3) == [[4, 4, 4]]  # nothing known yet: repeat the last token
+    guesses, sent = propose(p, 3)
+    assert guesses == [[4, 4, 4]]  # nothing known yet: repeat the last token
     tree = build_tree(4, [[4, 4, 4]])
     predictions = [4, 11, 12, 13]  # one right guess: commits 4, 11
-    p.update(pass_result(tree, predictions, tree.accept(predictions), 0.01))
+    p.observe(pass_result(tree, predictions, tree.accept(predictions), 0.01, sent=sent))
     assert send(p, 3) == [[12, 13, 13]]  # predictions[2:], padded with its last entry
 
 
@@ -50,10 +51,10 @@ def test_jacobi_offers_its_whole_window_with_the_trajectorys_measured_acceptance
     p.start([1, 2, 3], first=4)
     prior = p.offer(3).guesses[0].accept[0]
     for wrong in range(100, 104):
-        (chain,) = send(p, 3)
+        (chain,), sent = propose(p, 3)
         tree = build_tree(p.last, [chain])
         predictions = [wrong] * len(tree.tokens)  # a new token every pass: every guess wrong
-        p.update(pass_result(tree, predictions, tree.accept(predictions), 0.01))
+        p.observe(pass_result(tree, predictions, tree.accept(predictions), 0.01, sent=sent))
     offer = p.offer(3)
     assert offer.fixed and len(offer.guesses[0].tokens) == 3  # its policy chose the window: sent whole
     assert offer.guesses[0].accept[0] < prior / 2  # wrong trajectories lower the estimate the engine weighs
@@ -191,10 +192,7 @@ class BranchOracle(Proposer):
         self.offered = [wrong, right] if right else []
         return Offer(tuple(Guess((1.0,) * len(g), tuple(g)) for g in self.offered), fixed=True)
 
-    def take(self, allocation, limit):
-        return [self.offered[i][:n] for i, n in allocation.picks]
-
-    def update(self, result):
+    def observe(self, result):
         self.gathers += not result.verdict.contiguous
         self.done += len(result.committed)
 

@@ -23,7 +23,8 @@ from jacobi_rt.runtime.acceptance import PassCosts, pass_cost
 from jacobi_rt.runtime.allocator import allocate
 from jacobi_rt.runtime.backends.onnxrt import OrtBackend
 from jacobi_rt.runtime.config import CostConfig, DraftConfig
-from jacobi_rt.runtime.draft import DraftLength, DraftProposer, check_draft
+from jacobi_rt.runtime.draft import DraftProposer, check_draft
+from jacobi_rt.runtime.draft_length import DraftLength
 from jacobi_rt.runtime.errors import ArtifactError, InputError
 from jacobi_rt.runtime.manifest import load_manifest
 from jacobi_rt.runtime.proposers import NoProposer
@@ -506,7 +507,8 @@ def test_a_chain_after_a_forced_run_continues_it(backend):
     """Told the tokens a pass sends first (a grammar's forced run), the draft runs them in its first pass and
     its chain continues them; after the pass its cache holds what the target committed, and only its own
     tokens count as its guesses."""
-    from jacobi_rt.runtime.allocator import Allocation
+    from jacobi_rt.runtime.allocator import Allocation, produced, sent_guesses
+    from jacobi_rt.runtime.draft import produce
     from jacobi_rt.runtime.passes import pass_result
     from jacobi_rt.runtime.tree import build_tree
 
@@ -519,10 +521,13 @@ def test_a_chain_after_a_forced_run_continues_it(backend):
         proposer.start(prompt, expected[0])
         run = expected[1:3]
         assert proposer.offer(8, after=run).guesses[0].accept == (proposer.length.p,) * 4
-        (chain,) = proposer.take(Allocation([(0, 4)]), 8 - len(run))
+        offer = proposer.offer(8, after=run)
+        sent = Allocation([(0, 4)])
+        produce(produced(offer, sent))
+        (chain,) = sent_guesses(offer, sent)
         assert chain == expected[3:7] and proposer.stats["draft_passes"] == 4  # the run cost no pass of its own
         tree = build_tree(expected[0], [run + chain])
         predictions = expected[1:8]  # the target's pick after each node of the chain
-        proposer.update(pass_result(tree, predictions, tree.accept(predictions), 0.01))
+        proposer.observe(pass_result(tree, predictions, tree.accept(predictions), 0.01, sent=sent))
         assert proposer.tokens == [*prompt, *expected[:8]] and proposer.stats["accepted"] == 4
         assert_draft_cache_follows(proposer, target)

@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from alone import send
+from alone import propose, send
 
 from jacobi_rt.runtime.acceptance import AcceptanceTracker, PassCosts, matched_prefix, pass_cost
 from jacobi_rt.runtime.allocator import Guess, Offer, allocate, cut
@@ -454,13 +454,14 @@ def run_loop(proposer, model, prompt, new, window):
     passes = 0
     while len(seq) - len(prompt) < new:
         passes += 1
-        tree = build_tree(seq[-1], send(proposer, window - 1), max_nodes=window)
+        guesses, sent = propose(proposer, window - 1)
+        tree = build_tree(seq[-1], guesses, max_nodes=window)
         predictions = [
             model(seq[:-1] + [tree.tokens[j] for j in range(len(tree.tokens)) if tree.window_mask[i, j]])
             for i in range(len(tree.tokens))
         ]
         verdict = tree.accept(predictions)
-        proposer.update(pass_result(tree, predictions, verdict, 0.0))  # toy passes: no time to learn from
+        proposer.observe(pass_result(tree, predictions, verdict, 0.0, sent=sent))  # toy passes: no time to learn from
         seq.extend(verdict.committed)
     return seq[len(prompt) :][:new], passes
 
@@ -512,19 +513,20 @@ def test_proposer_sends_nothing_when_guesses_keep_failing():
     out, passes = run_loop(proposer, model, prompt, 120, window=8)
     assert out == greedy_oracle(model, prompt, 120)
     sent = []
-    original = proposer.take
-    proposer.take = lambda allocation, limit: sent.append(original(allocation, limit)) or sent[-1]
+    original = proposer.observe
+    proposer.observe = lambda result: sent.append(result.sent.sent) or original(result)
     run_loop(proposer, model, prompt, 30, window=8)
-    assert sum(len(branch) for s in sent[-10:] for branch in s) <= 2  # settled on (nearly) plain greedy passes
+    assert sum(sent[-10:]) <= 2  # settled on (nearly) plain greedy passes
 
 
 def test_proposer_k_zero_and_empty_prompt():
     proposer = LookaheadProposer()
     proposer.start([], 5)
     assert send(proposer, 0) == []
-    assert send(proposer, 4) == []  # nothing known yet
+    guesses, sent = propose(proposer, 4)
+    assert guesses == []  # nothing known yet
     tree = build_tree(5, [])
-    proposer.update(pass_result(tree, [6], tree.accept([6]), 0.0))
+    proposer.observe(pass_result(tree, [6], tree.accept([6]), 0.0, sent=sent))
     assert proposer.lookup.tokens == [5, 6]
 
 

@@ -7,9 +7,9 @@ window token, so a W=1 pass takes 11 ms (the prior cost table's W=4 cost, 1.25, 
 from __future__ import annotations
 
 import pytest
-from alone import send
+from alone import propose, send
 
-from jacobi_rt.runtime.allocator import Allocation, Guess, Offer
+from jacobi_rt.runtime.allocator import Allocation, Guess, Offer, sent_guesses
 from jacobi_rt.runtime.auto import ArmHistory, AutoProposer
 from jacobi_rt.runtime.config import AutoConfig
 from jacobi_rt.runtime.passes import pass_result
@@ -21,7 +21,8 @@ UNIT = 0.011  # seconds of a W=1 pass
 
 class Scripted(Proposer):
     """An arm that always offers the same guess (right or wrong), each token right with chance `p` by its
-    own estimate, producing a token costing `cost` target W=1 passes; `asked` keeps the tokens it was taken for."""
+    own estimate, producing a token costing `cost` target W=1 passes; `asked` keeps the tokens each pass sent of
+    its offer (a pass that did not allocate its offer adds nothing)."""
 
     def __init__(self, guess: list[int], p: float = 0.9, cost: float = 0.0):
         super().__init__()
@@ -34,13 +35,9 @@ class Scripted(Proposer):
         tokens = tuple(self.guess[:limit])
         return Offer((Guess((self.p,) * len(tokens), tokens, self.cost),), margin=0.03) if tokens else Offer()
 
-    def take(self, allocation, limit):
-        n = allocation.picks[0][1] if allocation.picks else 0
-        self.asked.append(n)
-        return [self.guess[:n]] if n else []
-
-    def update(self, result):
-        pass
+    def observe(self, result):
+        if result.sent is not None:
+            self.asked.append(result.sent.sent)
 
 
 class Modelled(Scripted):
@@ -55,13 +52,12 @@ class Modelled(Scripted):
     def own_seconds(self):
         return self.model
 
-    def take(self, allocation, limit):
-        sent = super().take(allocation, limit)
-        if sent:
+    def observe(self, result):
+        super().observe(result)
+        if result.sent is not None and result.sent.sent:
             self.catchup_seconds += self.catchup  # not own time: paid once, not per pass
             self.catchup = 0.0
-            self.model += self.cost * UNIT * len(sent[0])
-        return sent
+            self.model += self.cost * UNIT * result.sent.sent
 
 
 class Flaky(Scripted):
@@ -78,9 +74,11 @@ class Flaky(Scripted):
 
 def _pass(proposer, budget=3, truth=(1, 2, 3, 4)):
     """One pass of `proposer` against a target that predicts `truth`."""
-    tree = build_tree(0, send(proposer, budget), max_nodes=budget + 1)
+    guesses, sent = propose(proposer, budget)
+    tree = build_tree(0, guesses, max_nodes=budget + 1)
     predictions = list(truth[: len(tree.tokens)])
-    proposer.update(pass_result(tree, predictions, tree.accept(predictions), 0.010 + 0.001 * len(tree.tokens)))
+    seconds = 0.010 + 0.001 * len(tree.tokens)
+    proposer.observe(pass_result(tree, predictions, tree.accept(predictions), seconds, sent=sent))
     return tree
 
 
@@ -107,22 +105,25 @@ def test_union_offers_its_parts_guesses_side_by_side_with_their_own_margins_and_
     assert all(g.margin == 0.03 for g in offer.guesses)  # each part's own margin travels with its guesses
 
 
-def test_union_take_hands_each_part_its_own_share_within_one_limit():
+def test_union_hands_each_part_its_own_share_of_what_was_sent():
     first, second = Scripted([1, 2, 3], p=0.95), Scripted([1, 5, 6, 7], p=0.8)
     union = UnionProposer({"first": first, "second": second})
     union.start([0], 0)
-    union.offer(5)
-    branches = union.take(Allocation([(0, 3), (1, 2)]), 5)
-    assert branches == [[1, 2, 3], [1, 5]] and (first.asked, second.asked) == ([3], [2])
-    union.offer(5)
-    assert (
-        union.take(Allocation([(1, 4)]), 5) == [[1, 5, 6, 7]] and first.asked[-1] == 0
-    )  # a part not chosen sends nothing
+    offer = union.offer(5)
+    sent = Allocation([(0, 3), (1, 2)])
+    branches = sent_guesses(offer, sent)
+    assert branches == [[1, 2, 3], [1, 5]]
     tree = build_tree(0, branches)
     predictions = [1, 5, 9, 9, 6]  # the second branch is right: 1, 5, then 6
     verdict = tree.accept([predictions[i] for i in range(len(tree.tokens))])
-    union.update(pass_result(tree, predictions, verdict, 0.01))
-    assert verdict.committed[:2] == [1, 5]
+    union.observe(pass_result(tree, predictions, verdict, 0.01, sent=sent))
+    assert verdict.committed[:2] == [1, 5] and (first.asked, second.asked) == ([3], [2])
+    offer = union.offer(5)
+    sent = Allocation([(1, 4)])
+    assert sent_guesses(offer, sent) == [[1, 5, 6, 7]]
+    tree = build_tree(0, [[1, 5, 6, 7]])
+    union.observe(pass_result(tree, [1] * 5, tree.accept([1] * 5), 0.01, sent=sent))
+    assert first.asked[-1] == 0 and second.asked[-1] == 4  # a part not chosen sent nothing
     assert set(union.stats) == {"first", "second"}
 
 
@@ -130,8 +131,8 @@ def test_union_through_the_allocator_sends_the_better_part_first_and_the_other_i
     first, second = Scripted([1, 2, 3], p=0.95), Scripted([1, 5, 6, 7], p=0.8)
     union = UnionProposer({"first": first, "second": second})
     union.start([0], 0)
-    branches = send(union, 5)
-    assert branches == [[1, 2, 3], [1, 5]] and (first.asked, second.asked) == ([3], [2])
+    branches, sent = propose(union, 5)
+    assert branches == [[1, 2, 3], [1, 5]] and sent.picks == [(0, 3), (1, 2)]
     slow = UnionProposer({"draft": Scripted([1, 2, 3], p=0.95, cost=2.0), "copy": Scripted([1, 5, 6, 7], p=0.8)})
     slow.start([0], 0)
     assert send(slow, 5) == [[1, 5, 6, 7]]  # a draft dearer than the target pass is not run; the free copy is
