@@ -111,7 +111,7 @@ class ReplicaSpec:
     threads: int = 1  # onnxruntime threads = the CPUs the replica reserves
     draft: PinnedArtifact | None = None
     backend: str = "cpu"
-    verify: bool = True
+    verify: str = "sampled"  # how each replica checks the files at load: sampled, full or none (Generator.load)
     config: DecodingConfig | None = None  # the generator's decoding config (serve --decoding)
     prefix_cache: bool = True  # serve --no-prefix-cache: False
 
@@ -325,7 +325,8 @@ BUILD_ARGS = {
     "timeout": "seconds per request",
     "api_key": "require 'Authorization: Bearer KEY'",
     "allow_host": "comma-separated Host names clients use",
-    "verify": "true/false: hash every file on load",
+    "verify": "how each replica checks the files at load: sampled (default: size and sampled digests), full "
+    "(every byte's sha256) or none",
 }
 
 
@@ -354,7 +355,17 @@ def build(args: Mapping[str, str]):
         settings,
         threads=int(args.get("threads", 1)),
         draft=PinnedArtifact.of(args["draft"]) if args.get("draft") else None,
-        verify=str(args.get("verify", "true")).lower() not in ("0", "false", "no"),
+        verify=_verify_arg(args.get("verify", "sampled")),
     )
     max_replicas = args.get("max_replicas")
     return application(spec, RayPlan(int(args.get("replicas", 1)), int(max_replicas) if max_replicas else None))
+
+
+def _verify_arg(value: str) -> str:
+    """`verify=` of `serve run`: sampled, full or none (true and false, the older spellings, are sampled and none)."""
+    mode = {"true": "sampled", "1": "sampled", "yes": "sampled", "false": "none", "0": "none", "no": "none"}.get(
+        str(value).lower(), str(value).lower()
+    )
+    if mode not in ("sampled", "full", "none"):
+        raise InputError(f"verify must be sampled, full or none, not {value!r}")
+    return mode

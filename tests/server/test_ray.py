@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai", reason="the Ray Serve tests use the opena
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from jacobi_rt.runtime.errors import ArtifactError  # noqa: E402
+from jacobi_rt.runtime.errors import ArtifactError, InputError  # noqa: E402
 from jacobi_rt.server.settings import ServerSettings  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -274,6 +274,25 @@ def test_a_node_with_a_different_artifact_is_refused_by_name(artifact, tmp_path)
     shutil.rmtree(copy)
     with pytest.raises(ArtifactError, match="node node-b has no artifact at"):
         pinned.check_on("node-b")
+
+
+def test_serve_runs_verify_argument_is_a_load_mode(artifact):
+    """`serve run ... verify=MODE` reaches each replica's Generator.load as sampled, full or none; the older
+    true/false spellings mean sampled and none; anything else is refused before a replica starts."""
+    from jacobi_rt.server.ray_app import PinnedArtifact, ReplicaSpec, _verify_arg
+
+    assert [_verify_arg(v) for v in ("sampled", "FULL", "none", "true", "false", "0")] == [
+        "sampled",
+        "full",
+        "none",
+        "sampled",
+        "none",
+        "none",
+    ]
+    with pytest.raises(InputError, match="verify must be sampled, full or none"):
+        _verify_arg("every")
+    spec = ReplicaSpec(PinnedArtifact.of(artifact("llama")), ServerSettings(model_id="llama"), verify="full")
+    assert spec.load("node-a").manifest.architecture.num_layers > 0  # a full check of every file, then loaded
 
 
 def test_a_full_deployment_answers_429_with_retry_after_and_still_serves_metrics(ray_url):

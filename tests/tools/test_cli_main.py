@@ -31,6 +31,12 @@ def test_every_command_offers_the_runtime_strategy_list():
         assert list(option(command, "strategy").type.choices) == list(STRATEGIES)
 
 
+def test_generate_and_serve_check_an_artifact_the_same_ways():
+    for command in ("generate", "serve"):
+        assert list(option(command, "verify").type.choices) == ["sampled", "full", "none"]
+        assert option(command, "verify").default == "sampled" and option(command, "no_verify").is_flag
+
+
 def test_options_come_from_jacobi_rt_environment_variables(artifact):
     folder = str(artifact("llama"))
     runner = CliRunner()

@@ -11,6 +11,7 @@ from jacobi_rt.runtime.params import STRATEGIES
 
 from .constraints import constraint_options
 from .decoding import decoding_config, decoding_option
+from .verifying import verify_mode, verify_options
 
 
 @click.command("generate")
@@ -125,16 +126,7 @@ from .decoding import decoding_config, decoding_option
     show_default=True,
     help="Divide the logits of tokens already in the prompt or output (1: none).",
 )
-@click.option(
-    "--verify",
-    "verify",
-    type=click.Choice(["sampled", "full", "none"]),
-    default="sampled",
-    show_default=True,
-    help="How the artifact's files are checked before loading: sampled = size and a digest of 64 blocks of each "
-    "(a few MB read); full = every byte's sha256 (as `jacobi-rt verify`); none = no check.",
-)
-@click.option("--no-verify", is_flag=True, help="The same as --verify none.")
+@verify_options
 @click.option(
     "--verbose",
     "-v",
@@ -202,7 +194,7 @@ def generate_command(
         draft=draft,
         backend=backend,
         threads=threads,
-        verify="none" if no_verify else verify,
+        verify=verify_mode(verify, no_verify),
         graph=graph,
         config=config,
     )

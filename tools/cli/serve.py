@@ -11,6 +11,7 @@ import click
 from jacobi_rt.runtime.params import STRATEGIES
 
 from .decoding import decoding_config, decoding_option
+from .verifying import verify_mode, verify_options
 
 
 @click.command("serve")
@@ -133,7 +134,7 @@ from .decoding import decoding_config, decoding_option
     default=None,
     help="onnxruntime CPU threads of the batcher's passes (one pass runs at a time). Default: the physical cores.",
 )
-@click.option("--no-verify", is_flag=True, help="Skip hashing the artifact's files before loading (faster start).")
+@verify_options
 @click.option(
     "--log-level",
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
@@ -187,6 +188,7 @@ def serve_command(
     shutdown_grace,
     backend,
     threads,
+    verify,
     no_verify,
     log_level,
     on_ray,
@@ -259,7 +261,7 @@ def serve_command(
             settings,
             backend,
             threads or 1,
-            not no_verify,
+            verify_mode(verify, no_verify),
             replicas,
             max_replicas,
             address,
@@ -273,7 +275,7 @@ def serve_command(
         draft=draft,
         backend=backend,
         threads=threads,
-        verify=not no_verify,
+        verify=verify_mode(verify, no_verify),
         config=config,
         prefix_cache=not no_prefix_cache,
     )

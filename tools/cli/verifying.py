@@ -1,0 +1,25 @@
+"""`--verify MODE` / `--no-verify`: how a command checks an artifact's files before loading (generate, serve)."""
+
+from __future__ import annotations
+
+import click
+
+VERIFY_MODES = ("sampled", "full", "none")
+
+
+def verify_options(command):
+    """Add --verify and --no-verify to `command` (its parameters `verify`, `no_verify`; `verify_mode` reads them)."""
+    command = click.option("--no-verify", is_flag=True, help="The same as --verify none.")(command)
+    return click.option(
+        "--verify",
+        "verify",
+        type=click.Choice(VERIFY_MODES),
+        default="sampled",
+        show_default=True,
+        help="How the artifact's files are checked before loading: sampled = size and a digest of 64 blocks of "
+        "each (a few MB read); full = every byte's sha256 (as `jacobi-rt verify`); none = no check.",
+    )(command)
+
+
+def verify_mode(verify: str, no_verify: bool) -> str:
+    return "none" if no_verify else verify
