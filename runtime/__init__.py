@@ -20,6 +20,7 @@ from .errors import (
     InputError,
     JacobiError,
     MissingDependencyError,
+    require,
 )
 from .generator import DEFAULT_SLOTS, GenerationResult, Generator, Stats, TextStream
 from .manifest import MANIFEST_NAME, manifest_sha256
@@ -60,4 +61,5 @@ __all__ = [
     "ContextLimitError",
     "InputError",
     "MissingDependencyError",
+    "require",
 ]

@@ -52,11 +52,9 @@ class ArmHistory:
 
 @dataclass
 class _Pass:
-    """The arm `auto` gave a pass to, and what that arm's allocation predicted for it."""
+    """The arm `auto` gave a pass to (what its allocation predicted comes back in the pass's result)."""
 
     arm: str
-    expected: float = 1.0  # committed tokens
-    units: float = 1.0  # target W=1 passes of cost, the guesses' production included
     own_before: float = 0.0  # the arm's own_seconds before its guesses were made
     best: bool = False  # the arm got the pass as the best (not warming up, not probed)
 
@@ -181,14 +179,13 @@ class AutoProposer(Composite):
         if done is None or result.sent is None:
             return
         name, d = done.arm, self.config.decay
-        done.expected, done.units = result.sent.expected, result.sent.units(own_cost(self.arms[name]))
         self.tried[name] += 1
         self.won[name] += len(result.committed) if done.best else 0
         own = self.arms[name].own_seconds - done.own_before
         self.tokens[name] = self.tokens[name] * d + len(result.committed)
         self.seconds[name] = self.seconds[name] * d + result.seconds + own
-        self.predicted[name] = self.predicted[name] * d + done.expected
-        self.units[name] = self.units[name] * d + done.units
+        self.predicted[name] = self.predicted[name] * d + result.sent.expected
+        self.units[name] = self.units[name] * d + result.sent.units(own_cost(self.arms[name]))
 
     def close(self) -> None:
         if self.history and self.passes >= self.config.probe_every:  # a few passes of a short answer prove nothing

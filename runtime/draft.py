@@ -292,11 +292,11 @@ def produce(wants: list[tuple[DraftProposer, int]]) -> None:
     """The draft step, once a pass (the batcher's, before the pass is planned): fill each (draft, K) chain the
     allocator sized. The drafts seated on one DraftSlots run together: the catch-ups, one batched pass for the
     first tokens, then one per further token; a draft on slots of its own runs alone."""
-    groups: dict[int, list[tuple[DraftProposer, int]]] = {}
+    groups: dict[DraftSlots, list[tuple[DraftProposer, int]]] = {}
     for draft, k in wants:
-        groups.setdefault(id(draft.row.slots), []).append((draft, k))
-    for wanted in groups.values():
-        _fill(wanted[0][0].row.slots, wanted)
+        groups.setdefault(draft.row.slots, []).append((draft, k))
+    for slots, wanted in groups.items():
+        _fill(slots, wanted)
 
 
 def _fill(slots: DraftSlots, wanted: list[tuple[DraftProposer, int]]) -> None:

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 
-from jacobi_rt.runtime import BackendError, Generator, MissingDependencyError
+from jacobi_rt.runtime import BackendError, Generator, require
 
 from .app import create_app
 from .settings import SERVE_HINT, ServerSettings
@@ -20,10 +20,7 @@ from .settings import SERVE_HINT, ServerSettings
 
 def uvicorn_server(generator: Generator, settings: ServerSettings, host: str, port: int, log_level: str = "info"):
     """A uvicorn.Server for the app (not started)."""
-    try:
-        import uvicorn
-    except ImportError as exc:
-        raise MissingDependencyError(f"`uvicorn` is not installed ({exc}). Install it with: {SERVE_HINT}") from exc
+    uvicorn = require("uvicorn", SERVE_HINT)
     config = uvicorn.Config(
         create_app(generator, settings),
         host=host,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-VERIFY_MODES = ("sampled", "full", "none")
+from jacobi_rt.runtime.file_digest import MODES
 
 
 def verify_options(command):
@@ -13,7 +13,7 @@ def verify_options(command):
     return click.option(
         "--verify",
         "verify",
-        type=click.Choice(VERIFY_MODES),
+        type=click.Choice(MODES),
         default="sampled",
         show_default=True,
         help="How the artifact's files are checked before loading: sampled = size and a digest of 64 blocks of "
