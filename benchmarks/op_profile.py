@@ -122,7 +122,7 @@ def profile(
 ) -> Profile:
     import onnxruntime as ort
 
-    from jacobi_rt.runtime.backends.onnxrt import session_options
+    from jacobi_rt.runtime.backends.ort_session import session_options
 
     path, sizes = graph_file(folder, graph)
     options = session_options(ort, threads)

@@ -54,7 +54,7 @@ def python_events(folder: Path, past: int, tokens: int, threads: int, tmp: str) 
     """The same model.onnx from Python with the runtime's session options, the cache bound in place."""
     import onnxruntime as ort
 
-    from jacobi_rt.runtime.backends.onnxrt import session_options
+    from jacobi_rt.runtime.backends.ort_session import session_options
 
     options = session_options(ort, threads)
     options.enable_profiling = True

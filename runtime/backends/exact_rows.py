@@ -30,7 +30,6 @@ passes are all alike): the strategies that guess run greedy there ("greedy"), wi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -40,6 +39,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from .local_cache import cache_root, entry_key
 
 TILE = 128  # MLAS's rows per MatMulNBits task (onnxruntime 1.32, qnbitgemm.cpp StrideM)
 
@@ -138,11 +139,8 @@ def verdict_path(backend) -> Path | None:
     $XDG_CACHE_HOME/jacobi-rt, else ~/.cache/jacobi-rt)/exact-rows/<key>.json, the key a sha256 of every
     input the verdict depends on as far as this process can tell; None when JACOBI_RT_CACHE=off. The CPU
     is read from /proc/cpuinfo, which an emulator (qemu-user) does not change: set it off there."""
-    root = (
-        os.environ.get("JACOBI_RT_CACHE")
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jacobi-rt"
-    )
-    if str(root) == "off":
+    root = cache_root()
+    if root is None:
         return None
     import onnxruntime
 
@@ -156,8 +154,7 @@ def verdict_path(backend) -> Path | None:
         "threads": backend.threads,
         "check": [PROMPT, WINDOW, TILE],
     }
-    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-    return Path(root) / "exact-rows" / f"{key}.json"
+    return root / "exact-rows" / f"{entry_key(inputs)}.json"
 
 
 def _read_verdict(path: Path | None) -> str | None:

@@ -29,6 +29,7 @@ from .device_kv import DeviceKV, DeviceKVContext, release
 from .exact_rows import UNCHECKED, RowsCheck, check, cpuinfo
 from .inplace import OrtInplaceContext
 from .ort_binding import OrtBinding
+from .ort_session import open_session, session_options
 
 ORT_HINT = (
     "pip install onnxruntime (or onnxruntime-gpu for CUDA, never both); "
@@ -62,7 +63,8 @@ class OrtBackend(Backend):
         self.graph = _pick_graph(manifest, graph, self.device)
         self.name = f"onnxruntime-{self.device}"
         self.threads = threads or physical_cores()
-        graph = Path(folder) / manifest.graphs[self.graph]
+        folder = Path(folder)
+        graph = folder / manifest.graphs[self.graph]
         options = session_options(ort, self.threads)
         # Threads spin within a run but not after it: a spinning target pool stole the cores from the
         # draft's pass that follows (2 cores: speculative 30.6 -> 57.6 tokens/s; greedy unchanged).
@@ -70,8 +72,8 @@ class OrtBackend(Backend):
         providers = (
             ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
         )
-        try:
-            self.session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)
+        try:  # on the CPU a mapped session (ort_session.py): prepacked once for this CPU, mapped at every load
+            self.session, self.session_graph = open_session(ort, folder, manifest, self.graph, options, providers)
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs and EPs
             raise BackendError(
                 f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact"
@@ -115,17 +117,6 @@ class OrtBackend(Backend):
         if self.graph == INPLACE:
             return OrtInplaceContext(self, capacity, batch)
         return (OrtDeviceContext if self.device == "cuda" else OrtContext)(self, capacity, batch)
-
-
-def session_options(ort, threads: int):
-    """How the runtime runs a graph: every onnxruntime optimization, one sequential stream of nodes,
-    `threads` intra-op threads (benchmarks/op_profile.py profiles a pass with the same)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return options
 
 
 def int8_activations(manifest: Manifest) -> bool:

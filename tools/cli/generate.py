@@ -202,7 +202,7 @@ def generate_command(
         loaded = generator.backend
         click.echo(
             f"loaded {artifact}: {loaded.name}, {getattr(loaded, 'graph', 'engine')} graph, "
-            f"{getattr(loaded, 'threads', '-')} threads",
+            f"{getattr(loaded, 'threads', '-')} threads, session from {getattr(loaded, 'session_graph', 'the engine')}",
             err=True,
         )
         click.echo(loaded.rows.line(), err=True)

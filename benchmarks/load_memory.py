@@ -1,0 +1,99 @@
+"""Load time and memory of an artifact with and without a mapped session (runtime/backends/ort_session.py).
+
+    python -m benchmarks.load_memory build/smollm2-135m-int4 --tokens 16 --repeats 2
+
+Each run is a fresh process: `Generator.load(ART)` and one greedy generation, reporting the load's wall
+seconds, the peak RSS (VmHWM: a child's ru_maxrss would start from its parent's), the anonymous and
+file-backed resident memory after loading and after generating, decode tokens/s and the tokens. Three
+kinds of run, in this order each repeat:
+
+- `artifact`: JACOBI_RT_CACHE=off, the session made from the artifact's graph (prepacked in anonymous memory);
+- `first`: an empty cache folder: the load makes the mapped session's entry (in a child process), then maps it;
+- `mapped`: the same folder again: the entry is mapped.
+
+The exact-rows verdict lives in the same cache, so `first` and `mapped` differ by the entry alone.
+The weights' size is the artifact's `.data` files; the entry's disk size is reported too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_RUN = """
+import json, sys, time
+def status():
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return {k: int(fields[k].split()[0]) * 1024 for k in ("VmHWM", "RssAnon", "RssFile")}
+from jacobi_rt.runtime import Generator
+start = time.perf_counter()
+gen = Generator.load(sys.argv[1], threads=int(sys.argv[3]) or None, prefix_cache=False)
+load = time.perf_counter() - start
+loaded = status()
+out = gen.generate("Write a story about a lighthouse keeper.", int(sys.argv[2]), strategy="greedy", chat=True)
+done = status()
+print(json.dumps({"load_s": round(load, 2), "peak": done["VmHWM"], "anon_loaded": loaded["RssAnon"],
+                  "file_loaded": loaded["RssFile"], "anon": done["RssAnon"], "file": done["RssFile"],
+                  "tokens_per_s": round(out.stats.decode_tokens_per_second, 2), "ids": out.ids,
+                  "session": str(gen.backend.session_graph)}))
+"""
+
+
+def run(artifact: str, cache: str, tokens: int, threads: int) -> dict:
+    env = {**os.environ, "JACOBI_RT_CACHE": cache}
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN, artifact, str(tokens), str(threads)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+    )
+    if done.returncode != 0:
+        raise SystemExit(done.stderr)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def size(folder: Path, pattern: str) -> int:
+    return sum(p.stat().st_size for p in folder.rglob(pattern) if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("artifact")
+    parser.add_argument("--tokens", type=int, default=16, help="greedy tokens generated after loading")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0: the physical cores)")
+    parser.add_argument("--work", default=None, help="folder for the cache (default: a temporary one)")
+    parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    args = parser.parse_args()
+    args.artifact = str(Path(args.artifact).resolve())  # the runs start in /
+    weights = size(Path(args.artifact), "*.data")
+    work = Path(args.work or tempfile.mkdtemp(prefix="load-memory-"))
+    rows = []
+    for repeat in range(args.repeats):
+        cache = work / f"cache-{repeat}"
+        shutil.rmtree(cache, ignore_errors=True)
+        for kind, root in (("artifact", "off"), ("first", str(cache)), ("mapped", str(cache))):
+            row = {"kind": kind, "repeat": repeat, **run(args.artifact, root, args.tokens, args.threads)}
+            row["entry_bytes"] = size(cache / "sessions", "*") if kind != "artifact" else 0
+            rows.append(row)
+            print(
+                f"{kind:8s} load {row['load_s']:6.2f} s  peak {row['peak'] / weights:.2f}x "
+                f"({row['peak'] / 1e9:.2f} GB)  anon/file after load {row['anon_loaded'] / 1e9:.2f}/"
+                f"{row['file_loaded'] / 1e9:.2f} GB, after generating {row['anon'] / 1e9:.2f}/{row['file'] / 1e9:.2f} GB"
+                f"  {row['tokens_per_s']} tok/s  same tokens: {row['ids'] == rows[0]['ids']}",
+                flush=True,
+            )
+    print(f"weights {weights / 1e9:.2f} GB; entry on disk {rows[-1]['entry_bytes'] / 1e9:.2f} GB")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"weights_bytes": weights, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
