@@ -13,6 +13,10 @@ kinds of run, in this order each repeat:
 
 The exact-rows verdict lives in the same cache, so `first` and `mapped` differ by the entry alone.
 The weights' size is the artifact's `.data` files; the entry's disk size is reported too.
+
+`--pair` then loads two processes at once, as two server replicas on one host would, with and without
+the mapped session, and reports their memory together: the sum of their Pss (each shared page counted
+once in all) and of their Rss (/proc/PID/smaps_rollup, read while both hold the model).
 """
 
 from __future__ import annotations
@@ -45,6 +49,33 @@ print(json.dumps({"load_s": round(load, 2), "peak": done["VmHWM"], "anon_loaded"
 """
 
 
+_HOLD = (
+    _RUN
+    + """
+sys.stdin.readline()  # hold the model until the parent has read our memory
+"""
+)
+
+
+def pair(artifact: str, cache: str, tokens: int, threads: int) -> dict:
+    """Two processes holding the model at once: their summed Pss and Rss."""
+    env = {**os.environ, "JACOBI_RT_CACHE": cache}
+    args = [sys.executable, "-c", _HOLD, artifact, str(tokens), str(threads)]
+    procs = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/")]
+    procs[0].stdout.readline()  # the first makes the entry (if any) before the second loads
+    procs.append(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/"))
+    procs[1].stdout.readline()
+    memory = {"pss": 0, "rss": 0}
+    for proc in procs:
+        rollup = dict(
+            line.split(":", 1) for line in Path(f"/proc/{proc.pid}/smaps_rollup").read_text().splitlines()[1:]
+        )
+        memory["pss"] += int(rollup["Pss"].split()[0]) * 1024
+        memory["rss"] += int(rollup["Rss"].split()[0]) * 1024
+        proc.communicate("\n")
+    return memory
+
+
 def run(artifact: str, cache: str, tokens: int, threads: int) -> dict:
     env = {**os.environ, "JACOBI_RT_CACHE": cache}
     done = subprocess.run(
@@ -70,6 +101,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0: the physical cores)")
     parser.add_argument("--work", default=None, help="folder for the cache (default: a temporary one)")
+    parser.add_argument("--pair", action="store_true", help="also measure two processes holding the model at once")
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = parser.parse_args()
     args.artifact = str(Path(args.artifact).resolve())  # the runs start in /
@@ -86,11 +118,21 @@ def main() -> None:
             print(
                 f"{kind:8s} load {row['load_s']:6.2f} s  peak {row['peak'] / weights:.2f}x "
                 f"({row['peak'] / 1e9:.2f} GB)  anon/file after load {row['anon_loaded'] / 1e9:.2f}/"
-                f"{row['file_loaded'] / 1e9:.2f} GB, after generating {row['anon'] / 1e9:.2f}/{row['file'] / 1e9:.2f} GB"
+                f"{row['file_loaded'] / 1e9:.2f} GB, after generating "
+                f"{row['anon'] / 1e9:.2f}/{row['file'] / 1e9:.2f} GB"
                 f"  {row['tokens_per_s']} tok/s  same tokens: {row['ids'] == rows[0]['ids']}",
                 flush=True,
             )
     print(f"weights {weights / 1e9:.2f} GB; entry on disk {rows[-1]['entry_bytes'] / 1e9:.2f} GB")
+    if args.pair:
+        for kind, root in (("artifact", "off"), ("mapped", str(work / "cache-0"))):
+            both = pair(args.artifact, root, args.tokens, args.threads)
+            rows.append({"kind": f"pair-{kind}", **both})
+            print(
+                f"two processes, {kind:8s}: Pss {both['pss'] / 1e9:.2f} GB ({both['pss'] / weights:.2f}x the weights), "
+                f"Rss {both['rss'] / 1e9:.2f} GB",
+                flush=True,
+            )
     if args.out:
         Path(args.out).write_text(json.dumps({"weights_bytes": weights, "rows": rows}, indent=1))
 
