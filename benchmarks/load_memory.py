@@ -7,7 +7,8 @@ seconds, the peak RSS (VmHWM: a child's ru_maxrss would start from its parent's)
 file-backed resident memory after loading and after generating, decode tokens/s and the tokens. Three
 kinds of run, in this order each repeat:
 
-- `artifact`: JACOBI_RT_CACHE=off, the session made from the artifact's graph (prepacked in anonymous memory);
+- `artifact`: JACOBI_RT_CACHE=off (so `mapped=True` maps nothing), the session made from the artifact's
+  graph (prepacked in anonymous memory);
 - `first`: an empty cache folder: the load makes the mapped session's entry (in a child process), then maps it;
 - `mapped`: the same folder again: the entry is mapped.
 
@@ -37,7 +38,7 @@ def status():
     return {k: int(fields[k].split()[0]) * 1024 for k in ("VmHWM", "RssAnon", "RssFile")}
 from jacobi_rt.runtime import Generator
 start = time.perf_counter()
-gen = Generator.load(sys.argv[1], threads=int(sys.argv[3]) or None, prefix_cache=False)
+gen = Generator.load(sys.argv[1], threads=int(sys.argv[3]) or None, prefix_cache=False, mapped=True)
 load = time.perf_counter() - start
 loaded = status()
 out = gen.generate("Write a story about a lighthouse keeper.", int(sys.argv[2]), strategy="greedy", chat=True)

@@ -54,9 +54,10 @@ class OrtBackend(Backend):
         device: str = "auto",
         threads: int | None = None,
         graph: str = "auto",
+        mapped: bool = False,
     ):
         """graph: "auto" (the in-place graph on the CPU when the artifact has one, else the portable
-        graph), "portable" or "inplace"."""
+        graph), "portable" or "inplace". mapped: on the CPU, a mapped session (ort_session.py)."""
         ort = require("onnxruntime", ORT_HINT)
         self.manifest = manifest
         self.device = _pick_device(ort, device)
@@ -72,8 +73,10 @@ class OrtBackend(Backend):
         providers = (
             ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
         )
-        try:  # on the CPU a mapped session (ort_session.py): prepacked once for this CPU, mapped at every load
-            self.session, self.session_graph = open_session(ort, folder, manifest, self.graph, options, providers)
+        try:  # mapped: prepacked once for this CPU (ort_session.py), mapped at every load
+            self.session, self.session_graph = open_session(
+                ort, folder, manifest, self.graph, options, providers, mapped
+            )
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs and EPs
             raise BackendError(
                 f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact"

@@ -56,23 +56,22 @@ def session_options(ort, threads: int):
     return options
 
 
-def open_session(ort, folder: Path, manifest: Manifest, graph: str, options, providers: list[str]):
-    """A session of `folder`'s `graph` with `options`: the mapped one on the CPU provider when the cache is
-    on, else (or when the entry cannot be made or loaded) the artifact's graph as it is. Returns the
-    session and the graph file it was made from."""
-    mapped = None
-    if providers == ["CPUExecutionProvider"]:
-        mapped = mapped_graph(folder, manifest, graph, options.intra_op_num_threads)
-    if mapped is not None:
+def open_session(ort, folder: Path, manifest: Manifest, graph: str, options, providers: list[str], mapped: bool):
+    """A session of `folder`'s `graph` with `options`: with `mapped`, the mapped one on the CPU provider when
+    the cache is on, else (or when the entry cannot be made or loaded) the artifact's graph as it is.
+    Returns the session and the graph file it was made from."""
+    on_cpu = providers == ["CPUExecutionProvider"]
+    cached = mapped_graph(folder, manifest, graph, options.intra_op_num_threads) if mapped and on_cpu else None
+    if cached is not None:
         level = options.graph_optimization_level
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # done before it was saved
         try:
-            return ort.InferenceSession(str(mapped), sess_options=options, providers=providers), mapped
+            return ort.InferenceSession(str(cached), sess_options=options, providers=providers), cached
         except Exception as exc:  # onnxruntime raises its own types; the entry is remade at the next load
             warnings.warn(
-                f"the mapped session {mapped.parent} did not load ({exc}); loading the graph as it is", stacklevel=4
+                f"the mapped session {cached.parent} did not load ({exc}); loading the graph as it is", stacklevel=4
             )
-            forget(mapped.parent)
+            forget(cached.parent)
             options.graph_optimization_level = level
     source = folder / manifest.graphs[graph]
     return ort.InferenceSession(str(source), sess_options=options, providers=providers), source

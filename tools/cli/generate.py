@@ -83,6 +83,12 @@ from .verifying import verify_mode, verify_options
     help="onnxruntime graph variant: the in-place KV cache (CPU default when the artifact has it) or the portable one.",
 )
 @click.option(
+    "--mapped",
+    is_flag=True,
+    help="CPU: map the graph optimized and prepacked for this CPU (made at the first such load under "
+    "$JACOBI_RT_CACHE/sessions, about the weights' size on disk): faster loads, weights shared between processes.",
+)
+@click.option(
     "--jacobi-tail/--no-jacobi-tail",
     default=None,
     help="speculative (and auto's draft arm): the target's predictions past a rejected guess seed the draft's "
@@ -150,6 +156,7 @@ def generate_command(
     backend,
     threads,
     graph,
+    mapped,
     jacobi_tail,
     temperature,
     top_k,
@@ -197,6 +204,7 @@ def generate_command(
         verify=verify_mode(verify, no_verify),
         graph=graph,
         config=config,
+        mapped=mapped,
     )
     if verbose:
         loaded = generator.backend

@@ -21,7 +21,7 @@ from jacobi_rt.runtime.manifest import load_manifest
 
 
 def load(folder, graph: str) -> OrtBackend:
-    return OrtBackend(folder, load_manifest(folder), device="cpu", threads=1, graph=graph)
+    return OrtBackend(folder, load_manifest(folder), device="cpu", threads=1, graph=graph, mapped=True)
 
 
 def entries(root) -> list:
@@ -50,6 +50,8 @@ def test_a_mapped_session_computes_the_bits_of_the_artifacts_graph(artifact, gra
     plain = load(folder, graph)
     assert plain.session_graph == folder / plain.manifest.graphs[graph]  # JACOBI_RT_CACHE=off (conftest)
     monkeypatch.setenv("JACOBI_RT_CACHE", str(tmp_path))
+    unmapped = OrtBackend(folder, load_manifest(folder), device="cpu", threads=1, graph=graph)
+    assert unmapped.session_graph == plain.session_graph  # mapped=False, the default: the artifact's graph
     mapped = load(folder, graph)
     assert mapped.session_graph.parent in entries(tmp_path)
     assert np.array_equal(logits(mapped), logits(plain))
@@ -62,16 +64,16 @@ def test_the_first_load_makes_the_entry_and_the_next_loads_map_it(artifact, tmp_
     folder = artifact("llama")
     reference = Generator.load(folder, graph="inplace", threads=1)
     monkeypatch.setenv("JACOBI_RT_CACHE", str(tmp_path))
-    first = Generator.load(folder, graph="inplace", threads=1)
+    first = Generator.load(folder, graph="inplace", threads=1, mapped=True)
     [entry] = entries(tmp_path)
     written = (entry / ort_session.DATA).stat().st_mtime_ns
-    again = Generator.load(folder, graph="inplace", threads=2)  # threads do not change what is packed
+    again = Generator.load(folder, graph="inplace", threads=2, mapped=True)  # threads do not change what is packed
     assert entries(tmp_path) == [entry] and (entry / ort_session.DATA).stat().st_mtime_ns == written
     assert again.backend.session_graph == first.backend.session_graph == entry / ort_session.GRAPH
     for strategy in ("greedy", "jacobi", "lookahead"):
         expected = reference.generate("the cache", max_new_tokens=12, strategy=strategy).ids
         assert again.generate("the cache", max_new_tokens=12, strategy=strategy).ids == expected
-    Generator.load(folder, graph="portable", threads=1)
+    Generator.load(folder, graph="portable", threads=1, mapped=True)
     assert len(entries(tmp_path)) == 2
 
 
