@@ -1,17 +1,17 @@
-"""How the runtime opens an onnxruntime session: its options, and on the CPU a mapped session.
+"""How the runtime opens an onnxruntime session: its options, and on the CPU, opt-in, a mapped session.
 
 A mapped session: the graph optimized and prepacked for this CPU once, then memory-mapped by every load.
 
 onnxruntime prepacks constant weights when it creates a session: it copies every MatMul and MatMulNBits
-weight into its kernels' layout, in anonymous memory. At 8B that is most of the load (about 14 s on 2
-cores) and more memory than the weights: at accuracy level 4 MatMulNBits adds a float32 sum per block
-(int4 blocks + scales + sums = 1.17x the weights), and it keeps the source scales resident beside them.
+weight into its kernels' layout, in anonymous memory. At 8B that is most of the load and more memory than
+the weights: at accuracy level 4 MatMulNBits adds a float32 sum per block (int4 blocks + scales + sums =
+1.17x the weights), and it keeps the source scales resident beside them.
 
 With `session.save_external_prepacked_constant_initializers`, a session saves its optimized graph with
 the packed weights in an external-data file. A session made from that file maps them: it packs nothing,
-never reads the source weights, and its weights are clean file pages (the page cache's, shared by every
-process on the host that loads the artifact, e.g. Ray replicas). The entry is written by a child process,
-so the process that generates never holds the anonymous copy, not even at its first load.
+and its weights are clean file pages (the page cache's, shared by the processes of a host that load the
+artifact, e.g. Ray replicas). The entry is written by a child process, so the process that generates never
+holds the anonymous copy, not even at its first load.
 
     $JACOBI_RT_CACHE/sessions/<key>/
       graph.onnx     the optimized graph (this CPU's layouts: the key names the CPU)
@@ -20,8 +20,9 @@ so the process that generates never holds the anonymous copy, not even at its fi
 
 The key: the graph's and weights' manifest digests, sizes and modification times, the CPU and its
 kernel-choosing flags, onnxruntime's version. A session from an entry computes the same bits as one from
-the artifact (tests/runtime/test_mapped_session.py). Disk: about the weights again (int4 at level 4:
-2.2x the int4 weights, the source's copy included), only for artifacts loaded on the CPU.
+the artifact (tests/runtime/backends/test_ort_session.py). Measured at 8B (docs/bench/2026-12-06-mapped-sessions.md):
+loads in half the time, two processes' Pss 0.77x, the same peak RSS (the source scales are still read),
+decode 0.93x (file pages are 4 KiB, anonymous ones huge), disk 2.2x the int4 weights: hence opt-in.
 """
 
 from __future__ import annotations
