@@ -158,13 +158,12 @@ def _drop_older(entry: Path, source: Path) -> None:
     """An artifact re-exported in place leaves its old entry behind: one entry per source graph is kept (and
     no half-made entry older than a day)."""
     for old in entry.parent.iterdir():
-        if old.name.startswith(".") and time.time() - old.stat().st_mtime > STALE:
-            shutil.rmtree(old, ignore_errors=True)  # left by a load that was killed while making it
-        if old.name.startswith(".") or old == entry:  # entries being made; this one, made by a load beside ours
-            continue
-        try:
-            if json.loads((old / SOURCE).read_text())["graph"] == str(source):
-                shutil.rmtree(old, ignore_errors=True)
+        try:  # another load may remove an entry while we look at it
+            if old.name.startswith("."):  # an entry being made, or left by a load killed while making it
+                if time.time() - old.stat().st_mtime > STALE:
+                    shutil.rmtree(old, ignore_errors=True)
+            elif old != entry and json.loads((old / SOURCE).read_text())["graph"] == str(source):
+                shutil.rmtree(old, ignore_errors=True)  # not this one: a load beside ours made it
         except (OSError, ValueError, KeyError, TypeError):
             continue
 
