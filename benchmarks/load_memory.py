@@ -4,13 +4,16 @@
 
 Each run is a fresh process: `Generator.load(ART)` and one greedy generation, reporting the load's wall
 seconds, the peak RSS (VmHWM: a child's ru_maxrss would start from its parent's), the anonymous and
-file-backed resident memory after loading and after generating, decode tokens/s and the tokens. Three
+file-backed resident memory after loading and after generating, decode tokens/s and the tokens. Four
 kinds of run, in this order each repeat:
 
-- `artifact`: JACOBI_RT_CACHE=off (so `mapped=True` maps nothing), the session made from the artifact's
+- `artifact`: JACOBI_RT_CACHE=off (so `mapped=True` maps nothing and the exact-rows check runs, as at a first
+  load on a CPU), the session made from the artifact's
   graph (prepacked in anonymous memory);
 - `first`: an empty cache folder: the load makes the mapped session's entry (in a child process), then maps it;
-- `mapped`: the same folder again: the entry is mapped.
+- `mapped`: the same folder again: the entry is mapped;
+- `default`: the same folder, `mapped=False`: what a user's second load gets (the artifact's session, the
+  exact-rows verdict read back from the cache instead of checked again).
 
 The exact-rows verdict lives in the same cache, so `first` and `mapped` differ by the entry alone.
 The weights' size is the artifact's `.data` files; the entry's disk size is reported too.
@@ -38,7 +41,7 @@ def status():
     return {k: int(fields[k].split()[0]) * 1024 for k in ("VmHWM", "RssAnon", "RssFile")}
 from jacobi_rt.runtime import Generator
 start = time.perf_counter()
-gen = Generator.load(sys.argv[1], threads=int(sys.argv[3]) or None, prefix_cache=False, mapped=True)
+gen = Generator.load(sys.argv[1], threads=int(sys.argv[3]) or None, prefix_cache=False, mapped=sys.argv[4] == "1")
 load = time.perf_counter() - start
 loaded = status()
 out = gen.generate("Write a story about a lighthouse keeper.", int(sys.argv[2]), strategy="greedy", chat=True)
@@ -61,7 +64,7 @@ sys.stdin.readline()  # hold the model until the parent has read our memory
 def pair(artifact: str, cache: str, tokens: int, threads: int) -> dict:
     """Two processes holding the model at once: their summed Pss and Rss."""
     env = {**os.environ, "JACOBI_RT_CACHE": cache}
-    args = [sys.executable, "-c", _HOLD, artifact, str(tokens), str(threads)]
+    args = [sys.executable, "-c", _HOLD, artifact, str(tokens), str(threads), "1"]
     procs = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/")]
     procs[0].stdout.readline()  # the first makes the entry (if any) before the second loads
     procs.append(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/"))
@@ -77,10 +80,10 @@ def pair(artifact: str, cache: str, tokens: int, threads: int) -> dict:
     return memory
 
 
-def run(artifact: str, cache: str, tokens: int, threads: int) -> dict:
+def run(artifact: str, cache: str, tokens: int, threads: int, mapped: bool = True) -> dict:
     env = {**os.environ, "JACOBI_RT_CACHE": cache}
     done = subprocess.run(
-        [sys.executable, "-c", _RUN, artifact, str(tokens), str(threads)],
+        [sys.executable, "-c", _RUN, artifact, str(tokens), str(threads), str(int(mapped))],
         capture_output=True,
         text=True,
         env=env,
@@ -112,8 +115,12 @@ def main() -> None:
     for repeat in range(args.repeats):
         cache = work / f"cache-{repeat}"
         shutil.rmtree(cache, ignore_errors=True)
-        for kind, root in (("artifact", "off"), ("first", str(cache)), ("mapped", str(cache))):
-            row = {"kind": kind, "repeat": repeat, **run(args.artifact, root, args.tokens, args.threads)}
+        for kind, root in (("artifact", "off"), ("first", str(cache)), ("mapped", str(cache)), ("default", str(cache))):
+            row = {
+                "kind": kind,
+                "repeat": repeat,
+                **run(args.artifact, root, args.tokens, args.threads, kind != "default"),
+            }
             row["entry_bytes"] = size(cache / "sessions", "*") if kind != "artifact" else 0
             rows.append(row)
             print(
