@@ -20,6 +20,8 @@ What Ray adds, and how it maps onto the single server:
 - Every replica checks its copy of the artifact: the manifest's sha256 must be the one the
   deployment was made from (and, unless verify is off, every file's sha256 the manifest's); a
   replica on a node with another copy refuses to start, naming the node.
+- With `mapped` (`serve --mapped`) each replica loads a mapped session (runtime/backends/ort_session.py): the first
+  replica on a node makes the entry under its $JACOBI_RT_CACHE, and the replicas of a node share its pages.
 - Every response carries `X-Jacobi-Replica` (the Ray replica id). GET /metrics through any proxy
   answers for every replica: each replica reports its own metrics to one MetricsHub every
   `REPORT_SECONDS` (and at once when it serves a scrape); the hub merges them, each sample labelled
@@ -114,6 +116,7 @@ class ReplicaSpec:
     verify: str = "sampled"  # how each replica checks the files at load: sampled, full or none (Generator.load)
     config: DecodingConfig | None = None  # the generator's decoding config (serve --decoding)
     prefix_cache: bool = True  # serve --no-prefix-cache: False
+    mapped: bool = False  # a mapped session: the replicas of one host share the weights' pages (Generator.load)
 
     def load(self, node: str) -> Generator:
         try:
@@ -128,6 +131,7 @@ class ReplicaSpec:
                 verify=self.verify,
                 config=self.config,
                 prefix_cache=self.prefix_cache,
+                mapped=self.mapped,
             )
         except JacobiError as exc:
             if str(exc).startswith(f"node {node}"):
@@ -327,6 +331,8 @@ BUILD_ARGS = {
     "allow_host": "comma-separated Host names clients use",
     "verify": "how each replica checks the files at load: sampled (default: size and sampled digests), full "
     "(every byte's sha256) or none",
+    "mapped": "true: each replica maps the graph prepacked for its CPU (made once per node under $JACOBI_RT_CACHE): "
+    "the replicas of a node share the weights' pages (default false)",
 }
 
 
@@ -356,9 +362,18 @@ def build(args: Mapping[str, str]):
         threads=int(args.get("threads", 1)),
         draft=PinnedArtifact.of(args["draft"]) if args.get("draft") else None,
         verify=_verify_arg(args.get("verify", "sampled")),
+        mapped=_flag_arg("mapped", args.get("mapped", "false")),
     )
     max_replicas = args.get("max_replicas")
     return application(spec, RayPlan(int(args.get("replicas", 1)), int(max_replicas) if max_replicas else None))
+
+
+def _flag_arg(name: str, value: str) -> bool:
+    """A true/false argument of `serve run`."""
+    flag = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(str(value).lower())
+    if flag is None:
+        raise InputError(f"{name} must be true or false, not {value!r}")
+    return flag
 
 
 def _verify_arg(value: str) -> str:

@@ -81,6 +81,7 @@ class OrtBackend(Backend):
             raise BackendError(
                 f"onnxruntime could not load {graph} ({type(exc).__name__}: {exc}); re-export the artifact"
             ) from exc
+        self.mapped = self.session_graph != graph  # the session maps a cached entry (ort_session.py)
         self._check_graph()
         self.batched = self.graph == INPLACE  # its contexts hold rows of their own lengths (the batcher's slots)
         self.pad_rows = False  # pad the passes that would run a one-row kernel (exact_rows.py)

@@ -36,7 +36,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_url(artifact):
+def session_cache(tmp_path_factory):
+    """The replicas' $JACOBI_RT_CACHE: they load mapped sessions (serve --mapped), made there once."""
+    return tmp_path_factory.mktemp("replicas-cache")
+
+
+@pytest.fixture(scope="module")
+def ray_url(artifact, session_cache):
     from ray import serve
 
     from jacobi_rt.server.ray_app import PinnedArtifact, RayPlan, ReplicaSpec, run
@@ -46,12 +52,12 @@ def ray_url(artifact):
     with pytest.MonkeyPatch.context() as env:
         for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
             env.setenv(name, "60")
+        env.setenv("JACOBI_RT_CACHE", str(session_cache))
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = _free_port()
-        spec = ReplicaSpec(
-            PinnedArtifact.of(artifact(MODEL)), ServerSettings(model_id=MODEL, max_batch=1, queue_size=16), threads=1
-        )
+        settings = ServerSettings(model_id=MODEL, max_batch=1, queue_size=16)
+        spec = ReplicaSpec(PinnedArtifact.of(artifact(MODEL)), settings, threads=1, mapped=True)
         run(spec, RayPlan(replicas=2), host="127.0.0.1", port=port)
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -121,7 +127,10 @@ def _running_replicas() -> int:
     return deployment.replica_states.get("RUNNING", 0)
 
 
-def test_16_openai_clients_get_greedy_output_from_both_replicas(ray_url, expected):
+def test_16_openai_clients_get_greedy_output_from_both_replicas(ray_url, expected, session_cache):
+    """Both replicas map the one session entry the first made (serve --mapped) and answer the tokens of the
+    artifact's own session (`expected`, loaded in this process without the cache)."""
+    assert len([p for p in (session_cache / "sessions").iterdir() if not p.name.startswith(".")]) == 1
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
     replicas = set()
     for _ in range(3):  # Ray's router may send one burst to one replica (its queue-length view lags): try again
@@ -274,6 +283,15 @@ def test_a_node_with_a_different_artifact_is_refused_by_name(artifact, tmp_path)
     shutil.rmtree(copy)
     with pytest.raises(ArtifactError, match="node node-b has no artifact at"):
         pinned.check_on("node-b")
+
+
+def test_serve_runs_mapped_argument_is_a_flag():
+    """`serve run ... mapped=true` reaches each replica's Generator.load; anything but true/false is refused."""
+    from jacobi_rt.server.ray_app import _flag_arg
+
+    assert [_flag_arg("mapped", v) for v in ("true", "False", "1", "no")] == [True, False, True, False]
+    with pytest.raises(InputError, match="mapped must be true or false, not 'sometimes'"):
+        _flag_arg("mapped", "sometimes")
 
 
 def test_serve_runs_verify_argument_is_a_load_mode(artifact):

@@ -11,7 +11,7 @@ from jacobi_rt.runtime.params import STRATEGIES
 
 from .constraints import constraint_options
 from .decoding import decoding_config, decoding_option
-from .verifying import verify_mode, verify_options
+from .verifying import mapped_option, verify_mode, verify_options
 
 
 @click.command("generate")
@@ -82,12 +82,7 @@ from .verifying import verify_mode, verify_options
     show_default=True,
     help="onnxruntime graph variant: the in-place KV cache (CPU default when the artifact has it) or the portable one.",
 )
-@click.option(
-    "--mapped",
-    is_flag=True,
-    help="CPU: map the graph optimized and prepacked for this CPU (made at the first such load under "
-    "$JACOBI_RT_CACHE/sessions, about the weights' size on disk): faster loads, weights shared between processes.",
-)
+@mapped_option
 @click.option(
     "--jacobi-tail/--no-jacobi-tail",
     default=None,

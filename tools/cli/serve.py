@@ -11,7 +11,7 @@ import click
 from jacobi_rt.runtime.params import STRATEGIES
 
 from .decoding import decoding_config, decoding_option
-from .verifying import verify_mode, verify_options
+from .verifying import mapped_option, verify_mode, verify_options
 
 
 @click.command("serve")
@@ -135,6 +135,7 @@ from .verifying import verify_mode, verify_options
     help="onnxruntime CPU threads of the batcher's passes (one pass runs at a time). Default: the physical cores.",
 )
 @verify_options
+@mapped_option
 @click.option(
     "--log-level",
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
@@ -190,6 +191,7 @@ def serve_command(
     threads,
     verify,
     no_verify,
+    mapped,
     log_level,
     on_ray,
     replicas,
@@ -269,6 +271,7 @@ def serve_command(
             port,
             config,
             not no_prefix_cache,
+            mapped,
         )
     generator = Generator.load(
         artifact,
@@ -278,6 +281,7 @@ def serve_command(
         verify=verify_mode(verify, no_verify),
         config=config,
         prefix_cache=not no_prefix_cache,
+        mapped=mapped,
     )
     slots = max_batch or generator.default_slots()
     settings.max_batch = slots
@@ -289,6 +293,12 @@ def serve_command(
         err=True,
     )
     click.echo(generator.backend.rows.line(), err=True)
+    if mapped:
+        where = generator.backend.session_graph.parent if getattr(generator.backend, "mapped", False) else None
+        click.echo(
+            f"mapped session: {where or 'none (JACOBI_RT_CACHE is off, or not on the CPU); the artifact graph'}",
+            err=True,
+        )
     serve(generator, settings, host=host, port=port, log_level=log_level)
 
 
@@ -306,6 +316,7 @@ def _serve_on_ray(
     port,
     config=None,
     prefix_cache=True,
+    mapped=False,
 ):
     """Deploy on Ray Serve (server/ray_app.py) and wait for Ctrl-C; then remove the application."""
     from jacobi_rt.runtime.errors import require
@@ -324,6 +335,7 @@ def _serve_on_ray(
         verify=verify,
         config=config,
         prefix_cache=prefix_cache,
+        mapped=mapped,
     )
     plan = RayPlan(replicas, max_replicas)
     run(spec, plan, host=host, port=port, address=address)

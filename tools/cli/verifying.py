@@ -1,4 +1,5 @@
-"""`--verify MODE` / `--no-verify`: how a command checks an artifact's files before loading (generate, serve)."""
+"""How a command loads an artifact (generate, serve): `--verify MODE` / `--no-verify` (its files' check) and
+`--mapped` (the mapped session)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,14 @@ def verify_options(command):
 
 def verify_mode(verify: str, no_verify: bool) -> str:
     return "none" if no_verify else verify
+
+
+def mapped_option(command):
+    """Add --mapped to `command` (its parameter `mapped`: Generator.load's)."""
+    return click.option(
+        "--mapped",
+        is_flag=True,
+        help="CPU: map the graph optimized and prepacked for this CPU (made at the first such load under "
+        "$JACOBI_RT_CACHE/sessions, about the weights' size on disk): faster loads, and processes on one host "
+        "(server replicas) share the weights' pages; decode measured 0.93x at 8B.",
+    )(command)

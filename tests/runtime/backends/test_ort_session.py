@@ -54,6 +54,7 @@ def test_a_mapped_session_computes_the_bits_of_the_artifacts_graph(artifact, gra
     assert unmapped.session_graph == plain.session_graph  # mapped=False, the default: the artifact's graph
     mapped = load(folder, graph)
     assert mapped.session_graph.parent in entries(tmp_path)
+    assert mapped.mapped and not unmapped.mapped and not plain.mapped
     assert np.array_equal(logits(mapped), logits(plain))
     assert mapped.rows.mode == plain.rows.mode
 
