@@ -61,21 +61,43 @@ sys.stdin.readline()  # hold the model until the parent has read our memory
 )
 
 
+# smaps_rollup's fields, summed over the pair: Pss splits each shared page between its processes; anonymous pages
+# are each process's own; clean file pages mapped by both count once in the page cache however Pss splits them
+ROLLUP = {
+    "pss": "Pss",
+    "rss": "Rss",
+    "anonymous": "Anonymous",
+    "shared_clean": "Shared_Clean",
+    "private_clean": "Private_Clean",
+}
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes. AnonPages + Mapped counts each mapped file page once, whoever maps it: what two
+    processes cost the host together, taken as its growth while they hold the model (other processes' churn
+    included: run it on a quiet machine)."""
+    fields = (line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return {key: int(value.split()[0]) * 1024 for key, value in fields}
+
+
 def pair(artifact: str, cache: str, tokens: int, threads: int) -> dict:
-    """Two processes holding the model at once: their summed Pss and Rss."""
+    """Two processes holding the model at once: their summed smaps_rollup fields (ROLLUP), and the host's growth."""
     env = {**os.environ, "JACOBI_RT_CACHE": cache}
+    before = meminfo()
     args = [sys.executable, "-c", _HOLD, artifact, str(tokens), str(threads), "1"]
     procs = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/")]
     procs[0].stdout.readline()  # the first makes the entry (if any) before the second loads
     procs.append(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd="/"))
     procs[1].stdout.readline()
-    memory = {"pss": 0, "rss": 0}
+    memory = dict.fromkeys(ROLLUP, 0)
+    after = meminfo()
+    memory["host"] = sum(after[k] - before[k] for k in ("AnonPages", "Mapped"))
     for proc in procs:
         rollup = dict(
             line.split(":", 1) for line in Path(f"/proc/{proc.pid}/smaps_rollup").read_text().splitlines()[1:]
         )
-        memory["pss"] += int(rollup["Pss"].split()[0]) * 1024
-        memory["rss"] += int(rollup["Rss"].split()[0]) * 1024
+        for key, field in ROLLUP.items():
+            memory[key] += int(rollup[field].split()[0]) * 1024
         proc.communicate("\n")
     return memory
 
@@ -131,14 +153,17 @@ def main() -> None:
                 f"  {row['tokens_per_s']} tok/s  same tokens: {row['ids'] == rows[0]['ids']}",
                 flush=True,
             )
-    print(f"weights {weights / 1e9:.2f} GB; entry on disk {rows[-1]['entry_bytes'] / 1e9:.2f} GB")
+    if rows:  # --repeats 0 --pair --work DIR: the pair alone, on DIR's cache-0 from an earlier run
+        print(f"weights {weights / 1e9:.2f} GB; entry on disk {rows[-1]['entry_bytes'] / 1e9:.2f} GB")
     if args.pair:
         for kind, root in (("artifact", "off"), ("mapped", str(work / "cache-0"))):
             both = pair(args.artifact, root, args.tokens, args.threads)
             rows.append({"kind": f"pair-{kind}", **both})
             print(
                 f"two processes, {kind:8s}: Pss {both['pss'] / 1e9:.2f} GB ({both['pss'] / weights:.2f}x the weights), "
-                f"Rss {both['rss'] / 1e9:.2f} GB",
+                f"Rss {both['rss'] / 1e9:.2f} GB, anonymous {both['anonymous'] / 1e9:.2f} GB, clean file pages "
+                f"shared {both['shared_clean'] / 1e9:.2f} / private {both['private_clean'] / 1e9:.2f} GB; "
+                f"the host's AnonPages + Mapped grew {both['host'] / 1e9:.2f} GB",
                 flush=True,
             )
     if args.out:
