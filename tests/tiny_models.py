@@ -245,27 +245,6 @@ def more_config(family: str, common: dict):
     return AutoConfig.for_model(family, **sizes, **fields)
 
 
-def mid_config():
-    """A Llama of 136M parameters, 544 MB in float32 (hidden 1024, 8 layers, vocab 32,000), with the
-    tiny tokenizer: big enough that the weight pass's memory is measurable against its weights."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=32000,
-        hidden_size=1024,
-        intermediate_size=2048,
-        num_hidden_layers=8,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        eos_token_id=0,
-        bos_token_id=None,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-        rope_theta=10000.0,
-    )
-
-
 def tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

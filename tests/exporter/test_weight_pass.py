@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +13,25 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from tiny_models import FAMILIES
 from weight_golden import CASES, DATA, describe, export_case, kernels
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def case(request, tmp_path_factory) -> tuple[str, Path, Path]:
-    """(case, its weight variant's folder, the float artifact it was made from)."""
+def case(request, tmp_path_factory, tiny_artifact) -> tuple[str, Path, Path]:
+    """(case, its weight variant's folder, the float artifact it was made from). A case on a tiny family
+    as it is ("llama", "llama-mha-tied") starts from the session's float artifact of that family (CI's
+    prebuilt one), not an export of its own: the same model and options, which the recorded float digests check."""
     root = tmp_path_factory.mktemp(request.param)
-    return request.param, export_case(request.param, root), root / "float"
+    source = CASES[request.param][0]
+    base = None
+    if source in FAMILIES:
+        exported = tiny_artifact(source)
+        base = (exported.model_dir, exported.artifact)
+    folder, float_folder = export_case(request.param, root, base)
+    return request.param, folder, float_folder
 
 
 def test_the_pass_makes_the_graphs_it_made_before(case):
@@ -78,27 +88,28 @@ def test_both_graphs_read_one_weights_file_holding_one_copy(case):
     assert own < 0.05 * inplace_bytes, (name, own, inplace_bytes)  # packed q|k|v = the stacked siblings' bytes
 
 
-def test_a_legacy_float_artifact_with_a_data_file_per_graph(tiny_model, tmp_path):
+def test_a_legacy_float_artifact_with_a_data_file_per_graph(tiny_artifact, tmp_path):
     """Float graphs whose weights are in model.onnx.data and model-inplace.onnx.data (as a model over
     2 GB was exported before weights.data): `graphs_from` copies both and verifies them, the pass reads them, and the
-    variant has one weights.data, its graphs equal to those made from an artifact with inline weights."""
+    variant has one weights.data, its graphs equal to those made from an artifact with inline weights.
+    Both bases are the session's float artifact of the tiny llama (read only; the legacy one a copy rewritten)."""
     from weight_golden import graph_digests, to_legacy_layout
 
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.runtime import Generator
     from jacobi_rt.runtime.manifest import load_manifest
 
-    model = str(tiny_model("llama"))
-    export(model, tmp_path / "inline", ExportOptions())
-    export(model, tmp_path / "legacy", ExportOptions())
+    base = tiny_artifact("llama")
+    model = str(base.model_dir)
+    shutil.copytree(base.artifact, tmp_path / "legacy")
     to_legacy_layout(tmp_path / "legacy")
     load_manifest(tmp_path / "legacy", verify="full")
     assert sorted(p.name for p in (tmp_path / "legacy").glob("*.data")) == [
         "model-inplace.onnx.data",
         "model.onnx.data",
     ]
-    for base in ("inline", "legacy"):
-        export(model, tmp_path / f"int4-{base}", ExportOptions(quantize="int4", graphs_from=str(tmp_path / base)))
+    for name, folder in (("inline", base.artifact), ("legacy", tmp_path / "legacy")):
+        export(model, tmp_path / f"int4-{name}", ExportOptions(quantize="int4", graphs_from=str(folder)))
     out = tmp_path / "int4-legacy"
     assert sorted(p.name for p in out.glob("*.data")) == ["weights.data"] and not list(out.glob(".*"))
     for graph in ("model.onnx", "model-inplace.onnx"):
@@ -109,21 +120,20 @@ def test_a_legacy_float_artifact_with_a_data_file_per_graph(tiny_model, tmp_path
     )
 
 
-def test_a_changed_data_file_of_the_base_is_refused(tiny_model, tmp_path):
+def test_a_changed_data_file_of_the_base_is_refused(tiny_artifact, tmp_path):
     from weight_golden import to_legacy_layout
 
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.runtime.errors import ArtifactError
 
-    model = str(tiny_model("llama"))
-    export(model, tmp_path / "legacy", ExportOptions(inplace=False))
+    base = tiny_artifact("llama")  # a copy of the session's float artifact, rewritten in the legacy layout
+    model = str(base.model_dir)
+    shutil.copytree(base.artifact, tmp_path / "legacy")
     to_legacy_layout(tmp_path / "legacy")
     with open(tmp_path / "legacy" / "model.onnx.data", "r+b") as f:
         f.write(b"\1\2\3\4")
     with pytest.raises(ArtifactError, match=r"model\.onnx\.data was changed after export"):
-        export(
-            model, tmp_path / "out", ExportOptions(quantize="int8", inplace=False, graphs_from=str(tmp_path / "legacy"))
-        )
+        export(model, tmp_path / "out", ExportOptions(quantize="int8", graphs_from=str(tmp_path / "legacy")))
     assert not (tmp_path / "out").exists()
 
 
@@ -169,7 +179,7 @@ folder = Path(sys.argv[1])
 graphs = json.loads((folder / "jacobi.json").read_text())["graphs"]
 before = psutil.Process().memory_info().rss
 report = weight_step.quantize_graphs(
-    folder, graphs, None, ExportOptions(quantize="int4"), lambda line: None, max_positions=256
+    folder, graphs, None, ExportOptions(quantize="int4"), lambda line: None, max_positions=int(sys.argv[2])
 )
 # VmHWM, not ru_maxrss: a child's ru_maxrss starts from its parent's peak (getrusage(2): kept across execve)
 peak = int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
@@ -178,20 +188,24 @@ print(json.dumps({"before": before, "peak": peak, "weights": report.graph_bytes[
 
 
 @pytest.mark.slow
-def test_quantizing_a_mid_size_graph_holds_a_few_tensors(tmp_path):
-    """A 544 MB float32 Llama (tiny_models.mid_config), traced with its weights in weights.data, through
-    the int4 pass in a fresh process: its peak RSS grows by under 0.5x the float weights (the
-    in-memory pass: 3x)."""
-    from tiny_models import mid_config, save_tiny_model
+def test_quantizing_a_mid_size_graph_holds_a_few_tensors(artifact, tmp_path):
+    """SmolLM2-135M's float artifact (540 MB of float32 weights in weights.data, CI's prebuilt one; a copy,
+    since the pass stages its files in the folder) through the int4 pass in a fresh process: its peak RSS
+    grows by under 0.5x the float weights (the in-memory pass: 3x)."""
+    from make_artifacts import SMOLLM2
 
-    from jacobi_rt.exporter import ExportOptions, export
+    from jacobi_rt.runtime.manifest import load_manifest
 
-    model = save_tiny_model(mid_config(), tmp_path / "mid")
-    floats = sum(p.stat().st_size for p in model.glob("*.safetensors"))
-    export(str(model), tmp_path / "float", ExportOptions())
+    source = artifact(SMOLLM2)
+    manifest = load_manifest(source)
+    folder = tmp_path / "float"
+    folder.mkdir()
+    for name in ("jacobi.json", *dict.fromkeys(manifest.graphs.values()), "weights.data"):
+        shutil.copyfile(source / name, folder / name)
+    floats = (folder / "weights.data").stat().st_size
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(
-        [sys.executable, "-c", MEMORY_CHILD, str(tmp_path / "float")],
+        [sys.executable, "-c", MEMORY_CHILD, str(folder), str(manifest.architecture.max_positions)],
         capture_output=True,
         text=True,
         env=env,
@@ -204,5 +218,7 @@ def test_quantizing_a_mid_size_graph_holds_a_few_tensors(tmp_path):
         f"({growth / floats:.2f}x)"
     )
     assert growth < 0.5 * floats, figures
-    embedding = mid_config().vocab_size * mid_config().hidden_size * 4  # a Gather's table stays float32
-    assert figures["weights"] < embedding + 0.2 * (floats - embedding)  # int4 blocks and scales, stored once
+    arch = manifest.architecture
+    embedding = arch.vocab_size * arch.hidden_size * 4  # the Gather's table stays float32
+    # int4 blocks and scales, stored once: every matrix (the tied LM head too, from the table) at under 0.2x
+    assert figures["weights"] < embedding + 0.2 * floats, (figures, embedding, floats)

@@ -59,15 +59,21 @@ def make_source(source: str, root: Path) -> Path:
     return make_tiny_model(source, root / source)
 
 
-def export_case(case: str, root: Path) -> Path:
-    """Export the case's float artifact, then its weight variant from those graphs; return the variant's folder."""
+def export_case(case: str, root: Path, base: tuple[Path, Path] | None = None) -> tuple[Path, Path]:
+    """Export the case's float artifact, then its weight variant from those graphs; return (the variant's
+    folder, the float artifact's). base: (model folder, its float artifact) already exported with the
+    default options (a tiny family's session artifact, tests/exporter/conftest.py), used instead of
+    exporting them again; the recorded float digests tell whether it is the same float export."""
     from jacobi_rt.exporter import ExportOptions, export
 
     source, options = CASES[case]
-    model = make_source(source, root)
-    export(str(model), root / "float", ExportOptions())
-    export(str(model), root / case, ExportOptions(graphs_from=str(root / "float"), **options))
-    return root / case
+    if base is None:
+        model, float_folder = make_source(source, root), root / "float"
+        export(str(model), float_folder, ExportOptions())
+    else:
+        model, float_folder = base
+    export(str(model), root / case, ExportOptions(graphs_from=str(float_folder), **options))
+    return root / case, float_folder
 
 
 def to_legacy_layout(folder: Path) -> None:
@@ -204,8 +210,8 @@ def main() -> None:
     for case in [a for a in sys.argv[1:] if not a.startswith("--")] or CASES:
         path = DATA / f"{case}.json"
         with tempfile.TemporaryDirectory() as tmp:
-            folder = export_case(case, Path(tmp))
-            got = describe(folder, Path(tmp) / "float")
+            folder, float_folder = export_case(case, Path(tmp))
+            got = describe(folder, float_folder)
         record = (
             json.loads(path.read_text())
             if outputs_only
