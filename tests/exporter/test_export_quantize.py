@@ -27,12 +27,18 @@ CASES = [("llama", "int8"), ("llama", "int4"), ("llama-mha-tied", "int4")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{f}-{k}" for f, k in CASES])
-def quantized(request, tiny_model, tmp_path_factory):
+def quantized(request, tiny_artifact, tmp_path_factory):
+    """The weight pass on the session's float artifact of the family (`graphs_from`: no second trace and
+    check). A fresh quantized export makes the same graphs and figures (test_export_reuse.py,
+    tests/exporter/data/weight_pass/); the fresh path itself runs in test_quantize_with_external_data,
+    test_export_cli.py's progress bars and test_export_layer_check.py."""
     from jacobi_rt.exporter import ExportOptions, export
 
     family, kind = request.param
+    base = tiny_artifact(family)
     out = tmp_path_factory.mktemp("quantized") / f"{family}-{kind}"
-    return Quantized(family, kind, out, export(str(tiny_model(family)), out, ExportOptions(quantize=kind)))
+    options = ExportOptions(quantize=kind, graphs_from=str(base.artifact))
+    return Quantized(family, kind, out, export(str(base.model_dir), out, options))
 
 
 def weight_matmuls(graph) -> list[str]:

@@ -84,8 +84,9 @@ def test_an_artifact_exported_with_other_options_is_refused(tiny_artifact, tmp_p
 def test_a_quantized_artifact_is_refused_as_a_base(tiny_artifact, tmp_path):
     from jacobi_rt.exporter import ExportOptions, export
 
-    model = str(tiny_artifact("llama").model_dir)
-    export(model, tmp_path / "int8", ExportOptions(quantize="int8"))
+    base = tiny_artifact("llama")
+    model = str(base.model_dir)
+    export(model, tmp_path / "int8", ExportOptions(quantize="int8", graphs_from=str(base.artifact)))
     with pytest.raises(OptionError, match="quantization 'int8'"):
         export(model, tmp_path / "out", ExportOptions(quantize="int4", graphs_from=str(tmp_path / "int8")))
 
