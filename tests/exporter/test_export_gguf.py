@@ -288,12 +288,16 @@ def test_gguf_weights_are_smaller(exported):
     assert quantized < limit * floats, (quantized, floats)
 
 
-def test_default_accuracy_level_is_4(tmp_path, ort_session):
-    from jacobi_rt.exporter import ExportOptions, export
+def test_default_accuracy_level_is_4(artifact):
+    """The tiny Llama's Q4_1 GGUF exported with the default options (tests/make_artifacts.py's TINY_GGUF,
+    CI's prebuilt artifact): its MatMulNBits run at accuracy level 4."""
+    from make_artifacts import TINY_GGUF
 
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", "Q4_0")
-    manifest = export(str(path), tmp_path / "art", ExportOptions(weights="gguf", inplace=False))
-    graph = onnx.load(str(tmp_path / "art" / "model.onnx")).graph
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    folder = artifact(TINY_GGUF)
+    manifest = load_manifest(folder)
+    graph = onnx.load(str(folder / "model.onnx")).graph
     levels = {
         onnx.helper.get_attribute_value(a)
         for n in graph.node

@@ -17,7 +17,8 @@ LAYERS = 4
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """A 4-layer tiny llama exported twice: with the full check (library) and `--check layers` (CLI)."""
+    """A 4-layer tiny llama exported twice: with `--check full` (CLI) and with `check` auto on a machine
+    of 1000 bytes of memory (library), which checks layer by layer (budget.check_method)."""
     from jacobi_rt.exporter import ExportOptions, export
     from jacobi_rt.tools.cli.main import cli
 
@@ -25,9 +26,9 @@ def exports(tmp_path_factory):
     config = tiny_config("llama")
     config.num_hidden_layers = LAYERS
     source = save_tiny_model(config, root / "model")
-    export(str(source), root / "full", ExportOptions(check="full"))
-    result = CliRunner().invoke(cli, ["export", str(source), "--out", str(root / "layers"), "--check", "layers"])
+    result = CliRunner().invoke(cli, ["export", str(source), "--out", str(root / "full"), "--check", "full"])
     assert result.exit_code == 0, (result.output, result.exception)
+    export(str(source), root / "layers", ExportOptions(check_memory=1000))
     return source, root / "full", root / "layers", result.stdout
 
 
@@ -63,7 +64,7 @@ def test_the_manifest_records_the_check_and_its_figures(exports):
     assert inplace["greedy_agree"] == inplace["positions"] == theirs.check["inplace"]["positions"] > 0
     assert inplace["max_logit_diff"] <= 1e-4 and inplace["max_present_diff"] <= 1e-4
     assert mine.inplace_unchecked is None and mine.inplace_attention == theirs.inplace_attention
-    assert "export check (layer by layer): max |logit diff|" in stdout
+    assert "export check (full): max |logit diff|" in stdout  # the command passes --check and reports the method
 
 
 def test_an_inplace_graph_unlike_the_portable_one_is_refused(exports, tmp_path):
@@ -141,13 +142,11 @@ def test_full_on_a_model_too_big_is_refused_before_any_work(exports, tmp_path):
     assert not (tmp_path / "a").exists() and not list(tmp_path.iterdir())
 
 
-def test_auto_export_with_little_memory_checks_layer_by_layer(exports, tmp_path):
-    from jacobi_rt.exporter import ExportOptions, export
-
-    source, _, layers, _ = exports
-    manifest = export(str(source), tmp_path / "a", ExportOptions(check_memory=1000))
-    assert manifest.check_method == "layer by layer"
-    assert (tmp_path / "a" / "weights.data").read_bytes() == (layers / "weights.data").read_bytes()
+def test_auto_export_with_little_memory_checks_layer_by_layer(exports):
+    """The fixture's `layers` export: `check` auto with 1000 bytes of memory; the same weights as the full check's."""
+    _, full, layers, _ = exports
+    assert _manifest(layers).check_method == "layer by layer"
+    assert (layers / "weights.data").read_bytes() == (full / "weights.data").read_bytes()
 
 
 def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
