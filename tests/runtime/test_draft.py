@@ -176,8 +176,17 @@ def assert_draft_cache_follows(proposer: DraftProposer, draft: OrtBackend) -> No
 # -- output == greedy -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("kind", ["1-layer", "self", "other", "noisy"])
+# Every target family with a draft whose guesses are partly right (1-layer), all right (self) and wrong at
+# random depths, the first one too (noisy: the target's rejections and rollbacks); the unrelated family's
+# draft (other: almost every guess wrong) for two targets, one each way (qwen2 drafting for llama, llama
+# for qwen2): on the other four its target side repeats noisy's proof and its draft side qwen2's draft.
+DRAFT_CASES = [(kind, family) for kind in ("1-layer", "self", "noisy") for family in FAMILIES] + [
+    ("other", "llama"),
+    ("other", "qwen2"),
+]
+
+
+@pytest.mark.parametrize("kind,family", DRAFT_CASES)
 def test_draft_equals_greedy(backend, family, kind):
     target, draft = backend(family), _draft(backend, family, kind)
     for prompt in PROMPTS:
