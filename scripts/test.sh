@@ -14,10 +14,15 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 export JACOBI_RT_VENV="${JACOBI_RT_VENV:-$here/.venv}"
 bash scripts/setup.sh
+mkdir -p "$here/build"
 # qemu-user emulates an AVX2-only x86-64 CPU for tests/runtime/test_exact_rows.py, so that the
 # one-row kernel that CPU takes is checked whatever CPU runs the tests (the test says so if it is missing).
+# It installs in the background while the artifacts export (apt waits on the network); the runtime suite waits for it.
+qemu_setup=""
 if ! command -v qemu-x86_64 >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq qemu-user >/dev/null) || echo "could not install qemu-user"
+    ( (apt-get update -qq && apt-get install -y -qq qemu-user >/dev/null) || echo "could not install qemu-user" ) \
+        >"$here/build/qemu-install.log" 2>&1 &
+    qemu_setup=$!
 fi
 # ruff (pinned in the dev extra): lint and format, configured in pyproject.toml; a finding fails the run
 # at the end, after the tests, so that one run reports both.
@@ -28,7 +33,6 @@ artifacts="$here/build/test-artifacts"
 export JACOBI_RT_TEST_ARTIFACTS="$artifacts"
 
 lean="$here/.venv-runtime"
-mkdir -p "$here/build"
 lean_log="$here/build/runtime-env-setup.log"
 # The torch-free environment installs while the artifacts export (pip waits on the network, the exports
 # on the CPU); not during setup.sh, whose build of the project would race this one in build/.
@@ -41,12 +45,16 @@ lean_setup=$!
 echo "== exporting test artifacts to $artifacts (two at a time)"
 "$JACOBI_RT_VENV/bin/python" tests/make_artifacts.py "$artifacts" --smollm2 --jobs 2
 wait "$lean_setup" || { cat "$lean_log"; echo "the torch-free environment did not install (log above)"; exit 1; }
+if [ -n "$qemu_setup" ]; then
+    wait "$qemu_setup" || true
+    cat "$here/build/qemu-install.log"
+fi
 
 # The two suites run side by side: most of their time is one-threaded Python (tracing, the decoding
 # loop), so two cores take both in about the time of the longer. The runtime suite's report follows.
 runtime_log="$here/build/runtime-suite.log"
 echo "== runtime suite (torch-free environment), in the background (log: $runtime_log)"
-JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra tests/runtime tests/engines tests/server "$@" \
+JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra --durations=25 tests/runtime tests/engines tests/server "$@" \
     >"$runtime_log" 2>&1 &
 runtime_suite=$!
 
@@ -55,7 +63,7 @@ runtime_suite=$!
 # runtime suite is done.
 echo "== exporter, tools and docs suites (export environment, two workers)"
 status=0
-"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra -n 2 --dist loadfile tests/exporter tests/tools tests/benchmarks tests/test_*.py \
+"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra --durations=25 -n 2 --dist loadfile tests/exporter tests/tools tests/benchmarks tests/test_*.py \
     tests/runtime/test_vs_transformers.py tests/server/test_ray.py "$@" || status=$?
 
 echo "== runtime suite (torch-free environment): its report"
