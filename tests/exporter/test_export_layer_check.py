@@ -184,7 +184,8 @@ def test_a_corrupted_layer_weight_is_named(exports, tmp_path):
 
 def test_a_quantized_export_checked_layer_by_layer_records_its_agreement(exports, tmp_path):
     """The float graph checked layer by layer, the int4 graph compared with it stage by stage (both graphs
-    a layer at a time, skip norms fused across the layers' boundaries): the same figures as whole."""
+    a layer at a time, skip norms fused across the layers' boundaries): the same figures as whole (the
+    weight pass on the full check's artifact: the same int4 graphs as a fresh export, test_export_reuse.py)."""
     from jacobi_rt.exporter import ExportOptions, export
 
     steps = []
@@ -196,7 +197,9 @@ def test_a_quantized_export_checked_layer_by_layer_records_its_agreement(exports
     figures = manifest.check["int4_vs_fp"]
     assert figures["reference"] == "unquantized onnx" and figures["method"] == "layer by layer", figures
     assert "comparing the int4 graph with the float one layer by layer" in steps, steps
-    whole = export(str(exports[0]), tmp_path / "b", ExportOptions(quantize="int4", check="full")).check["int4_vs_fp"]
+    source, full, _, _ = exports
+    whole = export(str(source), tmp_path / "b", ExportOptions(quantize="int4", graphs_from=str(full)))
+    whole = whole.check["int4_vs_fp"]
     assert whole["method"] == "full"
     for key in ("positions", "greedy_agree", "near_ties", "text_agreement"):
         assert figures[key] == whole[key], key
