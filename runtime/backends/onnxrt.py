@@ -95,10 +95,14 @@ class OrtBackend(Backend):
         return check(self)
 
     @property
+    def extra_row(self) -> bool:
+        """Whether this graph's attention has the extra row (exporter/attention/gqa_rows.py): the in-place one's."""
+        return self.graph == INPLACE and self.manifest.attention_extra_row
+
+    @property
     def spare_entries(self) -> int:
-        """Cache entries past the capacity that a pass may write: the in-place graph's extra attention row,
-        a pad row."""
-        return int(self.graph == INPLACE and self.manifest.attention_extra_row) + int(self.pad_rows)
+        """Cache entries past the capacity that a pass may write: the extra attention row, a pad row."""
+        return int(self.extra_row) + int(self.pad_rows)
 
     def _check_graph(self) -> None:
         layers = self.manifest.architecture.num_layers

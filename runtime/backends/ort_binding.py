@@ -58,7 +58,7 @@ class OrtBinding(BackendContext):
         past, rows, longest = self._starts()
         _, window = self._check_window(ids, rows, longest)
         ids, positions, window_mask = window_inputs(ids, positions, window_mask, past)
-        self.padding = int(self.backend.pad_rows and needs_pad(rows, window))
+        self.padding = int(self.backend.pad_rows and needs_pad(rows, window, self.backend.extra_row))
         if self.padding:  # a pad column, so that no kernel runs one row (exact_rows.py)
             ids, positions, window_mask = pad(ids, positions, window_mask)
         width, total = window + self.padding, longest + window + self.padding

@@ -21,8 +21,8 @@ holds the anonymous copy, not even at its first load.
 The key: the graph's and weights' manifest digests, sizes and modification times, the CPU and its
 kernel-choosing flags, onnxruntime's version. A session from an entry computes the same bits as one from
 the artifact (tests/runtime/backends/test_ort_session.py). Measured at 8B (docs/bench/2026-12-06-mapped-sessions.md):
-loads in half the time, two processes cost the host one copy (0.52x), the same peak RSS (the source scales are still read),
-decode 0.93x (file pages are 4 KiB, anonymous ones huge), disk 2.2x the int4 weights: hence opt-in.
+loads in half the time, two processes cost the host one copy (0.52x), the same peak RSS (the source scales are
+still read), decode 0.93x (cause open: not huge pages), disk 2.2x the int4 weights: hence opt-in.
 """
 
 from __future__ import annotations

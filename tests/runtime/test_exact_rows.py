@@ -41,6 +41,12 @@ def test_a_pass_is_padded_at_width_one_or_at_one_more_than_a_multiple_of_128_tok
     assert not any(exact_rows.needs_pad(r, w) for r, w in [(1, 2), (2, 2), (1, 128), (4, 16), (1, 130)])
 
 
+def test_with_the_extra_attention_row_only_a_one_row_tile_is_padded():
+    """The attention never runs one row there, so greedy rows side by side (width 1) run as they come."""
+    assert all(exact_rows.needs_pad(r, w, extra_row=True) for r, w in [(1, 1), (1, 129), (3, 43), (129, 1)])
+    assert not any(exact_rows.needs_pad(r, w, extra_row=True) for r, w in [(2, 1), (16, 1), (1, 2), (128, 1)])
+
+
 def test_the_pad_column_repeats_the_last_token_and_no_real_row_sees_it():
     ids = np.array([[5, 6, 7], [8, 9, 10]])
     positions = np.array([[4, 5, 6], [9, 10, 11]])
@@ -197,9 +203,12 @@ def test_an_avx2_only_cpu_pads_one_row_passes(artifact, tmp_path):
             generator = Generator(loaded, Tokenizer(folder, manifest))
             greedy = generator.generate({PROMPT}, max_new_tokens=24, strategy="greedy").ids
             same = [generator.generate({PROMPT}, max_new_tokens=24, strategy=s).ids == greedy for s in {STRATEGIES}]
+            batch = generator.generate_batch([{PROMPT}, [7, 8, 9]], max_new_tokens=24, strategy="greedy")
+            solo = generator.generate([7, 8, 9], max_new_tokens=24, strategy="greedy").ids
+            batched = [r.ids for r in batch] == [greedy, solo]  # greedy rows side by side: width-1 passes of 2 rows
             loaded.pad_rows = False
             native = _window_is_one_token_passes(loaded, np.arange(40, 51))
-            out[graph] = {{"mode": loaded.rows.mode, "same": same, "native_exact": native}}
+            out[graph] = {{"mode": loaded.rows.mode, "same": same, "batched": batched, "native_exact": native}}
         print(json.dumps(out))
     """)
     run = subprocess.run(
@@ -208,7 +217,8 @@ def test_an_avx2_only_cpu_pads_one_row_passes(artifact, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
     for graph in ("inplace", "portable"):
-        assert found[graph] == {"mode": PADDED, "same": [True] * len(STRATEGIES), "native_exact": False}, (graph, found)
+        expected = {"mode": PADDED, "same": [True] * len(STRATEGIES), "batched": True, "native_exact": False}
+        assert found[graph] == expected, (graph, found)
 
 
 def _tokenizer(folder):
