@@ -7,8 +7,8 @@
 #     engine and server tests against those artifacts, proving they need no PyTorch. They run
 #     there only, not twice: a plain `pytest` in the export environment still runs everything.
 #  3. ruff's lint and format check over the whole tree (pyproject.toml's [tool.ruff]).
-#  The two suites run at once (about 26 minutes on 2 cores in all), the exporter's in two workers;
-#  the runtime suite's report is printed after the exporter's.
+#  The two suites run at once, the exporter's in two workers (in all 28.9 minutes on 2 cores with other work
+#  beside it: docs/bench/2026-12-06-ci-time.md); the runtime suite's report is printed after the exporter's.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
