@@ -368,9 +368,12 @@ def build(args: Mapping[str, str]):
     return application(spec, RayPlan(int(args.get("replicas", 1)), int(max_replicas) if max_replicas else None))
 
 
+FLAGS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}  # `serve run`'s spellings
+
+
 def _flag_arg(name: str, value: str) -> bool:
     """A true/false argument of `serve run`."""
-    flag = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(str(value).lower())
+    flag = FLAGS.get(str(value).lower())
     if flag is None:
         raise InputError(f"{name} must be true or false, not {value!r}")
     return flag
@@ -378,9 +381,7 @@ def _flag_arg(name: str, value: str) -> bool:
 
 def _verify_arg(value: str) -> str:
     """`verify=` of `serve run`: sampled, full or none (true and false, the older spellings, are sampled and none)."""
-    mode = {"true": "sampled", "1": "sampled", "yes": "sampled", "false": "none", "0": "none", "no": "none"}.get(
-        str(value).lower(), str(value).lower()
-    )
+    mode = {True: "sampled", False: "none"}.get(FLAGS.get(str(value).lower()), str(value).lower())
     if mode not in ("sampled", "full", "none"):
         raise InputError(f"verify must be sampled, full or none, not {value!r}")
     return mode

@@ -106,7 +106,7 @@ def needs_pad(rows: int, window: int, extra_row: bool = False) -> bool:
     """Whether a pass of `rows` x `window` tokens would run a one-row attention or leave a matmul a tile of one
     row. With the in-place graph's extra attention row (gqa_rows.py) attention never runs one row, so a
     one-token pass of two or more rows (the batcher's greedy rows) runs as it comes: padding it would double
-    its matmuls' rows (16 greedy rows: 1.37-1.43x the tokens/s unpadded, docs/bench/2026-12-06-batch-pad.md)."""
+    its matmuls' rows (16 int4 greedy rows: 1.45x the tokens/s unpadded, docs/bench/2026-12-06-batch-pad.md)."""
     return (window == 1 and not extra_row) or rows * window % TILE == 1
 
 
