@@ -8,8 +8,7 @@ file-backed resident memory after loading and after generating, decode tokens/s 
 kinds of run, in this order each repeat:
 
 - `artifact`: JACOBI_RT_CACHE=off (so `mapped=True` maps nothing and the exact-rows check runs, as at a first
-  load on a CPU), the session made from the artifact's
-  graph (prepacked in anonymous memory);
+  load on a CPU), the session made from the artifact's graph (prepacked in anonymous memory);
 - `first`: an empty cache folder: the load makes the mapped session's entry (in a child process), then maps it;
 - `mapped`: the same folder again: the entry is mapped;
 - `default`: the same folder, `mapped=False`: what a user's second load gets (the artifact's session, the

@@ -114,7 +114,7 @@ class Generator:
         prompt whole.
         mapped: on the CPU, map the graph optimized and prepacked for this CPU, made at the first such load under
         $JACOBI_RT_CACHE/sessions (runtime/backends/ort_session.py): loads in about half the time, processes
-        share the weights' pages, disk about the weights again; decode measured 0.93x at 8B (file pages).
+        share the weights' pages, disk about the weights again; decode measured 0.93x at 8B.
         """
         from .backends.onnxrt import OrtBackend
 

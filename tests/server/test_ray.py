@@ -17,6 +17,7 @@ pytest.importorskip(
 )
 openai = pytest.importorskip("openai", reason="the Ray Serve tests use the openai package (the dev extra)")
 import httpx  # noqa: E402
+from loopback import free_port  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from jacobi_rt.runtime.errors import ArtifactError, InputError  # noqa: E402
@@ -27,12 +28,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 MODEL = "smollm2-135m"
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time", "def fibonacci(n):"]
 TOKENS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +50,7 @@ def ray_url(artifact, session_cache):
         env.setenv("JACOBI_RT_CACHE", str(session_cache))
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        port = _free_port()
+        port = free_port()
         settings = ServerSettings(model_id=MODEL, max_batch=1, queue_size=16)
         spec = ReplicaSpec(PinnedArtifact.of(artifact(MODEL)), settings, threads=1, mapped=True)
         run(spec, RayPlan(replicas=2), host="127.0.0.1", port=port)

@@ -5,25 +5,19 @@ loopback port, real HTTP."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
+from loopback import free_port
 
 PROMPT, TOKENS = "The quick brown fox", 24
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(folder, cache, *flags) -> tuple[subprocess.Popen, str]:
     """`jacobi-rt serve FOLDER` with JACOBI_RT_CACHE=cache, once it answers /health: (process, url)."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "JACOBI_RT_CACHE": str(cache)}
     command = [sys.executable, "-m", "jacobi_rt", "serve", str(folder), "--port", str(port), "--threads", "1", *flags]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
