@@ -1,8 +1,9 @@
-"""A/B of two jacobi-rt installations on the same artifact: lone streams, the two taking turns.
+"""A/B of two jacobi-rt installations, or of two exports of one model: lone streams, the two taking turns.
 
 Each side is a Python with its own jacobi-rt installed (e.g. the previous commit in one virtual
-environment, this checkout in another); each loads the artifact once in a worker process of its
-own, then the prompts run A, B, B, A, ... per strategy (turns alternate who goes first), so a
+environment, this checkout in another; both default to this Python) and an artifact (B's own with
+`--b-artifact`: the export before and after an exporter change); each loads its artifact once in a
+worker process of its own, then the prompts run A, B, B, A, ... per strategy (turns alternate who goes first), so a
 noisy machine hits both alike (but run both start orders, `--b-first`: the worker started second is
 favoured on a 2-core machine). Per side: median tokens/s of the stream (new tokens after the
 first / the time after it) and median time to first token, and B / A for both; every answer of
@@ -10,6 +11,7 @@ B must equal A's.
 
     python -m benchmarks.ab_bench --a /work/base/.venv/bin/python --b .venv/bin/python \\
         build/smollm2-135m --draft build/smollm2-135m-int8 --strategies greedy,lookahead,speculative,auto
+    python -m benchmarks.ab_bench build/before --b-artifact build/after --draft build/smollm2-135m-int8
 
 The worker side (`--worker`) uses only the public Generator API that both sides have.
 """
@@ -138,8 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft", default=None)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--a", help="the Python of side A (e.g. the previous commit's environment)")
+    parser.add_argument(
+        "--a", default=sys.executable, help="the Python of side A (e.g. the previous commit's environment)"
+    )
     parser.add_argument("--b", default=sys.executable, help="the Python of side B (default: this one)")
+    parser.add_argument("--b-artifact", default=None, help="side B's artifact (default: ARTIFACT, as side A's)")
     parser.add_argument("--strategies", default="greedy,lookahead,speculative,auto")
     parser.add_argument("--prompts", type=int, default=8, help="chat prompts (of 16)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -155,13 +160,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         return worker(args.artifact, args.draft, args.threads)
     strategies = args.strategies.split(",")
+    b_artifact = args.b_artifact or args.artifact
     if args.b_first:
-        b = Side(args.b, args.artifact, args.draft, args.threads)
+        b = Side(args.b, b_artifact, args.draft, args.threads)
         a = Side(args.a, args.artifact, args.draft, args.threads)
     else:
         a, b = (
             Side(args.a, args.artifact, args.draft, args.threads),
-            Side(args.b, args.artifact, args.draft, args.threads),
+            Side(args.b, b_artifact, args.draft, args.threads),
         )
     try:
         table = run(

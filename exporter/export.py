@@ -135,7 +135,7 @@ def _export_into(folder: Path, source, options: ExportOptions, step, check_progr
     graph = folder / graphs[PORTABLE]
 
     weights = None
-    if quantize or options.weights == "gguf":  # the same weight pass over every graph file
+    if options.quantized:  # the same weight pass over every graph file
         gguf_path = source.folder / source.gguf_file if source.gguf_file else None
         weights = weight_step.quantize_graphs(
             folder, graphs, gguf_path, options, step, max_positions=shape.max_positions
@@ -219,6 +219,7 @@ def _trace_and_check(
         check = {"vs_pytorch": report.to_dict()}
         graphs = {PORTABLE: GRAPH_FILE}
         if options.inplace:  # a second graph, onnxruntime's in-place KV cache (exporter/graph/inplace.py)
+            from .attention.gqa_rows import wanted
             from .graph.inplace import add_inplace_graph
 
             extra, check[INPLACE] = add_inplace_graph(
@@ -233,6 +234,7 @@ def _trace_and_check(
                 weights(),
                 None if method == "full" else graph,
                 lambda: _weights_in(opened),
+                extra_row=wanted(options.matmul_level),
             )
             graphs.update(extra)
     return graphs, check

@@ -56,7 +56,7 @@ class ExportOptions:
                 "quantize",
                 "weights",
             )
-        if self.graphs_from is not None and not (self.quantize or self.weights == "gguf"):
+        if self.graphs_from is not None and not self.quantized:
             raise OptionError(
                 "`graphs_from` reuses an artifact's graphs for a weight pass: add `quantize` or `weights` gguf "
                 "(without one, the export would be a copy of that artifact)",
@@ -64,7 +64,7 @@ class ExportOptions:
                 "quantize",
                 "weights",
             )
-        if self.dtype != "fp32" and (self.quantize or self.weights == "gguf"):
+        if self.dtype != "fp32" and self.quantized:
             raise OptionError(
                 "quantized weights (`quantize`, `weights` gguf) need `dtype` fp32", "quantize", "weights", "dtype"
             )
@@ -72,6 +72,16 @@ class ExportOptions:
     @property
     def torch_dtype(self) -> str:
         return DTYPES[self.dtype]
+
+    @property
+    def quantized(self) -> bool:
+        """The MatMul weights become MatMulNBits blocks (`quantize`, or `weights` gguf)."""
+        return bool(self.quantize) or self.weights == "gguf"
+
+    @property
+    def matmul_level(self) -> int | None:
+        """The MatMulNBits accuracy level of the exported weights; None when they stay float MatMuls."""
+        return self.accuracy_level if self.quantized else None
 
 
 def _one_of(parameter: str, value, allowed) -> None:

@@ -53,9 +53,7 @@ class Generator:
         self.backend = backend
         self.manifest: Manifest = backend.manifest
         self.tokenizer = tokenizer
-        overrides = (
-            {} if prefill_chunk is None else {"batch.prefill_chunk": prefill_chunk}
-        )  # the argument maps onto the config
+        overrides = {} if prefill_chunk is None else {"batch.prefill_chunk": prefill_chunk}  # the argument's field
         self.config = DEFAULTS.with_overrides(config).with_overrides(overrides)
         self.prefill_chunk = self.config.batch.prefill_chunk or PREFILL_CHUNK
         self.draft = draft  # a draft model's backend for speculative decoding (same vocabulary)

@@ -95,10 +95,12 @@ class Manifest:
 
     @property
     def attention_extra_row(self) -> bool:
-        """The in-place graph's GroupQueryAttention runs one extra query row (exporter/attention/gqa_rows.py), so its
-        windows are bitwise one-token passes at level 4 too; its cache needs one spare entry, which the
-        extra row's key and value are written into when a window ends at the capacity."""
-        return bool((self.check.get("weights") or {}).get("attention_extra_row"))
+        """The in-place graph's GroupQueryAttention runs one extra query row (exporter/attention/gqa_rows.py), so
+        no one-token pass takes its one-row path; its cache needs one spare entry, which the extra row's key and
+        value are written into when a window ends at the capacity. Said by the in-place trace (float weights and
+        level 4) or by the weight pass (level 4 on a `graphs_from` source)."""
+        inplace, weights = self.check.get("inplace") or {}, self.check.get("weights") or {}
+        return bool(inplace.get("extra_row") or weights.get("attention_extra_row"))
 
     @property
     def inplace_attention(self) -> str | None:

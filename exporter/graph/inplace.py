@@ -28,6 +28,7 @@ from ..attention.attention import attention_swapped
 from ..attention.gqa import translation
 from ..attention.gqa_layout import feed_gqa_3d
 from ..attention.gqa_packed import pack_attention
+from ..attention.gqa_rows import pad_attention_rows
 from .rotary import fuse_rotary
 from .skip_norms import fuse_skip_norms
 
@@ -158,9 +159,12 @@ def sample_inputs(shape, dtype, batch=2, window=3, lengths=(1, 4), capacity=11) 
     )
 
 
-def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = ATTENTION, weights=None) -> str:
+def export_inplace_onnx(
+    model, shape, path: Path, opset: int, attention: str = ATTENTION, weights=None, extra_row: bool = True
+) -> str:
     """torch.onnx.export (dynamo) of the in-place window graph, then the contract's axis names.
-    Returns how its layers were made (stitch.py)."""
+    extra_row: the gqa form's attention gets gqa_rows.py's extra query row. Returns how its layers were made
+    (stitch.py)."""
     from dataclasses import asdict
 
     from torch.export import Dim
@@ -193,17 +197,21 @@ def export_inplace_onnx(model, shape, path: Path, opset: int, attention: str = A
         shape.num_layers,
         spec.INPLACE,
         translation(attention),
-        partial(onnxruntime_fusions, max_positions=shape.max_positions) if attention == "gqa" else None,
+        partial(onnxruntime_fusions, max_positions=shape.max_positions, extra_row=extra_row)
+        if attention == "gqa"
+        else None,
         weights,
     )
 
 
-def onnxruntime_fusions(onnx_model, max_positions: int) -> None:
+def onnxruntime_fusions(onnx_model, max_positions: int, extra_row: bool) -> None:
     """The contrib-op rewrites of the gqa form, in the trace's own load and save (so its check covers them)."""
     fuse_skip_norms(onnx_model)
     fuse_rotary(onnx_model, max_positions)
     feed_gqa_3d(onnx_model)
     pack_attention(onnx_model)
+    if extra_row:
+        pad_attention_rows(onnx_model)
 
 
 def add_inplace_graph(
@@ -218,6 +226,7 @@ def add_inplace_graph(
     weights=None,
     portable: Path | None = None,
     weights_in=contextlib.nullcontext,
+    extra_row: bool = True,
 ) -> tuple[dict, dict]:
     """Export and check the in-place graph in `folder`: ({"inplace": file}, check figures with the
     attention form), or ({}, {"skipped": why}) when this family cannot map onto it (the artifact
@@ -225,6 +234,7 @@ def add_inplace_graph(
     The reference is PyTorch (the model holds its weights), or `portable`, the portable graph's file
     when it was checked layer by layer (a model too big for the whole check): both run stage by stage.
     weights_in: as check.check_against_torch's (the default: the model holds its weights).
+    extra_row: the attention gets gqa_rows.py's extra query row (gqa_rows.wanted says for which weights).
 
     check_progress(n): as export()'s, called when the check starts (a bar made before the trace
     would count the trace's minutes as the first shape's)."""
@@ -235,7 +245,7 @@ def add_inplace_graph(
     if reason is None:
         step(f"tracing the in-place graph ({attention} attention, opset {opset})")
         try:
-            step(f"  {export_inplace_onnx(model, shape, path, opset, attention, weights)}")
+            step(f"  {export_inplace_onnx(model, shape, path, opset, attention, weights, extra_row)}")
         except JacobiError:
             raise
         except Exception as exc:  # torch.export / onnxscript raise many types for an architecture they cannot trace
@@ -246,7 +256,8 @@ def add_inplace_graph(
         step(f"no in-place graph for this model: {reason}")
         return {}, {"skipped": reason}
     report = _check(model, shape, path, dtype, portable, step, check_progress, max_context, weights_in)
-    return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention}
+    extra_row = extra_row and attention == "gqa"  # the scatter form has no GroupQueryAttention to pad
+    return {spec.INPLACE: GRAPH_FILE}, {**report.to_dict(), "attention": attention, "extra_row": extra_row}
 
 
 def _check(

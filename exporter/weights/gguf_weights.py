@@ -83,7 +83,7 @@ class WeightPlan:
 
     matrices: dict[str, Planned] = field(default_factory=dict)
     kept_float: dict[str, tuple[str, str]] = field(default_factory=dict)  # initializer -> (tensor type, why)
-    padded_attention: int = 0  # GroupQueryAttention nodes given an extra query row (gqa_rows.py), level 4 only
+    padded_attention: int = 0  # GroupQueryAttention nodes with the extra query row (gqa_rows.py), level 4 only
 
     def tensor_types(self) -> dict[str, int]:
         return dict(Counter(m.kind for m in self.matrices.values()))

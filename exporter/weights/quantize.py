@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..attention.gqa_rows import pad_attention_rows
+from ..attention.gqa_rows import pad_attention_rows, wanted
 from ..graph.rotary import attribute, fuse_rotary, live_nodes
 from ..graph.skip_norms import fuse_skip_norms
 from .blocks import BLOCK, BlockMatrix, quantize_float
@@ -128,8 +128,8 @@ def quantize_graph_file(
     tables = {_initializer(k) for k in plan.matrices if k.startswith("gather:")}
     written = rewrite(model, matrices, tables, accuracy_level, siblings, weights)
     fuse_skip_norms(model)  # the graph holds contrib ops now: onnxruntime-only
-    if accuracy_level == 4:  # int8 activations: GroupQueryAttention's one-row path must not be taken (gqa_rows.py)
-        plan.padded_attention = pad_attention_rows(model)
+    if wanted(accuracy_level):  # int8 activations: GroupQueryAttention's one-row path must not be taken
+        plan.padded_attention = pad_attention_rows(model)  # the trace's row kept, a graphs_from source's added
     if max_positions is not None:
         fuse_rotary(model, max_positions)
     values.write_rest(model, weights, written)

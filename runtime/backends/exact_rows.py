@@ -8,9 +8,10 @@ only if a row's logits do not depend on how many rows share its pass, and on a C
   graph's attention matmuls: Q K^T and P V per head, M = the window) on a kernel of its own
   (`KernelM1Routine`), whose sums differ in the last bits from the many-row kernel's (onnxruntime
   1.32, AMD EPYC with AVX2: 9.5e-6 at K = 64, 3.8e-5 at K = 576; every M >= 2 gives a row the same
-  bits). GroupQueryAttention (the in-place graph) has a one-token path of its own too
-  (exporter/attention/gqa_rows.py). So float32 artifacts are not exact as the passes come either: SmolLM2's
-  float artifact left greedy at token 30 of a prompt with a 6-layer draft (CI, 2026-12-03).
+  bits). GroupQueryAttention (the in-place graph) has a one-token path of its own too, which the
+  exporter's extra attention row keeps every pass off (exporter/attention/gqa_rows.py: float and level-4
+  exports since 2026-12-06). So float32 artifacts without it are not exact as the passes come either:
+  SmolLM2's float artifact left greedy at token 30 of a prompt with a 6-layer draft (CI, 2026-12-03).
 - A one-row MatMulNBits tile (int8 activations, accuracy level 4). MLAS cuts a MatMulNBits of M rows
   into tiles of 128 rows (MlasQNBitGemmBatch), and on x86-64 with AVX2 but no AVX-512 a tile of
   exactly one row of 4-bit weights in blocks of 32 or more takes a one-row kernel

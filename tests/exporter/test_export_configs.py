@@ -94,6 +94,7 @@ def test_dynamic_rope_with_a_head_size_gqa_cannot_take(case, hf_model):
     folder, artifact, manifest = case("dynamic-head8")
     assert manifest.architecture.head_dim == 8
     assert manifest.check["inplace"]["attention"] == "scatter"  # GroupQueryAttention needs a multiple of 16
+    assert not manifest.attention_extra_row  # no GroupQueryAttention to give the extra row (gqa_rows.py)
     assert manifest.max_context == 256
     assert_checked(manifest)
     assert_generation_is_greedy(artifact, hf_model(folder), PROMPT, 24)

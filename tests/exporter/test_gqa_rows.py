@@ -1,9 +1,11 @@
-"""GroupQueryAttention with one extra query row (exporter/attention/gqa_rows.py) in level-4 weight variants.
+"""GroupQueryAttention with one extra query row (exporter/attention/gqa_rows.py): float and level-4 graphs.
 
 A tiny Llama GGUF exported at accuracy level 4: the in-place graph's attention nodes get the extra
 row, the manifest says so, a window that ends at the context's capacity still fits (the spare
-entry), and a chain window's rows are bitwise one-token passes. The
-real model's check (where the unpadded graph fails it) is in test_export_smollm2_gguf.py.
+entry), and a chain window's rows are bitwise one-token passes. Every tiny family's float export
+has the row too (its in-place check ran on the graph with it), so no one-token pass is padded;
+level 0 has none. The real model's check (where the unpadded graph fails it) is in
+test_export_smollm2_gguf.py.
 """
 
 from __future__ import annotations
@@ -28,18 +30,54 @@ def level4(tmp_path_factory):
     return root / "gguf", manifest
 
 
-def test_every_attention_node_reads_one_more_row(level4):
-    folder, manifest = level4
-    assert manifest.check["weights"]["attention_extra_row"] is True
-    graph = onnx.load(str(folder / manifest.graphs["inplace"])).graph
+def attention_nodes_with_the_row(folder, manifest) -> tuple[int, int]:
+    """(GroupQueryAttention nodes, those whose query is padded and whose output is sliced) of the in-place graph."""
+    graph = onnx.load(str(folder / manifest.graphs["inplace"]), load_external_data=False).graph
     producer = {o: n for n in graph.node for o in n.output}
     consumer = {i: n for n in graph.node for i in n.input}
     attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
-    assert attention
+    padded = [
+        n for n in attention if producer[n.input[0]].op_type == "Pad" and consumer[n.output[0]].op_type == "Slice"
+    ]
+    return len(attention), len(padded)
+
+
+def test_every_attention_node_reads_one_more_row(level4):
+    folder, manifest = level4
+    assert manifest.check["weights"]["attention_extra_row"] is True and manifest.attention_extra_row
+    graph = onnx.load(str(folder / manifest.graphs["inplace"])).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert attention and attention_nodes_with_the_row(folder, manifest) == (len(attention), len(attention))
     for node in attention:
         assert all(producer[node.input[i]].op_type == "Pad" for i in (0, 9, 10))  # q|k|v packed, positions, bias
         assert list(node.input[1:3]) == ["", ""]
-        assert consumer[node.output[0]].op_type == "Slice"
+
+
+def test_a_float_export_gives_its_attention_the_row(exported):
+    """The in-place trace pads the float graph's attention (gqa_rows.wanted(None)), once, before its check."""
+    from jacobi_rt.runtime.backends.onnxrt import OrtBackend
+
+    manifest = exported.manifest
+    assert manifest.check["inplace"]["attention"] == "gqa"  # every tiny family's head size is a multiple of 16
+    nodes, padded = attention_nodes_with_the_row(exported.artifact, manifest)
+    assert nodes == padded == manifest.architecture.num_layers
+    assert manifest.check["inplace"]["extra_row"] is True and manifest.attention_extra_row
+    backend = OrtBackend(exported.artifact, manifest, device="cpu", threads=1, graph="inplace")
+    assert backend.extra_row and backend.spare_entries >= 1
+    assert backend.rows.mode in ("native", "padded")
+
+
+def test_padding_twice_adds_nothing(exported):
+    """The weight pass of a `graphs_from` export meets a float graph that has the row: it keeps it as it is."""
+    from jacobi_rt.exporter.attention.gqa_rows import pad_attention_rows
+
+    manifest = exported.manifest
+    assert manifest.check["inplace"]["attention"] == "gqa"  # every tiny family's head size is a multiple of 16
+    model = onnx.load(str(exported.artifact / manifest.graphs["inplace"]), load_external_data=False)
+    before = [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+    assert pad_attention_rows(model) == manifest.architecture.num_layers
+    assert [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node] == before
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +93,7 @@ def level0(tmp_path_factory):
 
 def test_level_0_keeps_the_one_row_path(level0):
     folder, manifest = level0
-    assert manifest.check["weights"]["attention_extra_row"] is False
+    assert manifest.check["weights"]["attention_extra_row"] is False and not manifest.attention_extra_row
     graph = onnx.load(str(folder / manifest.graphs["inplace"])).graph
     assert not any(n.op_type == "Pad" for n in graph.node)
 

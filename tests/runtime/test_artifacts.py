@@ -60,7 +60,13 @@ def test_an_unchecked_inplace_graph_is_not_chosen_for_you(copy):
     portable graph; asking for the in-place one warns, and both agree."""
     assert Generator.load(copy).backend.graph == "inplace"
     manifest = json.loads((copy / "jacobi.json").read_text())
-    manifest["check"]["inplace"] = {"method": "none", "unchecked": "checked layer by layer", "attention": "gqa"}
+    extra_row = manifest["check"]["inplace"]["extra_row"]  # what the graph file has (its cache's spare entry)
+    manifest["check"]["inplace"] = {
+        "method": "none",
+        "unchecked": "checked layer by layer",
+        "attention": "gqa",
+        "extra_row": extra_row,
+    }
     (copy / "jacobi.json").write_text(json.dumps(manifest))
     auto = Generator.load(copy)
     assert auto.backend.graph == "portable"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jacobi_rt.runtime.backends.inplace import OrtInplaceContext
-from jacobi_rt.runtime.backends.onnxrt import OrtBackend, OrtContext
+from jacobi_rt.runtime.backends.onnxrt import OrtBackend, OrtContext, _pick_graph
 from jacobi_rt.runtime.errors import BackendError
 from jacobi_rt.runtime.manifest import load_manifest
 
@@ -92,13 +92,16 @@ def test_auto_is_inplace_on_cpu(artifact):
     ],
 )
 def test_auto_runs_the_inplace_graph_only_where_it_is_exact(artifact, quantization, weights, graph, branches):
+    """The choice on manifests of quantized exports (the weight pass's word on the extra row alone: as a float
+    trace made them before it gave the row itself); loads only on a manifest true to the graph (its spare entry)."""
     folder = artifact("llama")
     manifest = load_manifest(folder)
-    check = {**manifest.check, **({"weights": weights} if weights else {})}
-    quantized = dataclasses.replace(manifest, quantization=quantization, check=check)
-    assert OrtBackend(folder, quantized, "cpu", 1).graph == graph
-    assert OrtBackend(folder, quantized, "cpu", 1).limits.branches is branches  # level 4: one chain a pass
-    assert OrtBackend(folder, quantized, "cpu", 1, graph="inplace").graph == "inplace"  # asked for, it is given
+    older = {**manifest.check, "inplace": {**manifest.check["inplace"], "extra_row": False}}
+    quantized = dataclasses.replace(manifest, quantization=quantization, check={**older, "weights": weights or {}})
+    assert _pick_graph(quantized, "auto", "cpu") == graph
+    assert _pick_graph(quantized, "inplace", "cpu") == "inplace"  # asked for, it is given
+    true = dataclasses.replace(quantized, check={**quantized.check, "inplace": manifest.check["inplace"]})
+    assert OrtBackend(folder, true, "cpu", 1).limits.branches is branches  # level 4: one chain a pass
 
 
 def test_an_artifact_without_the_inplace_graph_loads_the_portable_one(artifact):
