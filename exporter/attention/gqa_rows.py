@@ -51,9 +51,7 @@ def pad_attention_rows(model) -> int:
 
     graph = model.graph
     producer = {o: n.op_type for n in graph.node for o in n.output}
-    taken = (
-        {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer} | {i.name for i in graph.input}
-    )
+    taken = set(producer) | {i.name for i in graph.initializer} | {i.name for i in graph.input}
     counter = [0]
 
     def name(base: str) -> str:
