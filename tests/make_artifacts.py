@@ -3,6 +3,7 @@
     python tests/make_artifacts.py OUTDIR [--smollm2] [--jobs 2]
 
 writes OUTDIR/<family>/ and its 1-layer draft OUTDIR/<family>-draft1/ for each tiny family,
+OUTDIR/llama-5layers/ and OUTDIR/gpt2-5layers/ (stitched exports: the exporter tests of several files read them),
 OUTDIR/llama-othervocab-draft1/ (a draft with another vocabulary), OUTDIR/llama-gguf-q4_1/ (a tiny
 Llama GGUF on its own Q4_1 blocks: int8 activations, accuracy level 4), and OUTDIR/smollm2-135m/
 with its drafts OUTDIR/smollm2-135m-int8/ and OUTDIR/smollm2-135m-draft6/, and
@@ -127,6 +128,7 @@ def jobs(outdir: Path, smollm2: bool) -> list[Job]:
             Job(name, export_smollm2_variant, (name, outdir), options.get("graphs_from"))
             for name, options in SMOLLM2_VARIANTS.items()
         ]
+    listed += [Job(name, export_family, (name, outdir / name)) for name in tiny_models.STITCHED]
     listed += [Job(family, export_tiny, (family, outdir)) for family in FAMILIES]
     listed.append(Job("llama-othervocab-draft1", export_draft, ("llama", outdir / "llama-othervocab-draft1", True)))
     listed.append(Job(TINY_GGUF, export_tiny_gguf, (outdir / TINY_GGUF,)))

@@ -6,6 +6,7 @@ here on a built-in text, with an EOS token and a chat template. Needs torch + tr
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 CORPUS = (
@@ -23,6 +24,15 @@ VOCAB = 384
 
 
 def tiny_config(family: str):
+    """The tiny config of `family`; "<family>-<n>layers" is that family with n layers of the first one's kind
+    (past stitch.TRACED layers, the export traces 3 and writes the rest as copies)."""
+    deeper = re.fullmatch(r"(.+)-(\d+)layers", family)
+    if deeper:
+        config = tiny_config(deeper[1])
+        config.num_hidden_layers = int(deeper[2])
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = [config.layer_types[0]] * config.num_hidden_layers
+        return config
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
@@ -67,6 +77,9 @@ def tiny_config(family: str):
 
 
 FAMILIES = ["llama", "llama-mha-tied", "mistral", "qwen2", "qwen3", "gpt2"]
+# 5-layer models whose export is stitched (Llama, and GPT-2's Conv1D), shared by the streamed export's, the
+# layer check's and the weight pass's tests (tests/make_artifacts.py exports them once for every worker).
+STITCHED = ["llama-5layers", "gpt2-5layers"]
 
 # Families beyond the first six, each shrunk from a real checkpoint's config.json: the structural
 # fields kept (norms, biases, rotary share and scaling, multipliers, capping, layer types), the

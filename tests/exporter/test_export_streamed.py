@@ -17,13 +17,9 @@ def _export(model_dir: Path, out: Path, **options):
     return export(str(model_dir), out, ExportOptions(**options), overwrite=True)
 
 
-def _stitched(family: str, folder: Path, layers: int = 5, dtype=None, shard: str | None = None) -> Path:
+def _stitched(family: str, folder: Path, dtype=None, shard: str | None = None) -> Path:
     """A tiny `family` model with enough layers that the export writes some as copies (stitch.py)."""
-    config = tiny_config(family)
-    config.num_hidden_layers = layers
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = [config.layer_types[0]] * layers
-    return save_tiny_model(config, folder, dtype=dtype, max_shard_size=shard)
+    return save_tiny_model(tiny_config(f"{family}-5layers"), folder, dtype=dtype, max_shard_size=shard)
 
 
 def _graph_locations(folder: Path) -> set[str]:
@@ -37,19 +33,21 @@ def _graph_locations(folder: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def streamed_llama(tmp_path_factory):
-    """(source, its streamed artifact, the manifest): a 5-layer Llama, shared by the tests that read it."""
-    root = tmp_path_factory.mktemp("streamed-llama")
-    source = _stitched("llama", root / "model")
-    return source, root / "streamed", _export(source, root / "streamed")
+def streamed_llama(tiny_artifact):
+    """(source, its streamed artifact, the manifest): a 5-layer Llama exported with the default options
+    (tiny_models.STITCHED: CI's prebuilt one), shared by the tests that read it."""
+    exported = tiny_artifact("llama-5layers")
+    return exported.model_dir, exported.artifact, exported.manifest
 
 
 # Qwen2 and the other families' reads are compared with transformers' load in test_weight_source.py;
-# these cover an untied and a tied Llama and GPT-2's Conv1D weights end to end.
+# these cover an untied and a tied Llama and GPT-2's Conv1D weights end to end. The streamed export is the
+# session's (the default options stream) where there is one of that model.
 @pytest.mark.parametrize("family", ["llama", "llama-mha-tied", "gpt2"])
-def test_streamed_equals_loaded_whole(family, tmp_path, request):
-    if family == "llama":
-        source, folder, streamed = request.getfixturevalue("streamed_llama")
+def test_streamed_equals_loaded_whole(family, tmp_path, tiny_artifact):
+    if family in ("llama", "gpt2"):
+        exported = tiny_artifact(f"{family}-5layers")
+        source, folder, streamed = exported.model_dir, exported.artifact, exported.manifest
     else:
         source, folder = _stitched(family, tmp_path / "model"), tmp_path / "streamed"
         streamed = _export(source, folder)

@@ -21,9 +21,14 @@ from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def level4(tmp_path_factory):
+def level4(tmp_path_factory, prebuilt):
+    """(folder, manifest) of the tiny Q4_1 GGUF on its own blocks: CI's prebuilt one (make_artifacts.TINY_GGUF,
+    the same export) or a fresh export."""
     from jacobi_rt.exporter import ExportOptions, export
 
+    found = prebuilt("llama-gguf-q4_1")
+    if found is not None:
+        return found
     root = tmp_path_factory.mktemp("gqa-rows")
     path = write_tiny_gguf(root / "tiny-Q4_1.gguf", "Q4_1")
     manifest = export(str(path), root / "gguf", ExportOptions(weights="gguf"))

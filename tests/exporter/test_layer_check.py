@@ -10,25 +10,13 @@ LAYERS = 5
 
 
 @pytest.fixture(scope="module")
-def five_layers(tmp_path_factory):
-    """five_layers(family) -> (model folder, artifact folder), a 5-layer tiny model exported once."""
-    from tiny_models import save_tiny_model, tiny_config
-
-    from jacobi_rt.exporter import export
-
-    root = tmp_path_factory.mktemp("five-layers")
-    done = {}
+def five_layers(tiny_artifact):
+    """five_layers(family) -> (model folder, artifact folder): the session's 5-layer export of the family
+    (tiny_models' "<family>-5layers": CI's prebuilt one for Llama and GPT-2)."""
 
     def get(family: str):
-        if family not in done:
-            config = tiny_config(family)
-            config.num_hidden_layers = LAYERS
-            if getattr(config, "layer_types", None):
-                config.layer_types = (config.layer_types * LAYERS)[:LAYERS]
-            save_tiny_model(config, root / f"{family}-hf")
-            export(str(root / f"{family}-hf"), root / family)
-            done[family] = (root / f"{family}-hf", root / family)
-        return done[family]
+        exported = tiny_artifact(f"{family}-{LAYERS}layers")
+        return exported.model_dir, exported.artifact
 
     return get
 

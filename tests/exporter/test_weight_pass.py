@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from tiny_models import FAMILIES
+from tiny_models import FAMILIES, STITCHED
 from weight_golden import CASES, DATA, describe, export_case, kernels
 
 HERE = Path(__file__).resolve().parent
@@ -21,13 +21,13 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory, tiny_artifact) -> tuple[str, Path, Path]:
-    """(case, its weight variant's folder, the float artifact it was made from). A case on a tiny family
-    as it is ("llama", "llama-mha-tied") starts from the session's float artifact of that family (CI's
+    """(case, its weight variant's folder, the float artifact it was made from). A case on a tiny model
+    CI exports ("llama", "llama-mha-tied", "llama-5layers") starts from the session's float artifact of it (CI's
     prebuilt one), not an export of its own: the same model and options, which the recorded float digests check."""
     root = tmp_path_factory.mktemp(request.param)
     source = CASES[request.param][0]
     base = None
-    if source in FAMILIES:
+    if source in FAMILIES or source in STITCHED:
         exported = tiny_artifact(source)
         base = (exported.model_dir, exported.artifact)
     folder, float_folder = export_case(request.param, root, base)

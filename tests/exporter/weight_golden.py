@@ -35,7 +35,7 @@ PROMPT = [5, 17, 33, 2, 9]
 CASES = {
     "llama-int4": ("llama", {"quantize": "int4"}),
     "llama-mha-tied-int4": ("llama-mha-tied", {"quantize": "int4"}),  # the LM head through a folded Transpose
-    "llama5-int8": ("llama:5", {"quantize": "int8"}),  # 5 layers: the graph is stitched
+    "llama5-int8": ("llama-5layers", {"quantize": "int8"}),  # 5 layers: the graph is stitched
     "gguf-q4_1": ("gguf:Q4_1", {"weights": "gguf"}),  # offsets, permuted q/k rows
     "gguf-q8_0-tied": ("gguf:Q8_0:tied", {"weights": "gguf"}),  # GatherBlockQuantized sharing the head's blocks
     "gguf-q4_0-v-q8_0": ("gguf:Q4_0:v=Q8_0", {"weights": "gguf"}),  # packed q|k|v of two block layouts
@@ -45,7 +45,7 @@ CASES = {
 def make_source(source: str, root: Path) -> Path:
     """The model (folder or .gguf) of a case, written under root."""
     sys.path[:0] = [str(HERE.parent)]
-    from tiny_models import make_tiny_model, save_tiny_model, tiny_config
+    from tiny_models import make_tiny_model
 
     parts = source.split(":")
     if parts[0] == "gguf":
@@ -55,17 +55,13 @@ def make_source(source: str, root: Path) -> Path:
         return write_tiny_gguf(
             root / f"{source.replace(':', '-')}.gguf", parts[1], tied="tied" in parts, overrides=overrides
         )
-    if len(parts) == 2:
-        config = tiny_config(parts[0])
-        config.num_hidden_layers = int(parts[1])
-        return save_tiny_model(config, root / source.replace(":", "-"))
     return make_tiny_model(source, root / source)
 
 
 def export_case(case: str, root: Path, base: tuple[Path, Path] | None = None) -> tuple[Path, Path]:
     """Export the case's float artifact, then its weight variant from those graphs; return (the variant's
     folder, the float artifact's). base: (model folder, its float artifact) already exported with the
-    default options (a tiny family's session artifact, tests/exporter/conftest.py), used instead of
+    default options (a tiny model's session artifact, tests/exporter/conftest.py), used instead of
     exporting them again; the recorded float digests tell whether it is the same float export."""
     from jacobi_rt.exporter import ExportOptions, export
 
