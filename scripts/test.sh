@@ -7,8 +7,9 @@
 #     engine and server tests against those artifacts, proving they need no PyTorch. They run
 #     there only, not twice: a plain `pytest` in the export environment still runs everything.
 #  3. ruff's lint and format check over the whole tree (pyproject.toml's [tool.ruff]).
-#  The two suites run at once, the exporter's in two workers (in all 28.9 minutes on 2 cores with other work
-#  beside it: docs/bench/2026-12-06-ci-time.md); the runtime suite's report is printed after the exporter's.
+#  The suites run one after the other, each in two workers (a test file each at a time, so that its module
+#  fixtures stay in one worker): run side by side, three processes on two cores, onnxruntime's spinning thread
+#  pools made both slower than in turn (docs/bench/2026-12-07-ci-time.md).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -39,7 +40,7 @@ lean_log="$here/build/runtime-env-setup.log"
 echo "== torch-free environment: installing in the background (log: $lean_log)"
 ( python3 -m venv "$lean" \
   && "$lean/bin/python" -m pip install -q --upgrade pip \
-  && "$lean/bin/python" -m pip install -q "$here[cpu,serve,structured]" pytest httpx openai jsonschema ) >"$lean_log" 2>&1 &
+  && "$lean/bin/python" -m pip install -q "$here[cpu,serve,structured]" pytest pytest-xdist httpx openai jsonschema ) >"$lean_log" 2>&1 &
 lean_setup=$!
 
 echo "== exporting test artifacts to $artifacts (two at a time)"
@@ -50,25 +51,14 @@ if [ -n "$qemu_setup" ]; then
     cat "$here/build/qemu-install.log"
 fi
 
-# The two suites run side by side: most of their time is one-threaded Python (tracing, the decoding
-# loop), so two cores take both in about the time of the longer. The runtime suite's report follows.
-runtime_log="$here/build/runtime-suite.log"
-echo "== runtime suite (torch-free environment), in the background (log: $runtime_log)"
-JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra --durations=25 tests/runtime tests/engines tests/server "$@" \
-    >"$runtime_log" 2>&1 &
-runtime_suite=$!
-
-# The exporter suites are the longer (about 25 CPU minutes against the runtime's 8): two workers, a test
-# file each at a time (its module fixtures stay in one worker), so that both cores stay busy once the
-# runtime suite is done.
 echo "== exporter, tools and docs suites (export environment, two workers)"
 status=0
 "$JACOBI_RT_VENV/bin/python" -m pytest -q -ra --durations=25 -n 2 --dist loadfile tests/exporter tests/tools tests/benchmarks tests/test_*.py \
     tests/runtime/test_vs_transformers.py tests/server/test_ray.py "$@" || status=$?
 
-echo "== runtime suite (torch-free environment): its report"
+echo "== runtime, engine and server suites (torch-free environment, two workers)"
 runtime_status=0
-wait "$runtime_suite" || runtime_status=$?
-cat "$runtime_log"
+JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra --durations=25 -n 2 --dist loadfile tests/runtime tests/engines tests/server "$@" \
+    || runtime_status=$?
 echo "== exporter suites: exit $status; runtime suite: exit $runtime_status; ruff: exit $lint_status"
 [ "$status" = 0 ] && [ "$runtime_status" = 0 ] && [ "$lint_status" = 0 ]
