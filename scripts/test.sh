@@ -8,8 +8,8 @@
 #     there only, not twice: a plain `pytest` in the export environment still runs everything.
 #  3. ruff's lint and format check over the whole tree (pyproject.toml's [tool.ruff]).
 #  The suites run one after the other, each in two workers (a test file each at a time, so that its module
-#  fixtures stay in one worker): run side by side, three processes on two cores, onnxruntime's spinning thread
-#  pools made both slower than in turn (docs/bench/2026-12-07-ci-time.md).
+#  fixtures stay in one worker): side by side, three processes on two cores took as long as the two in turn
+#  (docs/bench/2026-12-07-ci-time.md); in turn each has both cores and its report comes in order.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"

@@ -12,7 +12,8 @@ LAYERS = 5
 @pytest.fixture(scope="module")
 def five_layers(tiny_artifact):
     """five_layers(family) -> (model folder, artifact folder): the session's 5-layer export of the family
-    (tiny_models' "<family>-5layers": CI's prebuilt one for Llama and GPT-2)."""
+    (tiny_models' "<family>-5layers": CI's prebuilt one for Llama and GPT-2). check_layers writes its stage
+    graphs beside the graph and deletes them; no other test lists those folders."""
 
     def get(family: str):
         exported = tiny_artifact(f"{family}-{LAYERS}layers")
