@@ -72,13 +72,6 @@ def tiny_artifact(tiny_model, tmp_path_factory):
     return get
 
 
-@pytest.fixture(scope="session")
-def prebuilt():
-    """prebuilt(name) -> (folder, manifest) of JACOBI_RT_TEST_ARTIFACTS' artifact `name` (tests/make_artifacts.py),
-    or None: for an export that is not a tiny model folder's (a GGUF's)."""
-    return _prebuilt
-
-
 def _prebuilt(family: str) -> tuple[Path, object] | None:
     """(folder, manifest) of JACOBI_RT_TEST_ARTIFACTS' artifact of `family`, when there is one."""
     from jacobi_rt.runtime.errors import ArtifactError

@@ -21,18 +21,15 @@ from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def level4(tmp_path_factory, prebuilt):
-    """(folder, manifest) of the tiny Q4_1 GGUF on its own blocks: CI's prebuilt one (make_artifacts.TINY_GGUF,
-    the same export) or a fresh export."""
-    from jacobi_rt.exporter import ExportOptions, export
+def level4(artifact):
+    """(folder, manifest) of the tiny Q4_1 GGUF on its own blocks at level 4 (make_artifacts.TINY_GGUF: CI's
+    prebuilt one, else exported once by tests/conftest.py's `artifact`)."""
+    from make_artifacts import TINY_GGUF
 
-    found = prebuilt("llama-gguf-q4_1")
-    if found is not None:
-        return found
-    root = tmp_path_factory.mktemp("gqa-rows")
-    path = write_tiny_gguf(root / "tiny-Q4_1.gguf", "Q4_1")
-    manifest = export(str(path), root / "gguf", ExportOptions(weights="gguf"))
-    return root / "gguf", manifest
+    from jacobi_rt.runtime.manifest import load_manifest
+
+    folder = artifact(TINY_GGUF)
+    return folder, load_manifest(folder)
 
 
 def attention_nodes_with_the_row(folder, manifest) -> tuple[int, int]:
