@@ -51,14 +51,15 @@ if [ -n "$qemu_setup" ]; then
     cat "$here/build/qemu-install.log"
 fi
 
+suite_options=(-q -ra --durations=25 -n 2 --dist loadfile)  # both suites: two workers, a test file each at a time
 echo "== exporter, tools and docs suites (export environment, two workers)"
 status=0
-"$JACOBI_RT_VENV/bin/python" -m pytest -q -ra --durations=25 -n 2 --dist loadfile tests/exporter tests/tools tests/benchmarks tests/test_*.py \
+"$JACOBI_RT_VENV/bin/python" -m pytest "${suite_options[@]}" tests/exporter tests/tools tests/benchmarks tests/test_*.py \
     tests/runtime/test_vs_transformers.py tests/server/test_ray.py "$@" || status=$?
 
 echo "== runtime, engine and server suites (torch-free environment, two workers)"
 runtime_status=0
-JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest -q -ra --durations=25 -n 2 --dist loadfile tests/runtime tests/engines tests/server "$@" \
+JACOBI_RT_TORCH_FREE=1 "$lean/bin/python" -m pytest "${suite_options[@]}" tests/runtime tests/engines tests/server "$@" \
     || runtime_status=$?
 echo "== exporter suites: exit $status; runtime suite: exit $runtime_status; ruff: exit $lint_status"
 [ "$status" = 0 ] && [ "$runtime_status" = 0 ] && [ "$lint_status" = 0 ]
