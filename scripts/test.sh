@@ -9,7 +9,8 @@
 #  3. ruff's lint and format check over the whole tree (pyproject.toml's [tool.ruff]).
 #  The suites run one after the other, each in two workers (a test file each at a time, so that its module
 #  fixtures stay in one worker): side by side, three processes on two cores took as long as the two in turn
-#  (docs/bench/2026-12-07-ci-time.md); in turn each has both cores and its report comes in order.
+#  (docs/bench/2026-12-07-ci-time.md); in turn each has both cores and its report comes in order. Each worker
+#  has one core of its own (tests/conftest.py): two-thread pools in both took turns (docs/bench/2026-12-07-ci-cores.md).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"

@@ -23,6 +23,22 @@ TORCH_FREE = os.environ.get("JACOBI_RT_TORCH_FREE") == "1"
 os.environ["JACOBI_RT_CACHE"] = "off"
 
 
+def _share_the_cores() -> None:
+    """Under pytest-xdist, give each worker its own share of the cores before onnxruntime or torch starts
+    a thread pool: sessions size their pools by the cores a process may run on (`physical_cores`), so two
+    workers on two cores otherwise run four spinning threads that take turns."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = cores[int(worker.removeprefix("gw")) % count :: count]
+    if count <= len(cores) and share:
+        os.sched_setaffinity(0, share)
+
+
+_share_the_cores()
+
+
 def _usable(folder: Path) -> bool:
     from jacobi_rt.runtime.errors import ArtifactError
     from jacobi_rt.runtime.manifest import load_manifest
