@@ -32,6 +32,6 @@ fi
 time "$jrt" bench build/smollm2-135m --draft build/smollm2-135m-int8 \
   --also build/smollm2-135m-gguf --also build/smollm2-135m-int4 \
   --strategies greedy,jacobi,lookahead,speculative,auto \
-  --peers ortgenai,ortgenai-ngram,ortgenai-int4,llamacpp,llamacpp-lookup,openvino,openvino-lookup \
+  --peers ortgenai,ortgenai-ngram,ortgenai-int4,ortgenai-int4-ngram,llamacpp,llamacpp-lookup,openvino,openvino-lookup \
   --limit "${LIMIT:-12}" --max-new-tokens "${NEW_TOKENS:-128}" --repeats 1 --threads 2 \
   --out docs/bench "$@"
