@@ -81,6 +81,7 @@ def test_every_strategy_equals_one_token_constrained_decoding(loaded, family, sa
                 assert result.stats.constraint["forced_committed"] > 0  # the forced runs went in as guesses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", [None, SEEDED], ids=["greedy", "seeded"])
 def test_smollm2_extraction_under_every_strategy_equals_the_oracle_and_validates(loaded, sampling):
     jsonschema = pytest.importorskip("jsonschema")
