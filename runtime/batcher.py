@@ -38,7 +38,6 @@ from .draft_slots import DraftSlots
 from .errors import BackendError, InputError
 from .pass_budget import PassBudget
 from .prefix_cache import PrefixCache
-from .proposers import close_state
 from .row import END, Row
 
 
@@ -190,8 +189,7 @@ class Batcher:
             self._release(row)
         self.rows, self.waiting = [], deque()
         if self._owns_context:
-            for kept in self.cache.clear():
-                close_state(kept.proposer)
+            self.cache.clear()
             self.ctx.close()
             if self.drafts is not None:
                 self.drafts.close()
@@ -245,12 +243,12 @@ class Batcher:
     def _seat(self, row: Row, slot: int) -> None:
         """Put `row` in `slot` (the first idle one), starting from the kept prefix its prompt shares, if any."""
         choice = self.cache.choose(row.prompt, range(slot, self.slots))
-        if choice.slot != slot:
+        if choice.place != slot:
             if choice.reuse:
-                self.ctx.swap_rows(choice.slot, slot)  # the hit comes down to where the rows are packed
+                self.ctx.swap_rows(choice.place, slot)  # the hit comes down to where the rows are packed
             else:  # a free or evicted slot: only what `slot` keeps, if anything, needs to move
-                self.ctx.move_row(slot, choice.slot)
-            self.cache.swap(choice.slot, slot)
+                self.ctx.move_row(slot, choice.place)
+            self.cache.swap(choice.place, slot)
         self.ctx.trim_row(slot, choice.reuse)
         if self.drafts is not None:
             seat(self.drafts, row.proposer)
@@ -293,10 +291,7 @@ class Batcher:
         admission), so the copy is paid as a row ends, not in the next request's first token; `slot` itself
         when there is none above."""
         above = range(self.slots - 1, slot, -1)
-        if not above:
-            return slot
-        free = [s for s in above if s not in self.cache.kept]
-        return free[0] if free else self.cache.evict(above)
+        return self.cache.unused(above) if above else slot
 
     def _release(self, row: Row) -> None:
         if not row.progress.finish_reason and not row.error:

@@ -24,7 +24,7 @@ from .manifest import Manifest, load_manifest, verify_mode
 from .output import Committed, GenerationResult, Stats, StopText, TextStream, drain, pieces, result
 from .params import GenerationParams
 from .pass_budget import PassBudget
-from .prefix_cache import KeptContexts, PrefixCache
+from .prefix_cache import PrefixCache
 from .proposers import Proposer
 from .request import MAX_WINDOW, ModelFacts, Request, prompt_ids, resolve
 from .row import Row
@@ -62,7 +62,7 @@ class Generator:
         # The prefix cache (runtime/prefix_cache.py): a batcher's idle slots keep what finished rows wrote,
         # and lone calls keep their contexts, so the next turn of a conversation prefills only what is new.
         self.prefix_cache = prefix_cache
-        self.kept = KeptContexts(self.config.prefix_cache if prefix_cache else None)
+        self.lone_cache = PrefixCache(prefix_cache and self.config.prefix_cache.contexts > 0, self.config.prefix_cache)
         if not backend.rows.exact_windows:
             logging.getLogger("jacobi_rt").warning(
                 "%s (%s)", backend.rows.line(), self.manifest.source.get("name", "artifact")
@@ -302,7 +302,7 @@ class Generator:
         """Stop the batcher and release what the prefix cache keeps (lone calls' contexts, drafts' caches);
         the Generator stays usable."""
         self.stop_batching()
-        self.kept.close()
+        self.lone_cache.clear()
 
     # -- request resolution (runtime.request) ----------------------------------------------
 
@@ -352,14 +352,14 @@ class Generator:
         capacity = min(self.limits.max_context, len(request.prompt_ids) + request.max_new_tokens)
         # The target's context first (a kept one when the prompt continues a kept conversation): a
         # proposer's own cache (a draft's) is opened only once it exists.
-        ctx, cache = self.kept.take(request.prompt_ids, capacity, self.backend.context)
+        ctx, cache = self.lone_cache.context_for(request.prompt_ids, capacity, self.backend.context)
         try:
             row = self._row(request, capacity, self.limits.max_context)
             chunk = self.limits.prefill_chunk
             batches = run_alone(ctx, row, chunk, PassBudget.of(request.config, chunk), cache=cache)
             return (yield from self._pieces(row, request, batches, started, committed))
         finally:
-            self.kept.put(ctx, cache)  # kept for the next turn, or closed
+            self.lone_cache.keep_context(ctx, cache)  # kept for the next turn, or closed
 
     def _on_batcher(
         self, batcher: Batcher, request: Request, committed: Committed | None = None

@@ -137,6 +137,6 @@ def test_a_generation_whose_draft_context_fails_frees_the_target_cache(artifact,
     assert target.memories and all(m.buffers == {} for m in target.memories + draft.memories)
     draft.fail_alloc = None
     ok = generator.generate("The quick brown fox", max_new_tokens=8, strategy="speculative")  # still usable
-    assert len(ok.ids) == 8 and len(generator.kept.entries) == 1  # the prefix cache keeps its context and draft cache
+    assert len(ok.ids) == 8 and len(generator.lone_cache.kept) == 1  # its context and draft cache kept
     generator.close()
     assert all(m.buffers == {} for m in target.memories + draft.memories)

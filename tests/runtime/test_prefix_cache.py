@@ -44,7 +44,7 @@ def test_a_hit_reuses_the_longest_shared_prefix_but_always_runs_the_last_prompt_
     cache.keep(2, list(range(10)))
     cache.keep(3, [0, 1, 2, 3, 4, 99])
     choice = cache.choose(list(range(8)) + [50], range(1, 4))
-    assert (choice.slot, choice.reuse) == (2, 8) and choice.kept.tokens == list(range(10))
+    assert (choice.place, choice.reuse) == (2, 8) and choice.kept.tokens == list(range(10))
     repeat = PrefixCache(config=PrefixCacheConfig(min_tokens=4))
     repeat.keep(0, list(range(10)))
     assert repeat.choose(list(range(10)), range(0, 1)).reuse == 9  # an exact repeat: its last token still runs
@@ -54,12 +54,12 @@ def test_a_hit_reuses_the_longest_shared_prefix_but_always_runs_the_last_prompt_
 def test_short_or_wasteful_hits_take_a_free_slot_and_the_oldest_kept_slot_is_evicted_last():
     cache = PrefixCache(config=PrefixCacheConfig(min_tokens=4))
     cache.keep(1, [7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8])  # a long conversation sharing a 3-token header
-    assert cache.choose([7, 7, 7, 9], range(0, 3)).slot == 0 and 1 in cache.kept  # below min_tokens: a free slot
+    assert cache.choose([7, 7, 7, 9], range(0, 3)).place == 0 and 1 in cache.kept  # below min_tokens: a free slot
     cache.keep(2, [5] * 30)
-    assert cache.choose([5] * 5 + [1], range(0, 3)).slot == 0  # 5 of 30: would waste a kept conversation
+    assert cache.choose([5] * 5 + [1], range(0, 3)).place == 0  # 5 of 30: would waste a kept conversation
     cache.keep(0, [8] * 4)
     evicted = cache.choose([6, 6], range(0, 3))  # no free slot, no hit: the least recently kept goes
-    assert (evicted.slot, evicted.reuse) == (1, 0) and 1 not in cache.kept
+    assert (evicted.place, evicted.reuse) == (1, 0) and 1 not in cache.kept
 
 
 # -- lone calls ------------------------------------------------------------------------------------
@@ -98,7 +98,11 @@ def test_lone_calls_keep_at_most_the_configured_contexts(artifact):
     gen = Generator.load(artifact("llama"), threads=1, verify=False, config={"prefix_cache.contexts": 2})
     for i in range(5):
         gen.generate([5 + i] * 30, max_new_tokens=4)
-    assert len(gen.kept.entries) == 2
+    assert len(gen.lone_cache.kept) == 2
+    assert gen.generate([8] * 30, max_new_tokens=4).stats.cached_tokens == 29  # the latest two stay
+    assert gen.generate([5] * 30, max_new_tokens=4).stats.cached_tokens == 0  # the least recently used were closed
+    gen.close()
+    assert not gen.lone_cache.kept
 
 
 # -- the batcher's slots ------------------------------------------------------------------------------
