@@ -7,7 +7,8 @@ worker process of its own, then the prompts run A, B, B, A, ... per strategy (tu
 noisy machine hits both alike (but run both start orders, `--b-first`: the worker started second is
 favoured on a 2-core machine). Per side: median tokens/s of the stream (new tokens after the
 first / the time after it) and median time to first token, and B / A for both; every answer of
-B must equal A's.
+B must equal A's. `--turns N` makes each prompt a conversation of N turns with the prefix cache on
+(each side's next turn resends the whole chat, as a chat client does); otherwise the cache is off.
 
     python -m benchmarks.ab_bench --a /work/base/.venv/bin/python --b .venv/bin/python \\
         build/smollm2-135m --draft build/smollm2-135m-int8 --strategies greedy,lookahead,speculative,auto
@@ -46,18 +47,18 @@ TOPICS = [
 ]
 
 
-def worker(artifact: str, draft: str | None, threads: int) -> None:
+def worker(artifact: str, draft: str | None, threads: int, prefix_cache: bool = False) -> None:
     """Serve requests from stdin (one JSON line each) with one loaded Generator; answer one JSON line each."""
     from jacobi_rt.runtime import Generator
 
     try:  # the same prompts come back: a prefix cache (since issue 27) would skip their prefill on one side only
-        gen = Generator.load(artifact, draft=draft, threads=threads, verify=False, prefix_cache=False)
+        gen = Generator.load(artifact, draft=draft, threads=threads, verify=False, prefix_cache=prefix_cache)
     except TypeError:
         gen = Generator.load(artifact, draft=draft, threads=threads, verify=False)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         ask = json.loads(line)
-        messages = [{"role": "user", "content": ask["prompt"]}]
+        messages = ask["messages"]
         started = time.perf_counter()
         first = None
         stream = gen.start(messages=messages, max_new_tokens=ask["max_new_tokens"], strategy=ask["strategy"])
@@ -71,6 +72,7 @@ def worker(artifact: str, draft: str | None, threads: int) -> None:
             json.dumps(
                 {
                     "ids": result.ids,
+                    "text": result.text,
                     "ttft": first or wall,
                     "tokens_per_second": (len(result.ids) - 1) / after,
                     "tokens_per_pass": result.stats.tokens_per_pass,
@@ -81,11 +83,10 @@ def worker(artifact: str, draft: str | None, threads: int) -> None:
 
 
 class Side:
-    def __init__(self, python: str, artifact: str, draft: str | None, threads: int):
+    def __init__(self, python: str, artifact: str, draft: str | None, threads: int, turns: int = 1):
         command = [python, str(Path(__file__).resolve()), "--worker", artifact, "--threads", str(threads)]
-        self.process = subprocess.Popen(
-            command + (["--draft", draft] if draft else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+        command += (["--draft", draft] if draft else []) + ["--turns", str(turns)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert json.loads(self.process.stdout.readline())["ready"]
 
     def ask(self, **request) -> dict:
@@ -98,21 +99,28 @@ class Side:
         self.process.wait()
 
 
-def run(a: Side, b: Side, strategies: list[str], prompts: list[str], max_new_tokens: int, rounds: int) -> dict:
+def run(
+    a: Side, b: Side, strategies: list[str], prompts: list[str], max_new_tokens: int, rounds: int, turns: int = 1
+) -> dict:
     table = {}
     for strategy in strategies:
         runs: dict[str, list[dict]] = {"a": [], "b": []}
         mismatches = 0
         for turn in range(rounds):
             for i, prompt in enumerate(prompts):
-                order = [("a", a), ("b", b)] if (i + turn) % 2 == 0 else [("b", b), ("a", a)]
-                answers = {
-                    name: side.ask(prompt=prompt, max_new_tokens=max_new_tokens, strategy=strategy)
-                    for name, side in order
-                }
-                mismatches += answers["a"]["ids"] != answers["b"]["ids"]
-                for name in ("a", "b"):
-                    runs[name].append(answers[name])
+                messages = [{"role": "user", "content": prompt}]
+                for chat_turn in range(turns):
+                    first = (i + turn + chat_turn) % 2 == 0
+                    order = [("a", a), ("b", b)] if first else [("b", b), ("a", a)]
+                    answers = {
+                        name: side.ask(messages=messages, max_new_tokens=max_new_tokens, strategy=strategy)
+                        for name, side in order
+                    }
+                    mismatches += answers["a"]["ids"] != answers["b"]["ids"]
+                    for name in ("a", "b"):
+                        runs[name].append(answers[name])
+                    messages = [*messages, {"role": "assistant", "content": answers["a"]["text"]}]
+                    messages.append({"role": "user", "content": "Go on."})
         row = {
             name: {
                 "tokens_per_second": statistics.median(r["tokens_per_second"] for r in rs),
@@ -150,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
+        "--turns", type=int, default=1, help="each prompt a chat of this many turns, with the prefix cache on"
+    )
+    parser.add_argument(
         "--b-first",
         action="store_true",
         help="start B's worker first: two workers on 2 cores favour the one started second, so run "
@@ -158,21 +169,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="write the table as JSON here")
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.artifact, args.draft, args.threads)
+        return worker(args.artifact, args.draft, args.threads, prefix_cache=args.turns > 1)
     strategies = args.strategies.split(",")
     b_artifact = args.b_artifact or args.artifact
     if args.b_first:
-        b = Side(args.b, b_artifact, args.draft, args.threads)
-        a = Side(args.a, args.artifact, args.draft, args.threads)
+        b = Side(args.b, b_artifact, args.draft, args.threads, args.turns)
+        a = Side(args.a, args.artifact, args.draft, args.threads, args.turns)
     else:
         a, b = (
-            Side(args.a, args.artifact, args.draft, args.threads),
-            Side(args.b, b_artifact, args.draft, args.threads),
+            Side(args.a, args.artifact, args.draft, args.threads, args.turns),
+            Side(args.b, b_artifact, args.draft, args.threads, args.turns),
         )
+    prompts = [f"Tell me about {t}." for t in TOPICS[: args.prompts]]
     try:
-        table = run(
-            a, b, strategies, [f"Tell me about {t}." for t in TOPICS[: args.prompts]], args.max_new_tokens, args.rounds
-        )
+        table = run(a, b, strategies, prompts, args.max_new_tokens, args.rounds, args.turns)
     finally:
         a.close()
         b.close()
