@@ -22,7 +22,7 @@ FEATURES = {
     "structured output": ("runtime/constraints.py", r"matcher|constrain|Masks|masks|forced|grammar|allowed"),
     "prefix cache": (
         "runtime/prefix_cache.py",
-        r"kept|KeptContexts|PrefixCache|prefix_cache|handover|adopt|"
+        r"kept|KeptContexts|PrefixCache|prefix_cache|lone_cache|handover|adopt|"
         r"load_prefix|move_row|swap_rows|_parking|self\.cache|cached",
     ),
     "batched draft": ("runtime/draft_slots.py", r"DraftSlots|DraftRow|drafts|\.seat|sit\(|slots\.|row_of_its_own"),
